@@ -1,0 +1,78 @@
+# ctr-pipeline — `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+DATA   ?= artifacts/data/train.txt
+RUN    ?= artifacts/run
+REPO   ?= artifacts/models/ctr
+ROWS   ?= 1000000
+ARGS   ?=
+
+.PHONY: help install sysdeps run data train export serve test test-slow lint fmt bench bench-compare clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+# One venv for every stage. torch==2.13.0 goes first (the CPU wheel on disk; a bare `torch`
+# would pull a multi-GB CUDA build), then tensorflow (not tensorflow-cpu), then the project.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q 'tensorflow>=2.21,<2.22'
+	$(PIP) install -q -e '.[train,export,serve,bench,dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install every stage (skipped when done)
+
+sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk >/dev/null; \
+	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus and wrk"; fi; fi
+
+$(DATA): | $(STAMP)
+	$(PY) -m training.synth --out $(DATA) --rows $(ROWS) --seed 7
+
+data: $(DATA) ## Generate the built-in synthetic Criteo-format data set (if absent)
+
+train: $(STAMP) $(DATA) ## Train the CTR model on the default data (generated if absent)
+	$(PY) -m training --data $(DATA) --out $(RUN) $(ARGS)
+
+export: $(STAMP) ## Export the best checkpoint into the versioned model repository
+	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)
+
+serve: $(STAMP) ## Serve the model repository (REST :8501, gRPC :8500)
+	$(PY) -m serving --port=8500 --rest_api_port=8501 --model_name=ctr --model_base_path=$(REPO) $(ARGS)
+
+run: $(STAMP) $(DATA) ## The whole pipeline on built-in data: data, train, export, serve
+	$(PY) -m training --data $(DATA) --out $(RUN)
+	$(PY) -m export --run $(RUN) --repo $(REPO)
+	$(PY) -m serving --port=8500 --rest_api_port=8501 --model_name=ctr --model_base_path=$(REPO) --print_curl_example
+
+lint: $(STAMP) ## ruff + mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy training export serving bench
+
+fmt: $(STAMP) ## Format the code with ruff
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: $(STAMP) sysdeps lint ## Lint, then the test suite (excludes tests marked slow)
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-slow: $(STAMP) sysdeps ## Only the slow tests
+	$(PY) -m pytest -m slow $(ARGS)
+
+bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a <5 min run
+	$(PY) -m bench --mode $${BENCH:-full}
+
+bench-compare: $(STAMP) ## Compare two bench runs: make bench-compare A=dir B=dir
+	$(PY) -m bench.compare $(A) $(B)
+
+clean: ## Remove generated data, runs and models (keeps .venv)
+	rm -rf artifacts bench/results .pytest_cache .mypy_cache .ruff_cache
