@@ -1,0 +1,79 @@
+"""The pure CTR network: a 3-layer MLP over the 128-float feature vector. No Lightning here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+ACTIVATIONS = ("relu", "hardtanh")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and activation of the MLP; saved in every checkpoint as `hyper_parameters["model"]`."""
+
+    in_features: int = 128
+    hidden1: int = 256
+    hidden2: int = 128
+    dropout1: float = 0.3
+    dropout2: float = 0.2
+    activation: str = "relu"
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+def _activation(name: str) -> nn.Module:
+    return nn.ReLU() if name == "relu" else nn.Hardtanh()
+
+
+class CTRNet(nn.Module):
+    """Linear(128,256) → act → Dropout(0.3) → Linear(256,128) → act → Dropout(0.2) → Linear(128,1).
+
+    `forward` returns logits (train with BCE-with-logits); `predict_proba` applies the sigmoid.
+    """
+
+    def __init__(self, cfg: ModelConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg or ModelConfig()
+        c = self.cfg
+        self.layers = nn.Sequential(
+            nn.Linear(c.in_features, c.hidden1),
+            _activation(c.activation),
+            nn.Dropout(c.dropout1),
+            nn.Linear(c.hidden1, c.hidden2),
+            _activation(c.activation),
+            nn.Dropout(c.dropout2),
+            nn.Linear(c.hidden2, 1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, 128) -> (B, 1) logits
+        return self.layers(x)
+
+    def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, 128) -> (B, 1) click probability
+        return torch.sigmoid(self.forward(x))
+
+
+class CTRProbability(nn.Module):
+    """Inference wrapper: features -> sigmoid(logits). This is what export traces."""
+
+    def __init__(self, net: CTRNet) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.net(features))
