@@ -69,9 +69,10 @@ test-slow: $(STAMP) sysdeps ## Only the slow tests
 	$(PY) -m pytest -m slow $(ARGS)
 
 bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a <5 min run
-	$(PY) -m bench --mode $${BENCH:-full}
+	$(PY) -m bench --mode $(or $(BENCH),full) $(ARGS)
 
 bench-compare: $(STAMP) ## Compare two bench runs: make bench-compare A=dir B=dir
+	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make bench-compare A=bench/results/<run1> B=bench/results/<run2>" >&2; exit 2; }
 	$(PY) -m bench.compare $(A) $(B)
 
 clean: ## Remove generated data, runs and models (keeps .venv)

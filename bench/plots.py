@@ -1,0 +1,113 @@
+"""PNG plots of a bench run (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: headless machines and CI have no display
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from bench.figures import ok_rows, spread
+
+
+def training_figure(rows: list[dict[str, Any]]) -> Figure:
+    """Horizontal bars: median samples/s per pipeline, whiskers at the min and max run."""
+    names = [r["name"] for r in rows]
+    medians = [float(r["samples_per_sec"]) for r in rows]
+    lo, hi = [], []
+    for r, m in zip(rows, medians, strict=True):
+        s = spread(r.get("samples_per_sec_runs")) or (m, m)
+        lo.append(m - s[0])
+        hi.append(s[1] - m)
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(rows)))
+    ax.barh(names, medians, xerr=[lo, hi], capsize=4, color="tab:blue")
+    for y, r in enumerate(rows):
+        auc = r.get("val_auc")
+        label = f"{medians[y]:,.0f}" + (f"  (AUC {auc:.4f})" if isinstance(auc, int | float) else "")
+        ax.text(medians[y] + hi[y], y, "  " + label, va="center", fontsize=8)  # right of the whisker
+    ax.invert_yaxis()
+    ax.set_xlabel("training samples/s (median of runs; whiskers: min–max)")
+    ax.set_title("Training throughput")
+    ax.margins(x=0.35)
+    fig.tight_layout()
+    return fig
+
+
+def inference_figure(rows: list[dict[str, Any]]) -> Figure:
+    """One panel per batch size: p50 and p99 bars per backend."""
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.5 * len(batches), 4), squeeze=False)
+    for ax, batch in zip(axes[0], batches, strict=True):
+        sub = [r for r in rows if r["batch"] == batch]
+        xs = range(len(sub))
+        ax.bar([x - 0.2 for x in xs], [r["p50_ms"] for r in sub], width=0.4, label="p50")
+        ax.bar([x + 0.2 for x in xs], [r["p99_ms"] for r in sub], width=0.4, label="p99")
+        ax.set_xticks(list(xs), [r["backend"] for r in sub], rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"batch {batch}")
+        ax.set_ylabel("latency ms")
+        ax.legend(fontsize=8)
+    fig.suptitle("In-process inference latency per backend")
+    fig.tight_layout()
+    return fig
+
+
+def serving_figure(rows: list[dict[str, Any]]) -> Figure:
+    """Latency vs load: p99 (solid) and p50 (dashed) against QPS, one curve per server."""
+    fig, (ax_lat, ax_qps) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for server in sorted({r["server"] for r in rows}):
+        sub = sorted((r for r in rows if r["server"] == server), key=lambda r: r["connections"])
+        qps = [r["qps"] for r in sub]
+        (line,) = ax_lat.plot(qps, [r["p99_ms"] for r in sub], marker="o", label=f"{server} p99")
+        ax_lat.plot(qps, [r["p50_ms"] for r in sub], marker=".", linestyle="--", color=line.get_color())
+        for r in sub:
+            ax_lat.annotate(f"c={r['connections']}", (r["qps"], r["p99_ms"]), fontsize=7)
+        ax_qps.plot([r["connections"] for r in sub], qps, marker="o", label=server, color=line.get_color())
+    ax_lat.set_xlabel("throughput (requests/s)")
+    ax_lat.set_ylabel("latency ms (p99 solid, p50 dashed)")
+    ax_lat.set_yscale("log")
+    ax_lat.set_title("Latency vs load")
+    ax_lat.legend(fontsize=7)
+    ax_qps.set_xscale("log", base=2)
+    ax_qps.set_xlabel("concurrent connections")
+    ax_qps.set_ylabel("requests/s")
+    ax_qps.set_title("Throughput vs connections")
+    ax_qps.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], Figure]]] = {
+    "training": ("training_throughput.png", training_figure),
+    "inference": ("inference_latency.png", inference_figure),
+    "serving": ("latency_vs_load.png", serving_figure),
+}
+
+
+def write_plots(results: dict[str, Any], out_dir: Path) -> set[str]:
+    """Write one PNG per measured section into `out_dir`.
+
+    Returns:
+        The file names written; a section that failed or has no rows gets no plot.
+    """
+    written: set[str] = set()
+    for section, (filename, draw) in FIGURES.items():
+        rows = ok_rows(results, section)
+        if not rows:
+            continue
+        try:
+            fig = draw(rows)
+        except (KeyError, TypeError, ValueError) as e:
+            # A plot is never worth losing the run's report and results.json over; say why it is missing.
+            print(f"[bench] warning: no {filename}: rows of section {section!r} cannot be plotted: {e!r}")
+            continue
+        try:
+            fig.savefig(out_dir / filename, dpi=110)
+        finally:
+            plt.close(fig)
+        written.add(filename)
+    return written

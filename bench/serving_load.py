@@ -1,0 +1,234 @@
+"""Serving load test: our server (batching off/on) vs KServe's ModelServer vs a naive FastAPI+PyTorch server.
+
+Same machine, same load generator (wrk, POST through a Lua script), one server at a time, single-instance
+requests at 1, 8 and 64 connections; then 100-instance requests against our batching server.
+Every server gets 1 worker process and 1 intra-op thread. Called by `make bench` (bench.section_runner).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench import procs
+
+ROOT = Path(__file__).resolve().parents[1]
+KSERVE_VENV = ROOT / ".venv-kserve"
+CONNECTIONS = (1, 8, 64)
+SECONDS = {"full": 15, "quick": 4, "tiny": 2}
+RANKING_INSTANCES = 100  # one ranking call scores 100 candidate ads
+PREDICT_PATH = "/v1/models/ctr:predict"
+_UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_path_of(repo: Path) -> Path:
+    """Accept the model base path (`.../ctr`) or the repository above it (`.../models`)."""
+    if any(p.name.isdigit() for p in repo.iterdir() if p.is_dir()):
+        return repo
+    return repo / "ctr"
+
+
+def latest_version_dir(base: Path) -> Path:
+    versions = sorted(
+        (p for p in base.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    if not versions:
+        raise FileNotFoundError(f"no version folders under {base}")
+    return versions[-1]
+
+
+def ensure_kserve_venv(log: Path) -> Path:
+    """Create `.venv-kserve` with kserve + onnxruntime on first use; return its python."""
+    python = KSERVE_VENV / "bin" / "python"
+    check = (
+        subprocess.run([str(python), "-c", "import kserve, onnxruntime"], capture_output=True, check=False)
+        if python.exists()
+        else None
+    )
+    if check is None or check.returncode != 0:
+        procs.run_bounded(["python3", "-m", "venv", str(KSERVE_VENV)], timeout_s=120, log=log)
+        procs.run_bounded(
+            [str(KSERVE_VENV / "bin" / "pip"), "install", "-q", "kserve", "onnxruntime"],
+            timeout_s=900,
+            log=log,
+        )
+    return python
+
+
+def write_lua(path: Path, instances: int) -> Path:
+    """A wrk script that POSTs one fixed predict body with `instances` rows of 128 floats."""
+    row = [round((i * 37 % 100) / 100, 2) for i in range(128)]
+    body = json.dumps({"instances": [row] * instances})
+    path.write_text(
+        f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(body)}\n'
+    )
+    return path
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """QPS, p50/p90/p99 (ms) and the count of failed responses from `wrk --latency` output."""
+    result: dict[str, float] = {"qps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    for pct in ("50", "90", "99"):
+        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.MULTILINE)
+        result[f"p{pct}_ms"] = float(m.group(1)) * _UNITS_MS[m.group(2)] if m else float("nan")
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    result["errors"] = float(errors.group(1) if errors else 0) + (
+        sum(map(float, socket_errors.groups())) if socket_errors else 0
+    )
+    return result
+
+
+def wait_until_serving(
+    url: str, body: bytes, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120
+) -> None:
+    """POST a valid predict request until it answers 200."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{procs.log_tail(log)}")
+        try:
+            request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass  # not listening yet
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} not serving after {timeout_s}s:\n{procs.log_tail(log)}")
+
+
+def measure(
+    server: str,
+    cmd: list[str],
+    port: int,
+    workdir: Path,
+    plan: list[tuple[int, Path]],
+    seconds: int,
+    commands: list[str],
+    env: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Start one server, run wrk for each (connections, script) of `plan`, stop it; return the rows."""
+    log = workdir / f"{re.sub(r'[^a-z0-9]+', '_', server.lower())}.log"
+    commands.append(" ".join(cmd))
+    proc = procs.start(cmd, log=log, cwd=ROOT, env=env)
+    rows = []
+    try:
+        url = f"http://127.0.0.1:{port}{PREDICT_PATH}"
+        wait_until_serving(url, json.dumps({"instances": [[0.5] * 128]}).encode(), proc, log)
+        for connections, script in plan:
+            # A short unmeasured run first: connection setup and lazy initialisation stay out of the numbers.
+            subprocess.run(
+                ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), url],
+                capture_output=True,
+                check=True,
+                timeout=60,
+            )
+            wrk = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
+            commands.append(" ".join(wrk))
+            out = subprocess.run(wrk, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+            rows.append({"server": server, "connections": connections, **parse_wrk(out)})
+    finally:
+        procs.stop(proc)
+    return rows
+
+
+def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Run the serving comparison.
+
+    Args:
+        mode: "full" (15 s per point), "quick" (4 s) or "tiny" (2 s).
+        repo: the model base path (`artifacts/models/ctr`) or the repository holding `ctr/`.
+        workdir: scratch space for logs and wrk scripts.
+        checkpoint: the training checkpoint for the naive FastAPI + PyTorch server (skipped when None).
+    Returns:
+        {"rows": [{server, connections, qps, p50_ms, p90_ms, p99_ms, errors}], "instances_per_sec_batched",
+         "instances_per_sec_unbatched", "commands", "notes"}.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    seconds = SECONDS.get(mode, SECONDS["quick"])
+    base = base_path_of(repo)
+    single = write_lua(workdir / "single.lua", 1)
+    ranking = write_lua(workdir / f"ranking{RANKING_INSTANCES}.lua", RANKING_INSTANCES)
+    plan = [(c, single) for c in CONNECTIONS]
+    commands: list[str] = []
+    notes: list[str] = []
+    rows: list[dict[str, Any]] = []
+
+    def ours(batching: bool) -> tuple[list[str], int]:
+        port = free_port()
+        cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}",
+               "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1", "--log_level=warning",
+               f"--enable_batching={str(batching).lower()}"]  # fmt: skip
+        return cmd, port
+
+    try:
+        cmd, port = ours(batching=False)
+        rows += measure("ours (batching off)", cmd, port, workdir, [*plan, (8, ranking)], seconds, commands)
+        unbatched = rows.pop()
+        cmd, port = ours(batching=True)
+        rows += measure("ours (batching on)", cmd, port, workdir, [*plan, (8, ranking)], seconds, commands)
+        batched = rows.pop()
+        try:
+            python = ensure_kserve_venv(workdir / "kserve_install.log")
+            port = free_port()
+            cmd = [str(python), "bench/kserve_server.py", f"--model_path={latest_version_dir(base) / 'model.onnx'}",
+                   "--model_name=ctr", f"--http_port={port}", f"--grpc_port={free_port()}", "--workers=1",
+                   "--enable_grpc=false", "--enable_latency_logging=false", "--configure_logging=false"]  # fmt: skip
+            rows += measure("kserve ModelServer", cmd, port, workdir, plan, seconds, commands)
+        except (procs.StepError, RuntimeError, TimeoutError, subprocess.CalledProcessError) as e:
+            notes.append(f"kserve skipped: {e}")
+        if checkpoint is not None:
+            port = free_port()
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.naive_fastapi_server",
+                f"--checkpoint={checkpoint}",
+                f"--port={port}",
+            ]
+            rows += measure("naive fastapi+pytorch", cmd, port, workdir, plan, seconds, commands)
+        else:
+            notes.append("naive fastapi+pytorch skipped: no checkpoint given")
+    finally:
+        procs.stop_all()
+    return {
+        "rows": rows,
+        "instances_per_sec_batched": batched["qps"] * RANKING_INSTANCES,
+        "instances_per_sec_unbatched": unbatched["qps"] * RANKING_INSTANCES,
+        "ranking_rows": [batched, unbatched],
+        "commands": commands,
+        "notes": notes,
+    }
+
+
+def main() -> None:
+    """`python -m bench.serving_load REPO [--mode quick] [--checkpoint C]`: print the result as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("repo", type=Path)
+    parser.add_argument("--mode", default="quick", choices=sorted(SECONDS))
+    parser.add_argument("--checkpoint", type=Path)
+    parser.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results" / "serving_load")
+    args = parser.parse_args()
+    procs.install_cleanup()
+    print(json.dumps(run(args.mode, args.repo, args.workdir, args.checkpoint), indent=2))
+
+
+if __name__ == "__main__":
+    main()

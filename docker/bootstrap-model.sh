@@ -1,0 +1,34 @@
+#!/bin/sh
+# One-shot model bootstrap (compose service `model`): when the model repository holds no version yet,
+# generate the built-in data set (if absent), train on it and export version 1. Otherwise do nothing,
+# so `docker compose up serving` is fast after the first time and never overwrites a model.
+# Every setting comes from the environment; the defaults are the container's paths.
+set -eu
+
+MODEL_BASE_PATH="${MODEL_BASE_PATH:-/models/ctr}"   # the serving model base path (versions are subfolders)
+WORK_DIR="${WORK_DIR:-/artifacts}"                  # data and the training run
+ROWS="${ROWS:-200000}"                              # rows of synthetic data when no data file exists
+SEED="${SEED:-7}"
+TRAIN_ARGS="${TRAIN_ARGS:-}"                         # extra flags for `python -m training`
+PYTHON="${PYTHON:-python}"
+
+# A version is a folder named by digits only; a half-written temporary folder does not count.
+latest=$(find "$MODEL_BASE_PATH" -mindepth 1 -maxdepth 1 -type d -regex '.*/[0-9][0-9]*' -printf '%f\n' 2>/dev/null \
+    | sort -n | tail -n 1)
+if [ -n "$latest" ]; then
+    echo "model repository $MODEL_BASE_PATH already holds version $latest; nothing to do"
+    exit 0
+fi
+
+data="$WORK_DIR/data/train.txt"
+run="$WORK_DIR/run"
+if [ ! -f "$data" ]; then
+    echo "no data at $data: generating $ROWS synthetic rows"
+    "$PYTHON" -m training.synth --out "$data" --rows "$ROWS" --seed "$SEED"
+fi
+echo "training on $data into $run"
+# TRAIN_ARGS is split into flags on purpose.
+# shellcheck disable=SC2086
+"$PYTHON" -m training --data "$data" --out "$run" $TRAIN_ARGS
+echo "exporting $run into $MODEL_BASE_PATH"
+"$PYTHON" -m export --run "$run" --repo "$MODEL_BASE_PATH"

@@ -1,0 +1,146 @@
+"""The versioned model repository: numbered version folders, atomic publish, retention, Triton config.
+
+Layout (DESIGN.md): `<base>/config.pbtxt` and `<base>/<N>/...`. A version is written complete under
+`<base>/.tmp-<N>-<pid>` (servers ignore non-numeric names) and then renamed into place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from export.errors import PublishError
+
+log = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".tmp-"
+TRITON_MAX_BATCH = 1024
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+class ModelRepository:
+    """One model's base path (e.g. artifacts/models/ctr) holding numbered version folders."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+
+    @property
+    def name(self) -> str:
+        return self.base.resolve().name
+
+    def versions(self) -> list[int]:
+        """Published versions, ascending (numeric folder names only)."""
+        if not self.base.is_dir():
+            return []
+        return sorted(
+            int(p.name) for p in self.base.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0
+        )
+
+    def choose_version(self, requested: int | None) -> int:
+        """The requested version if free, else the next after the highest published one."""
+        existing = self.versions()
+        if requested is None:
+            return (existing[-1] + 1) if existing else 1
+        if requested < 1:
+            raise PublishError(f"--version must be a positive integer, got {requested}")
+        if requested in existing:
+            raise PublishError(
+                f"version {requested} already exists in {self.base}; versions are never overwritten "
+                f"(omit --version to publish {existing[-1] + 1})"
+            )
+        return requested
+
+    def prepare(self) -> None:
+        """Create the base path and prove it is writable; drop staging folders of dead exports."""
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+            probe = self.base / f"{STAGING_PREFIX}probe-{os.getpid()}"
+            probe.mkdir()
+            probe.rmdir()
+        except OSError as e:
+            raise PublishError(f"model repository {self.base} is not writable: {e}") from e
+        for p in self.base.glob(f"{STAGING_PREFIX}*"):
+            pid = p.name.rsplit("-", 1)[-1]
+            if p.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+                log.warning("removing staging folder %s left by a crashed export (pid %s)", p, pid)
+                shutil.rmtree(p)
+
+    @contextmanager
+    def staging(self, version: int) -> Iterator[Path]:
+        """A fresh hidden folder for version `version`, removed again if anything inside fails."""
+        tmp = self.base / f"{STAGING_PREFIX}{version}-{os.getpid()}"
+        try:
+            tmp.mkdir()
+        except OSError as e:
+            raise PublishError(f"cannot create staging folder {tmp}: {e}") from e
+        try:
+            yield tmp
+        finally:
+            if tmp.exists():  # not renamed: an error happened before or during publish
+                shutil.rmtree(tmp, ignore_errors=False)
+
+    def publish(self, staged: Path, version: int) -> Path:
+        """Rename the complete staged folder to `<base>/<version>`; never replaces an existing version."""
+        final = self.base / str(version)
+        if final.exists():
+            raise PublishError(f"version {version} appeared in {self.base} during export; not overwriting it")
+        try:
+            os.rename(staged, final)  # atomic within one filesystem: pollers see all of it or nothing
+        except OSError as e:
+            raise PublishError(f"cannot publish {staged} as {final}: {e}") from e
+        return final
+
+    def retain(self, keep: int, protect: int) -> list[int]:
+        """Delete all but the newest `keep` versions (never `protect`); returns the removed versions."""
+        doomed = [v for v in self.versions()[:-keep] if v != protect] if keep > 0 else []
+        for v in doomed:
+            # Rename first so a polling server sees the version vanish at once, not file by file.
+            gone = self.base / f"{STAGING_PREFIX}delete-{v}-{os.getpid()}"
+            os.rename(self.base / str(v), gone)
+            shutil.rmtree(gone)
+        return doomed
+
+    def write_triton_config(self, width: int, input_name: str, output_name: str) -> Path:
+        """Write `<base>/config.pbtxt` for Triton's onnxruntime backend (atomically)."""
+        text = f"""name: "{self.name}"
+platform: "onnxruntime_onnx"
+default_model_filename: "model.onnx"
+max_batch_size: {TRITON_MAX_BATCH}
+input [
+  {{
+    name: "{input_name}"
+    data_type: TYPE_FP32
+    dims: [ {width} ]
+  }}
+]
+output [
+  {{
+    name: "{output_name}"
+    data_type: TYPE_FP32
+    dims: [ 1 ]
+  }}
+]
+dynamic_batching {{
+  preferred_batch_size: [ 64, 256 ]
+  max_queue_delay_microseconds: 500
+}}
+version_policy: {{ latest {{ num_versions: 1 }} }}
+"""
+        path = self.base / "config.pbtxt"
+        tmp = path.with_name(f"{STAGING_PREFIX}config-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        return path

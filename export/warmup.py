@@ -1,0 +1,36 @@
+"""`assets.extra/tf_serving_warmup_requests`: a TFRecord of PredictionLog records TF Serving replays on load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+WARMUP_BATCHES = (1, 8, 64)  # a few batch sizes so the first real requests hit warm kernels
+
+
+def write_warmup(path: Path, features: np.ndarray, model_name: str, input_name: str, signature: str) -> int:
+    """Write one PredictLog per batch size, taking rows from `features` (N, width).
+
+    Returns:
+        the number of records written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for batch in WARMUP_BATCHES:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature)
+            )
+            request.inputs[input_name].CopyFrom(tf.make_tensor_proto(features[:batch].astype(np.float32)))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+    return len(WARMUP_BATCHES)
+
+
+def read_warmup(path: Path) -> list[prediction_log_pb2.PredictionLog]:
+    """Parse the warmup file back (as TF Serving would)."""
+    return [
+        prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(str(path))
+    ]

@@ -1,0 +1,53 @@
+"""ONNX Runtime backend: `<version>/model.onnx`, one session per version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from serving.backends import Signature
+from serving.errors import ModelLoadError
+
+
+def _static_dim(dim: object) -> int | None:
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+class OnnxRuntimeBackend:
+    """Runs model.onnx on the CPU execution provider with a fixed thread budget."""
+
+    runtime = "ONNXRuntime"
+
+    def __init__(self, model_path: Path, intra_op_threads: int) -> None:
+        if not model_path.is_file():
+            raise ModelLoadError(f"{model_path} does not exist")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Spinning threads would burn the cores the event loop needs between requests.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self._session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # ORT raises its own exception types for corrupt/invalid graphs
+            raise ModelLoadError(f"ONNX Runtime cannot load {model_path}: {exc}") from exc
+        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
+        if len(inputs) != 1 or len(outputs) != 1:
+            raise ModelLoadError(
+                f"{model_path} must have 1 input and 1 output, got {len(inputs)} and {len(outputs)}"
+            )
+        (inp,), (out,) = inputs, outputs
+        n_features = _static_dim(inp.shape[-1]) if len(inp.shape) == 2 else None
+        width = _static_dim(out.shape[-1]) if len(out.shape) == 2 else None
+        if inp.type != "tensor(float)" or n_features is None or width is None:
+            raise ModelLoadError(
+                f"{model_path} must map float [N, F] to [N, K]; got {inp.type} {inp.shape} -> {out.shape}"
+            )
+        self.signature = Signature(inp.name, out.name, n_features, width)
+        self._outputs = [out.name]
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        """(N, F) float32 -> (N, K) float32."""
+        return self._session.run(self._outputs, {self.signature.input_name: features})[0]

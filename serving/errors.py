@@ -1,0 +1,87 @@
+"""The server's typed errors. Each maps to TF Serving's HTTP status and gRPC code in one place.
+
+REST bodies are always `{"error": "<message>"}`; gRPC aborts with the matching status code.
+The `code` string is TF Serving's error-code name, used as the `status` label of the request counter.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class ServingError(Exception):
+    """Base class: a request failed for a reason the client should see."""
+
+    http_status = 500
+    grpc_code = grpc.StatusCode.INTERNAL
+    code = "INTERNAL"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(ServingError):
+    """The request is malformed or its values are out of contract (400)."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+    code = "INVALID_ARGUMENT"
+
+
+class PayloadTooLarge(InvalidArgument):
+    """The request body is over `--max_body_bytes` (413)."""
+
+    http_status = 413
+
+
+class NotFound(ServingError):
+    """Unknown model, version, label or route (404)."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+    code = "NOT_FOUND"
+
+
+class MethodNotAllowed(ServingError):
+    """A known route called with the wrong HTTP method (405)."""
+
+    http_status = 405
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    code = "UNIMPLEMENTED"
+
+
+class Unimplemented(ServingError):
+    """An API TF Serving has that this server does not serve, e.g. :classify (501)."""
+
+    http_status = 501
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    code = "UNIMPLEMENTED"
+
+
+class Overloaded(ServingError):
+    """The batching queue is full; the client should back off and retry (429)."""
+
+    http_status = 429
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(ServingError):
+    """No version is loaded yet, or the server is shutting down (503)."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    code = "UNAVAILABLE"
+
+
+class DeadlineExceeded(ServingError):
+    """The request waited longer than `--rest_api_timeout_in_ms` (504)."""
+
+    http_status = 504
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = "DEADLINE_EXCEEDED"
+
+
+class ModelLoadError(Exception):
+    """A model version could not be loaded or warmed; the server keeps serving the previous one."""

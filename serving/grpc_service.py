@@ -1,0 +1,134 @@
+"""TF Serving's gRPC API (port 8500) on grpc.aio, with the protos of tensorflow-serving-api.
+
+Generic method handlers serve `/tensorflow.serving.PredictionService/{Predict,GetModelMetadata}` and
+`/tensorflow.serving.ModelService/GetModelStatus`, so the stock `PredictionServiceStub` works unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+
+from serving import protos
+from serving.backends import Signature
+from serving.errors import InvalidArgument, ServingError
+from serving.model_info import metadata_response, status_response
+from serving.predictor import Predictor
+from serving.rest_codec import DEFAULT_SIGNATURE
+from serving.tensors import from_ndarray, to_ndarray
+
+log = logging.getLogger(__name__)
+
+
+def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:
+    """ModelSpec -> (name, version or None, label or None)."""
+    choice = model_spec.WhichOneof("version_choice")
+    version = model_spec.version.value if choice == "version" else None
+    label = model_spec.version_label if choice == "version_label" else None
+    return model_spec.name, version, label
+
+
+class PredictionServicer:
+    """Implements the three RPCs on top of the shared Predictor."""
+
+    def __init__(self, predictor: Predictor) -> None:
+        self.predictor, self.manager = predictor, predictor.manager
+
+    async def predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        name, version, label = _spec(request.model_spec)
+        signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+
+        def decode(sig: Signature) -> np.ndarray:
+            if signature_name != DEFAULT_SIGNATURE:
+                raise InvalidArgument(
+                    f'Serving signature name: "{signature_name}" not found in signature def'
+                )
+            if set(request.inputs) != {sig.input_name}:
+                raise InvalidArgument(
+                    f"inputs has keys {sorted(request.inputs)}, expected exactly ['{sig.input_name}']"
+                )
+            unknown = set(request.output_filter) - {sig.output_name}
+            if unknown:
+                raise InvalidArgument(
+                    f"output_filter names {sorted(unknown)}; the only output is '{sig.output_name}'"
+                )
+            return to_ndarray(request.inputs[sig.input_name], sig.input_name)
+
+        scores, lv = await self.predictor.predict(name, version, label, decode, "GRPC")
+        response = protos.PredictResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = lv.version
+        response.model_spec.signature_name = signature_name
+        from_ndarray(scores, response.outputs[lv.backend.signature.output_name])
+        return response
+
+    async def get_model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        fields = set(request.metadata_field)
+        if fields != {"signature_def"}:
+            raise InvalidArgument(f"metadata_field must be ['signature_def'], got {sorted(fields)}")
+        name, version, label = _spec(request.model_spec)
+        lv = self.manager.resolve(name, version, label)
+        return metadata_response(name, lv.version, lv.backend.signature)
+
+    async def get_model_status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        name, version, label = _spec(request.model_spec)
+        if label is not None:
+            version = self.manager.resolve(name, None, label).version
+        return status_response(self.manager.status(name, version))
+
+
+def _unary(
+    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], request_class: Any
+) -> grpc.RpcMethodHandler:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(request, context)
+        except ServingError as exc:
+            await context.abort(exc.grpc_code, exc.message)
+        except Exception as exc:  # a bug: log it, answer INTERNAL instead of dropping the stream
+            log.exception("unhandled error in %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+    return grpc.unary_unary_rpc_method_handler(
+        handler,
+        request_deserializer=request_class.FromString,
+        response_serializer=lambda m: m.SerializeToString(),
+    )
+
+
+def build_grpc_server(predictor: Predictor, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
+    """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet)."""
+    servicer = PredictionServicer(predictor)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "tensorflow.serving.PredictionService",
+                {
+                    "Predict": _unary(servicer.predict, protos.PredictRequest),
+                    "GetModelMetadata": _unary(servicer.get_model_metadata, protos.GetModelMetadataRequest),
+                },
+            ),
+            grpc.method_handlers_generic_handler(
+                "tensorflow.serving.ModelService",
+                {"GetModelStatus": _unary(servicer.get_model_status, protos.GetModelStatusRequest)},
+            ),
+        )
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") on a busy port
+        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {address}")
+    return server

@@ -1,0 +1,181 @@
+"""Every metric the server exports, in Prometheus text format (0.0.4).
+
+TF Serving's own names (`:tensorflow:serving:*`, latencies in microseconds) are kept byte-for-byte so
+that existing dashboards work. prometheus_client cannot produce them: it renames counters to `*_total`
+and adds `*_created` samples. So the exposition is written here; it is plain text and cheap: an update
+is a dict lookup and an integer add, with no lock, because only the event-loop thread updates metrics.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+# TF Serving's request/runtime latency buckets: ExponentialBuckets(10 µs, 1.8, 33).
+LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
+BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
+CTR_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+
+
+def _fmt(value: float) -> str:
+    if value == float("inf"):
+        return "+Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
+    pairs = [f'{n}="{v}"' for n, v in zip(names, values, strict=True)]
+    if extra:
+        pairs.append(extra)
+    return "{" + ",".join(pairs) + "}" if pairs else ""
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
+        self.name, self.help, self.labelnames = name, help_text, tuple(labelnames)
+
+    def header(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+
+class Counter(_Metric):
+    """A monotonically increasing value per label set."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, help_text, labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        self.values[labels] = self.values.get(labels, 0.0) + amount
+
+    def render(self) -> list[str]:
+        return [f"{self.name}{_labels(self.labelnames, k)} {_fmt(v)}" for k, v in self.values.items()]
+
+
+class Gauge(Counter):
+    """A value that goes up and down per label set."""
+
+    kind = "gauge"
+
+    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, help_text, labelnames)
+        self._callbacks: dict[tuple[str, ...], Callable[[], float]] = {}
+
+    def set(self, value: float, *labels: str) -> None:
+        self.values[labels] = value
+
+    def track(self, read: Callable[[], float], *labels: str) -> None:
+        """Take the value from `read()` at every scrape (e.g. a live counter the owner keeps anyway)."""
+        self._callbacks[labels] = read
+
+    def render(self) -> list[str]:
+        for labels, read in self._callbacks.items():
+            self.values[labels] = read()
+        return super().render()
+
+
+class Histogram(_Metric):
+    """Cumulative-bucket histogram; buckets are upper bounds (`le`), +Inf is implicit."""
+
+    kind = "histogram"
+
+    def __init__(
+        self, name: str, help_text: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> None:
+        super().__init__(name, help_text, labelnames)
+        self.bounds = list(buckets)
+        self._bounds_array = np.asarray(self.bounds)
+        # label values -> [per-bucket counts (len(bounds)+1, last is +Inf), sum]
+        self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def _series(self, labels: tuple[str, ...]) -> tuple[list[int], list[float]]:
+        s = self.series.get(labels)
+        if s is None:
+            s = self.series[labels] = ([0] * (len(self.bounds) + 1), [0.0])
+        return s
+
+    def observe(self, value: float, *labels: str) -> None:
+        counts, total = self.series.get(labels) or self._series(labels)
+        counts[bisect.bisect_left(self.bounds, value)] += 1
+        total[0] += value
+
+    def observe_many(self, values: np.ndarray, *labels: str) -> None:
+        """Observe every element of `values` (e.g. the (N, 1) scores of one batch) in one vectorised pass."""
+        counts, total = self._series(labels)
+        flat = values.reshape(-1)
+        for i, n in enumerate(np.bincount(np.searchsorted(self._bounds_array, flat), minlength=len(counts))):
+            counts[i] += int(n)
+        total[0] += float(flat.sum())
+
+    def render(self) -> list[str]:
+        lines = []
+        for labels, (counts, total) in self.series.items():
+            cumulative = 0
+            for bound, n in zip([*self.bounds, float("inf")], counts, strict=True):
+                cumulative += n
+                le = _labels(self.labelnames, labels, f'le="{_fmt(bound)}"')
+                lines.append(f"{self.name}_bucket{le} {cumulative}")
+            base = _labels(self.labelnames, labels)
+            lines.append(f"{self.name}_sum{base} {_fmt(total[0])}")
+            lines.append(f"{self.name}_count{base} {cumulative}")
+        return lines
+
+
+class ServingMetrics:
+    """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`)."""
+
+    def __init__(self) -> None:
+        self.request_count = Counter(
+            ":tensorflow:serving:request_count", "The total number of requests.", ("model_name", "status")
+        )
+        self.request_latency = Histogram(
+            ":tensorflow:serving:request_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
+            ("model_name", "API", "entrypoint"),
+            LATENCY_BUCKETS_US,
+        )
+        self.runtime_latency = Histogram(
+            ":tensorflow:serving:runtime_latency",
+            "Distribution of wall time (in microseconds) for Tensorflow Serving runtime.",
+            ("model_name", "API", "runtime"),
+            LATENCY_BUCKETS_US,
+        )
+        self.queuing_latency = Histogram(
+            ":tensorflow:serving:batching_session:queuing_latency",
+            "Distribution of wall time spent (in microseconds) in queues",
+            ("thread_pool_name",),
+            LATENCY_BUCKETS_US,
+        )
+        self.batch_size = Histogram(
+            "ctr_serving_batch_size", "Rows per executed model batch.", ("model_name",), BATCH_SIZE_BUCKETS
+        )
+        self.inflight = Gauge(
+            "ctr_serving_inflight_requests", "Predict requests being served now.", ("model_name",)
+        )
+        self.model_version = Gauge(
+            "ctr_serving_model_version", "Newest loaded model version (0 when none).", ("model_name",)
+        )
+        self.load_failures = Counter(
+            "ctr_serving_model_load_failures_total",
+            "Model versions that failed to load or warm up.",
+            ("model_name",),
+        )
+        self.predicted_ctr = Histogram(
+            "ctr_serving_predicted_ctr",
+            "Predicted click probability per instance.",
+            ("model_name",),
+            CTR_BUCKETS,
+        )
+
+    def render(self) -> str:
+        """The whole exposition, text format 0.0.4."""
+        lines: list[str] = []
+        for metric in vars(self).values():
+            lines += metric.header() + metric.render()
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,113 @@
+"""TF Serving's REST predict body ⇄ numpy: row (`instances`) and columnar (`inputs`) formats.
+
+The happy path is one `orjson.loads` (~10x faster than `json` for 128 floats) and one `np.asarray`; the per-value Python walk in `_diagnose` runs
+only to explain an error (which instance, which feature, what was expected).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from serving.backends import Signature
+from serving.errors import InvalidArgument
+
+DEFAULT_SIGNATURE = "serving_default"
+
+
+@dataclass(frozen=True)
+class PredictBody:
+    """A parsed predict request: the raw rows, the format, and the requested signature."""
+
+    rows: Any  # list of rows (row format) or the columnar value
+    columnar: bool
+    signature_name: str
+
+
+def parse_body(body: bytes) -> PredictBody:
+    """Parse the JSON envelope; the rows are converted later, once the version's signature is known."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # orjson rejects the NaN/Infinity literals TF Serving accepts; the stdlib parser takes them, so the
+        # NaN check can name the value (or --allow_nonfinite let it through).
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+            raise InvalidArgument(f"malformed JSON body: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"the body must be a JSON object, got {type(doc).__name__}")
+    signature_name = doc.get("signature_name", DEFAULT_SIGNATURE)
+    if signature_name != DEFAULT_SIGNATURE:
+        raise InvalidArgument(f'Serving signature name: "{signature_name}" not found in signature def')
+    has_instances, has_inputs = "instances" in doc, "inputs" in doc
+    if has_instances and has_inputs:
+        raise InvalidArgument("the body has both 'instances' and 'inputs'; send one (row or columnar format)")
+    if not has_instances and not has_inputs:
+        raise InvalidArgument(
+            f"the body is missing 'instances' (row format) or 'inputs' (columnar format); keys: {sorted(doc)}"
+        )
+    if has_instances:
+        return PredictBody(doc["instances"], columnar=False, signature_name=signature_name)
+    return PredictBody(doc["inputs"], columnar=True, signature_name=signature_name)
+
+
+def to_features(body: PredictBody, sig: Signature) -> np.ndarray:
+    """Convert the rows to a float32 (N, F) array; raise InvalidArgument naming the bad instance."""
+    name = sig.input_name
+    rows = body.rows
+    if body.columnar and isinstance(rows, dict):
+        if set(rows) != {name}:
+            raise InvalidArgument(f"'inputs' has keys {sorted(rows)}, expected exactly ['{name}']")
+        rows = rows[name]
+    if not isinstance(rows, list):
+        key = "inputs" if body.columnar else "instances"
+        raise InvalidArgument(
+            f"'{key}' must be a list of {sig.n_features}-number lists, got {type(rows).__name__}"
+        )
+    if rows and isinstance(rows[0], dict) and not body.columnar:
+        rows = [_named_row(inst, i, name) for i, inst in enumerate(rows)]
+    if not rows:
+        raise InvalidArgument(f"empty batch: no instances for input '{name}'; send at least one")
+    try:
+        array = np.asarray(rows)
+    except ValueError:  # ragged lists
+        array = None
+    if array is None or array.dtype.kind not in "iuf" or array.ndim != 2 or array.shape[1] != sig.n_features:
+        raise InvalidArgument(_diagnose(rows, sig.n_features))
+    return array.astype(np.float32, copy=False)
+
+
+def _named_row(instance: Any, i: int, name: str) -> Any:
+    if not isinstance(instance, dict) or set(instance) != {name}:
+        got = sorted(instance) if isinstance(instance, dict) else type(instance).__name__
+        raise InvalidArgument(f"instance {i} must be an object with exactly the key '{name}', got {got}")
+    return instance[name]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _diagnose(rows: list[Any], n_features: int) -> str:
+    """Explain why `rows` is not a numeric (N, n_features) batch, naming the first offending instance."""
+    for i, row in enumerate(rows):
+        if not isinstance(row, list):
+            return f"instance {i} is {json.dumps(row)[:40]} ({type(row).__name__}), expected a list of {n_features} numbers"
+        if len(row) != n_features:
+            return f"expected {n_features} features per instance, got {len(row)} in instance {i}"
+        for j, value in enumerate(row):
+            if not _is_number(value):
+                shown = json.dumps(value)[:40]
+                return f"instance {i} feature {j} is {shown} ({type(value).__name__}), expected a number"
+    return f"instances must be lists of {n_features} numbers"
+
+
+def encode_predictions(scores: np.ndarray, columnar: bool) -> bytes:
+    """(N, K) scores -> `{"predictions": [[p], ...]}` (row) or `{"outputs": [[p], ...]}` (columnar)."""
+    # orjson writes float32 with its shortest repr (0.5494658), as TF Serving does.
+    return orjson.dumps({"outputs" if columnar else "predictions": scores}, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,109 @@
+"""Warm-up: replay `assets.extra/tf_serving_warmup_requests` (a TFRecord of PredictionLog) on a new version.
+
+The TFRecord framing is read here without TensorFlow: each record is
+`uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)`, little-endian.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from serving import protos
+from serving.backends import Backend
+from serving.errors import ModelLoadError
+from serving.tensors import to_ndarray
+
+WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+MAX_WARMUP_RECORDS = 1000  # TF Serving's limit too
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_TABLE = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 and offset by 0xa282ead8."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def read_tfrecords(path: Path) -> Iterator[bytes]:
+    """Yield each record's payload; raise ModelLoadError on truncation or a checksum mismatch."""
+    data = path.read_bytes()
+    pos = 0
+    while pos < len(data):
+        if pos + 12 > len(data):
+            raise ModelLoadError(f"{path}: truncated record header at byte {pos}")
+        header = data[pos : pos + 8]
+        (length,) = struct.unpack("<Q", header)
+        (length_crc,) = struct.unpack("<I", data[pos + 8 : pos + 12])
+        if masked_crc32c(header) != length_crc:
+            raise ModelLoadError(f"{path}: corrupt length checksum at byte {pos}")
+        start, end = pos + 12, pos + 12 + length
+        if end + 4 > len(data):
+            raise ModelLoadError(f"{path}: truncated record of {length} bytes at byte {pos}")
+        payload = data[start:end]
+        (payload_crc,) = struct.unpack("<I", data[end : end + 4])
+        if masked_crc32c(payload) != payload_crc:
+            raise ModelLoadError(f"{path}: corrupt data checksum in record at byte {pos}")
+        yield payload
+        pos = end + 4
+
+
+def warmup_batches(version_dir: Path, input_name: str) -> list[np.ndarray]:
+    """Decode the predict requests of the version's warm-up file; [] when the file is absent."""
+    path = version_dir / WARMUP_FILE
+    if not path.is_file():
+        return []
+    batches = []
+    for i, record in enumerate(read_tfrecords(path)):
+        if i >= MAX_WARMUP_RECORDS:
+            raise ModelLoadError(f"{path}: more than {MAX_WARMUP_RECORDS} warm-up records")
+        log = protos.PredictionLog.FromString(record)
+        if log.WhichOneof("log_type") != "predict_log":
+            raise ModelLoadError(f"{path}: record {i} is not a predict_log (only Predict is served)")
+        inputs = log.predict_log.request.inputs
+        if input_name not in inputs:
+            raise ModelLoadError(f"{path}: record {i} has inputs {sorted(inputs)}, expected '{input_name}'")
+        batches.append(to_ndarray(inputs[input_name], input_name))
+    return batches
+
+
+def warm_up(backend: Backend, version_dir: Path) -> int:
+    """Run every warm-up request (or one zero row when there is no file) and check the outputs.
+
+    Returns:
+        the number of requests replayed.
+    """
+    sig = backend.signature
+    try:
+        batches = warmup_batches(version_dir, sig.input_name)
+    except Exception as exc:  # a protobuf DecodeError or InvalidArgument from a bad tensor
+        if isinstance(exc, ModelLoadError):
+            raise
+        raise ModelLoadError(f"{version_dir / WARMUP_FILE}: {exc}") from exc
+    for batch in batches or [np.zeros((1, sig.n_features), np.float32)]:
+        if batch.ndim != 2 or batch.shape[1] != sig.n_features:
+            raise ModelLoadError(
+                f"warm-up batch has shape {list(batch.shape)}, expected [N, {sig.n_features}]"
+            )
+        out = backend.predict(batch)
+        if out.shape != (batch.shape[0], sig.output_width) or not np.isfinite(out).all():
+            raise ModelLoadError(f"warm-up output has shape {list(out.shape)} or non-finite values")
+    return len(batches)

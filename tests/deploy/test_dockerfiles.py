@@ -1,0 +1,145 @@
+"""Static checks of docker/: hadolint, stages, users, entrypoints and what each image installs."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfiles import env, exec_form, final_stage, healthcheck, instructions, single
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = sorted((ROOT / "docker").glob("Dockerfile*"))
+HADOLINT = Path(sys.executable).parent / "hadolint"
+SERVING = ROOT / "docker" / "Dockerfile.serving"
+TRAINER = ROOT / "docker" / "Dockerfile.trainer"
+
+
+def image_requirements(*extras: str) -> list[str]:
+    """What an image's deps stage installs: docker/pyproject_requirements.py's output for these extras."""
+    proc = subprocess.run(
+        [sys.executable, "docker/pyproject_requirements.py", "pyproject.toml", *extras],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower() for line in proc.stdout.splitlines()]
+
+
+def test_both_images_exist():
+    assert [p.name for p in DOCKERFILES] == ["Dockerfile.serving", "Dockerfile.trainer"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_passes(dockerfile: Path):
+    proc = subprocess.run([str(HADOLINT), str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_image_is_multi_stage_and_runs_as_a_numeric_non_root_user(dockerfile: Path):
+    assert max(i.stage for i in instructions(dockerfile)) >= 1
+    user = single(final_stage(dockerfile), "USER").args
+    uid = user.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"USER must be a numeric non-root uid (runAsNonRoot), got {user}"
+    exec_form(single(final_stage(dockerfile), "ENTRYPOINT").args)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dependencies_are_installed_before_the_source_is_copied(dockerfile: Path):
+    """Only pyproject.toml reaches the deps stage, so a code change keeps the dependency layer cached."""
+    deps = [i for i in instructions(dockerfile) if i.stage == 0]
+    copied = [i.args for i in deps if i.keyword == "COPY"]
+    assert copied == ["pyproject.toml docker/pyproject_requirements.py ./"]
+    assert any("pip install" in i.args and "requirements.txt" in i.args for i in deps if i.keyword == "RUN")
+
+
+def test_serving_image_installs_only_the_serve_extra():
+    names = image_requirements("serve")
+    assert "onnxruntime" in names
+    for heavy in ("torch", "tensorflow", "lightning", "onnx", "tensorflow-serving-api"):
+        assert heavy not in names
+    assert "tensorflow" in image_requirements("serve", "serve-tf")  # --build-arg WITH_TF=1
+    assert any(i.keyword == "ARG" and i.args == "WITH_TF=0" for i in instructions(SERVING))
+
+
+def test_serving_entrypoint_is_the_make_serve_command():
+    recipe = re.search(r"^serve:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe, "Makefile has no serve recipe"
+    make_serve = shlex.split(recipe.group(1).replace("$(PY)", "python").replace("$(ARGS)", ""))
+    make_serve = [a.replace("$(REPO)", "/models/ctr") for a in make_serve]
+    assert exec_form(single(final_stage(SERVING), "ENTRYPOINT").args) == make_serve
+
+
+def test_serving_image_exposes_tf_serving_ports_and_checks_model_status():
+    assert single(final_stage(SERVING), "EXPOSE").args.split() == ["8500", "8501"]
+    options, argv = healthcheck(final_stage(SERVING))
+    assert argv[:2] == ["python", "-c"] and "http://127.0.0.1:8501/v1/models/ctr" in argv[2]
+    assert set(options) == {"--interval", "--timeout", "--start-period", "--retries"}
+    assert env(final_stage(SERVING))["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root filesystem
+
+
+def test_trainer_image_defaults_to_cpu_torch_and_is_nccl_ready():
+    args = {
+        i.args.split("=")[0]: i.args.split("=", 1)[1] for i in instructions(TRAINER) if i.keyword == "ARG"
+    }
+    assert args["TORCH_VARIANT"] == "cpu"
+    assert args["TORCH_VERSION"] == "2.13.0"
+    install = next(i.args for i in instructions(TRAINER) if i.keyword == "RUN" and "torch==" in i.args)
+    assert '--index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}"' in install
+    image_env = env(final_stage(TRAINER))
+    assert image_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert image_env["NCCL_DEBUG"] == "WARN"
+    names = image_requirements("train", "export")
+    assert {"torch", "lightning", "onnx", "tensorflow"} <= set(names)
+
+
+def test_trainer_image_copies_every_package_its_commands_import():
+    copied = {
+        i.args.split()[0] for i in final_stage(TRAINER) if i.keyword == "COPY" and "--from" not in i.args
+    }
+    assert {"training", "export", "serving", "docker/bootstrap-model.sh"} <= copied
+    assert exec_form(single(final_stage(TRAINER), "ENTRYPOINT").args) == ["python", "-m", "training"]
+
+
+def _ignored(path: str, rules: list[str]) -> bool:
+    """Docker's .dockerignore semantics for plain patterns: the last matching rule wins; `!` re-includes."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]  # a rule on a folder covers its files
+    ignored = False
+    for rule in rules:
+        negated = rule.startswith("!")
+        pattern = rule.lstrip("!").rstrip("/")
+        if any(
+            fnmatch.fnmatchcase(c, pattern) or fnmatch.fnmatchcase(c, pattern.replace("**/", ""))
+            for c in candidates
+        ):
+            ignored = not negated
+    return ignored
+
+
+def test_dockerignore_keeps_exactly_what_the_images_copy():
+    rules = [
+        r.strip()
+        for r in (ROOT / ".dockerignore").read_text().splitlines()
+        if r.strip() and not r.startswith("#")
+    ]
+    sources = {
+        source
+        for dockerfile in DOCKERFILES
+        for i in instructions(dockerfile)
+        if i.keyword == "COPY" and "--from" not in i.args
+        for source in i.args.split()[:-1]  # the last word is the destination
+    }
+    for source in sorted(sources):
+        assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+        assert not _ignored(source, rules), f"COPY {source} is excluded by .dockerignore"
+    for heavy in (
+        ".venv/bin/python",
+        "artifacts/models/ctr/1/model.onnx",
+        ".git/HEAD",
+        "serving/__pycache__/x.pyc",
+    ):
+        assert _ignored(heavy, rules), f"{heavy} would be sent to the Docker daemon"

@@ -1,0 +1,48 @@
+"""The README's Deploy section: it covers compose, stock TF Serving, Kubernetes and multi-node training,
+and the paths and flags it shows exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from module_flags import accepted_flags, flags, module_calls
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+SECTION = README[README.index("<!-- section:deploy -->") : README.index("<!-- /section:deploy -->")]
+
+
+def test_deploy_section_covers_each_way_to_run():
+    headings = re.findall(r"^### (.+)$", SECTION, re.M)
+    assert headings == [
+        "Docker Compose (one host)",
+        "The stock TensorFlow Serving on the same repository",
+        "Kubernetes (kustomize)",
+        "Multi-node training",
+    ]
+    for command in (
+        "docker compose up serving",
+        "docker compose --profile monitoring up -d",
+        "docker compose --profile tfserving up tfserving",
+        "kubectl apply -k k8s/overlays/dev",
+        "kubectl apply -k k8s/overlays/prod",
+        "--shm-size=",
+    ):
+        assert command in SECTION
+
+
+def test_paths_the_section_names_exist():
+    for path in set(re.findall(r"(?:docker|k8s)/[\w./-]+\w", SECTION)):
+        assert (ROOT / path).exists() or (ROOT / "k8s/base" / path).exists(), f"README names missing {path}"
+
+
+def test_torchrun_example_uses_flags_the_trainer_accepts():
+    block = re.search(r"```bash\n(torchrun .+?)\n# ", SECTION, re.S)
+    assert block, "no torchrun example"
+    argv = shlex.split(block.group(1).replace("\\\n", " "))
+    [(module, args)] = module_calls(argv)
+    assert module == "training"
+    assert set(flags(args)) <= accepted_flags("training")
+    assert set(flags(argv[1 : argv.index("-m")])) <= accepted_flags("torch.distributed.run")

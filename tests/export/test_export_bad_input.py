@@ -1,0 +1,150 @@
+"""Each bad input is a clear error naming the problem, a non-zero exit, and no version (or staging) left."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from export_runs import make_run
+
+from export.__main__ import main as export_main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], repo: Path) -> str:
+    """Run the CLI, assert exit 1 and an untouched repository; return the error line."""
+    assert export_main([*argv, "--repo", str(repo)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("export: error: ")
+    leftovers = sorted(p.name for p in repo.iterdir()) if repo.exists() else []
+    assert leftovers == [], leftovers  # no version folder, no staging folder
+    return err.removeprefix("export: error: ")
+
+
+def test_missing_checkpoint_exits_non_zero_from_the_command_line(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "run")
+    (run / "checkpoints" / "best.ckpt").unlink()
+    proc = subprocess.run(
+        [sys.executable, "-m", "export", "--run", str(run), "--repo", str(tmp_path / "repo")],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"export: error: checkpoint not found: {run / 'checkpoints' / 'best.ckpt'}; "
+        f"train first (`make train` or `python -m training --out {run}`)"
+    )
+    assert not (tmp_path / "repo").exists()
+
+
+def test_explicit_checkpoint_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    missing = tmp_path / "epoch=9.ckpt"
+    err = _fails(capsys, ["--run", str(run), "--checkpoint", str(missing)], tmp_path / "repo")
+    assert err == f"checkpoint not found: {missing}"
+
+
+def test_corrupt_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    ckpt = run / "checkpoints" / "best.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[:100])  # truncated mid-write
+    err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
+    assert err.startswith(f"checkpoint {ckpt} is corrupt or not a torch checkpoint")
+
+
+def test_checkpoint_width_differs_from_feature_spec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = make_run(tmp_path / "run", in_features=100, spec_width=128)
+    err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
+    assert err == (
+        f"checkpoint {run / 'checkpoints' / 'best.ckpt'} takes 100 features but feature spec "
+        f"{run / 'feature_spec.json'} produces 128; export a checkpoint trained with this spec"
+    )
+
+
+def test_unreadable_feature_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    (run / "feature_spec.json").write_text("{not json")
+    err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
+    assert err.startswith(f"cannot read feature spec {run / 'feature_spec.json'}: ")
+
+
+def test_validation_rows_of_the_wrong_width(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    np.save(run / "val_features.npy", np.zeros((10, 127), np.float32))
+    err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
+    assert (
+        err
+        == f"validation rows {run / 'val_features.npy'} have shape [10, 127]; expected finite float32 [N, 128]"
+    )
+
+
+def test_unwritable_destination(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    blocker = tmp_path / "models"
+    blocker.write_text("a file where the repository's parent should be")
+    repo = blocker / "ctr"
+    assert export_main(["--run", str(run), "--repo", str(repo)]) == 1
+    err = capsys.readouterr().err
+    assert f"export: error: model repository {repo} is not writable: " in err
+    assert blocker.read_text() == "a file where the repository's parent should be"
+
+
+def test_op_outside_target_set_names_op_node_and_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = make_run(tmp_path / "run")
+    err = _fails(capsys, ["--run", str(run), "--target-ops", "Gemm,Relu,Clip"], tmp_path / "repo")
+    assert err == (
+        "ONNX op 'Sigmoid' (node 'node_sigmoid') is not supported by target custom [Clip, Gemm, Relu]; "
+        "no patch in export/patches.py rewrites it (patched ops: ['Clip', 'LeakyRelu'])"
+    )
+
+
+def test_failed_parity_publishes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Three runtimes with different GEMM kernels never agree to 1e-12 on 10,000 rows.
+    run = make_run(tmp_path / "run")
+    err = _fails(capsys, ["--run", str(run), "--parity-tol", "1e-12", "--no-torchscript"], tmp_path / "repo")
+    assert err.startswith("parity failed: max abs difference ")
+    assert "> tolerance 1e-12" in err and err.endswith("nothing was published")
+
+
+def test_diverged_checkpoint_with_nan_weights_fails_parity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = make_run(tmp_path / "run")
+    ckpt_path = run / "checkpoints" / "best.ckpt"
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    ckpt["state_dict"]["net.layers.6.bias"].fill_(float("nan"))
+    torch.save(ckpt, ckpt_path)
+    err = _fails(capsys, ["--run", str(run), "--no-torchscript"], tmp_path / "repo")
+    assert "non-finite outputs: {'pytorch': 10000, 'onnxruntime': 10000, 'savedmodel': 10000}" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--parity-rows", "9999"], "--parity-rows must be >= 10000, got 9999"),
+        (["--keep", "0"], "--keep must be >= 1, got 0"),
+        (["--target-ops", " , "], "--target-ops ' , ' lists no ops; expected e.g. 'Gemm,Relu,Sigmoid'"),
+    ],
+)
+def test_invalid_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    run = make_run(tmp_path / "run")
+    assert _fails(capsys, ["--run", str(run), *argv], tmp_path / "repo") == message
+
+
+def test_run_dir_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope"
+    assert _fails(capsys, ["--run", str(missing)], tmp_path / "repo") == (
+        f"--run {missing} is not a directory; expected a training run dir"
+    )
+    assert not os.path.exists(missing)

@@ -1,0 +1,125 @@
+"""Builds a small model repository (DESIGN.md layout) from numpy weights, without the export stage.
+
+The same weights go to model.onnx (onnx.helper, opset 17) and to a SavedModel (tf.Module), so both
+backends can be checked against `reference_predict`, the numpy forward pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+N_FEATURES = 128
+HIDDEN = (32, 16)
+
+
+def make_weights(seed: int) -> list[np.ndarray]:
+    """[W1 (128,32), b1, W2 (32,16), b2, W3 (16,1), b3], float32; scaled so scores spread over (0, 1)."""
+    rng = np.random.default_rng(seed)
+    dims = (N_FEATURES, *HIDDEN, 1)
+    weights = []
+    for d_in, d_out in itertools.pairwise(dims):
+        weights.append((rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32))
+        weights.append((0.1 * rng.standard_normal(d_out)).astype(np.float32))
+    return weights
+
+
+def reference_predict(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    """(N, 128) -> (N, 1): relu(x W1 + b1) -> relu(. W2 + b2) -> sigmoid(. W3 + b3)."""
+    w1, b1, w2, b2, w3, b3 = (w.astype(np.float64) for w in weights)
+    h = np.maximum(x.astype(np.float64) @ w1 + b1, 0)
+    h = np.maximum(h @ w2 + b2, 0)
+    return 1 / (1 + np.exp(-(h @ w3 + b3)))
+
+
+def write_onnx(weights: list[np.ndarray], path: Path) -> None:
+    """Gemm -> Relu -> Gemm -> Relu -> Gemm -> Sigmoid, input `features` [N,128], output `ctr` [N,1]."""
+    names = ["w1", "b1", "w2", "b2", "w3", "b3"]
+    inits = [numpy_helper.from_array(w, n) for w, n in zip(weights, names, strict=True)]
+    nodes = [
+        helper.make_node("Gemm", ["features", "w1", "b1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "w2", "b2"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["a2"]),
+        helper.make_node("Gemm", ["a2", "w3", "b3"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["ctr"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ctr_mlp",
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", N_FEATURES])],
+        [helper.make_tensor_value_info("ctr", TensorProto.FLOAT, ["batch", 1])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def write_saved_model(weights: list[np.ndarray], path: Path) -> None:
+    """The same MLP as a SavedModel with signature serving_default: features -> {"ctr": ...}."""
+    import tensorflow as tf
+
+    class CTRModule(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = [tf.Variable(w) for w in weights]
+
+        @tf.function(input_signature=[tf.TensorSpec([None, N_FEATURES], tf.float32, name="features")])
+        def serve(self, features: tf.Tensor) -> dict[str, tf.Tensor]:
+            w1, b1, w2, b2, w3, b3 = self.w
+            h = tf.nn.relu(tf.matmul(features, w1) + b1)
+            h = tf.nn.relu(tf.matmul(h, w2) + b2)
+            return {"ctr": tf.sigmoid(tf.matmul(h, w3) + b3)}
+
+    module = CTRModule()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
+def write_warmup(path: Path, batches: list[np.ndarray], model_name: str = "ctr") -> None:
+    """TFRecord of PredictionLog{predict_log{request}}, written with TF's own writer and the stock protos."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for batch in batches:
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.inputs["features"].CopyFrom(tf.make_tensor_proto(batch))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
+def write_version(
+    base: Path, version: int, weights: list[np.ndarray], saved_model_from: Path | None = None
+) -> Path:
+    """Write `<base>/<version>/` (model.onnx, assets.extra/*; saved model copied from `saved_model_from`).
+
+    Like the export stage, the folder is built under a temporary name and renamed into place, so a
+    polling server never sees half a version.
+    """
+    tmp = base / f".tmp-{version}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if saved_model_from is not None:
+        shutil.copytree(saved_model_from, tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_onnx(weights, tmp / "model.onnx")
+    extra = tmp / "assets.extra"
+    extra.mkdir(exist_ok=True)
+    manifest = {"version": version, "inputs": {"features": [-1, N_FEATURES]}, "outputs": {"ctr": [-1, 1]}}
+    (extra / "manifest.json").write_text(json.dumps(manifest))
+    (extra / "feature_spec.json").write_text(json.dumps({"n_features": N_FEATURES, "fields": []}))
+    rng = np.random.default_rng(version)
+    write_warmup(
+        extra / "tf_serving_warmup_requests", [rng.random((n, N_FEATURES), np.float32) for n in (1, 4)]
+    )
+    final = base / str(version)
+    tmp.rename(final)
+    return final

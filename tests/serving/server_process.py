@@ -1,0 +1,100 @@
+"""Start and stop a real `python -m serving` process on 127.0.0.1 free ports, for the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A running server; `url(path)` for REST, `grpc_target` for gRPC; `stop()` sends SIGTERM."""
+
+    def __init__(self, base_path: Path, log_path: Path, *flags: str, model_name: str = "ctr") -> None:
+        self.rest_port, self.grpc_port = free_port(), free_port()
+        self.model_name, self.log_path = model_name, log_path
+        cmd = [
+            sys.executable, "-m", "serving", "--host=127.0.0.1",
+            f"--port={self.grpc_port}", f"--rest_api_port={self.rest_port}",
+            f"--model_name={model_name}", f"--model_base_path={base_path}", *flags,
+        ]  # fmt: skip
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.rest_port}{path}"
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Poll the readiness endpoint (model status) until it answers 200."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            status, _ = http(self.url(f"/v1/models/{self.model_name}"), timeout=2)
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready after {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM, wait; SIGKILL if it hangs. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+
+def http(
+    url: str, body: Any = None, raw: bytes | None = None, method: str | None = None, timeout: float = 10
+) -> tuple[int, Any]:
+    """One HTTP request; returns (status, parsed JSON or text) without raising on 4xx/5xx."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, payload = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, payload = exc.code, exc.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, None
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode()
+
+
+def env_without_proxy() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}

@@ -1,0 +1,125 @@
+"""Synthetic Criteo-format data with a known click model: `python -m training.synth --out FILE --rows N --seed S`.
+
+Writes FILE (Kaggle train.txt form: tab-separated, no header), FILE.oracle.npy (float32 [N] true click
+probability per row) and FILE.oracle.json (oracle AUC/logloss on the validation split training uses).
+Rows are generated in fixed-size chunks, each from its own seeded stream, so output depends only on the seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from training.metrics import log_loss, roc_auc
+from training.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
+from training.split import DEFAULT_VAL_FRACTION, fmix32, validation_mask
+from training.truth import CATEGORICAL_SHAPE, NUMERIC_SHAPE, WORLD_SEED, GroundTruth
+
+CHUNK_ROWS = 1 << 20
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_CDFS = [np.cumsum(1.0 / np.arange(1, v + 1) ** a) for v, a, _ in CATEGORICAL_SHAPE]
+
+
+def sample_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draw raw rows: counts float64 [n, 13] (NaN = missing) and categorical Zipf ranks int64 [n, 26] (-1 = missing)."""
+    activity = rng.normal(size=(n, 1))  # a shared "how active is this user" factor correlates the counts
+    med = np.array([m for m, _, _ in NUMERIC_SHAPE])
+    spread = np.array([s for _, s, _ in NUMERIC_SHAPE])
+    latent = med + spread * (0.5 * activity + np.sqrt(0.75) * rng.normal(size=(n, 13)))
+    counts = np.floor(np.expm1(np.maximum(latent, 0.0)) * rng.random((n, 13)) ** 0.3)
+    counts[:, 1] -= 1.0  # I2 takes -1 like the real data
+    counts[rng.random((n, 13)) < np.array([r for _, _, r in NUMERIC_SHAPE])] = np.nan
+    ranks = np.empty((n, len(CATEGORICAL_SHAPE)), dtype=np.int64)
+    for j, (cdf, (_, _, missing_rate)) in enumerate(zip(_CDFS, CATEGORICAL_SHAPE, strict=True)):
+        ranks[:, j] = np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right")
+        ranks[rng.random(n) < missing_rate, j] = -1
+    return counts, ranks
+
+
+def make_world() -> GroundTruth:
+    """The ground truth, calibrated once on a fixed sample to a ~25% positive rate."""
+    truth = GroundTruth()
+    truth.calibrate(*sample_rows(np.random.default_rng(WORLD_SEED + 1), 200_000))
+    return truth
+
+
+def hex_values(field_index: int, ranks: np.ndarray) -> pa.Array:
+    """Zipf ranks -> 8-hex-digit strings like Criteo's hashed values; rank -1 -> null (empty cell)."""
+    h = fmix32(fmix32(ranks.astype(np.uint32)) ^ np.uint32(field_index * 0x9E3779B9 & 0xFFFFFFFF))
+    shifts = np.arange(28, -1, -4, dtype=np.uint32)
+    chars = _HEX[(h[:, None] >> shifts) & np.uint32(0xF)]  # (n, 8) ascii bytes
+    offsets = np.arange(0, 8 * ranks.size + 1, 8, dtype=np.int32)
+    valid = ranks >= 0
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.string(), ranks.size, [bitmap, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())], null_count=int((~valid).sum())
+    )
+
+
+def generate(out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str, float | int]:
+    """Write `rows` rows to `out` plus the oracle files; returns the oracle summary."""
+    if rows < 100:
+        raise ValueError(f"--rows must be at least 100 to score the oracle, got {rows}")
+    truth = make_world()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    probs = np.empty(rows, dtype=np.float32)
+    labels = np.empty(rows, dtype=np.int8)
+    tmp = out.with_name(out.name + ".tmp")
+    with pa.OSFile(str(tmp), "wb") as sink:
+        for start in range(0, rows, CHUNK_ROWS):
+            n = min(CHUNK_ROWS, rows - start)
+            rng = np.random.default_rng([seed, start // CHUNK_ROWS])
+            counts, ranks = sample_rows(rng, n)
+            p = 1.0 / (1.0 + np.exp(-truth.logit(counts, ranks)))
+            y = (rng.random(n) < p).astype(np.int8)
+            probs[start : start + n], labels[start : start + n] = p, y
+            arrays = [pa.array(y)]
+            arrays += [pa.array(counts[:, j], mask=np.isnan(counts[:, j])).cast(pa.int64()) for j in range(13)]
+            arrays += [hex_values(j, ranks[:, j]) for j in range(len(CATEGORICAL_SHAPE))]
+            table = pa.Table.from_arrays(arrays, names=[LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS])
+            opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+            pacsv.write_csv(table, sink, write_options=opts)
+    tmp.replace(out)
+    val = validation_mask(np.arange(rows), val_fraction)
+    summary: dict[str, float | int] = {
+        "rows": rows,
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "val_rows": int(val.sum()),
+        "positive_rate": float(labels.mean()),
+        "oracle_auc": roc_auc(labels[val], probs[val]),
+        "oracle_logloss": log_loss(labels[val], probs[val]),
+    }
+    np.save(oracle_paths(out)[0], probs)
+    oracle_paths(out)[1].write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def oracle_paths(data: Path) -> tuple[Path, Path]:
+    """Where the generator leaves the per-row true probabilities and the oracle summary for `data`."""
+    return data.with_name(data.name + ".oracle.npy"), data.with_name(data.name + ".oracle.json")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m training.synth", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="output file (Kaggle train.txt form)")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="number of rows (default 1000000)")
+    parser.add_argument("--seed", type=int, default=7, help="sampling seed; the click model itself is fixed")
+    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="validation share scored by the oracle")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    s = generate(args.out, args.rows, args.seed, args.val_fraction)
+    print(
+        f"wrote {s['rows']} rows to {args.out} in {time.perf_counter() - t0:.1f}s: positive rate {s['positive_rate']:.3f}, "
+        f"oracle val AUC {s['oracle_auc']:.4f} logloss {s['oracle_logloss']:.4f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The synthetic world's ground-truth click probability: the oracle no model can beat.
+
+The logit mixes main effects of log counts, missingness, a few informative categorical fields, a
+numeric×numeric interaction, a threshold effect and categorical×numeric and categorical×categorical
+interactions, so a linear model falls short of it and an MLP can get close. Coefficients come from a
+fixed world seed: every data seed samples rows from the same world.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WORLD_SEED = 20260
+# Per numeric field: (log-scale median, log-scale spread, missing rate), shaped on the Kaggle data.
+NUMERIC_SHAPE = (
+    (1.0, 1.2, 0.45), (1.6, 1.9, 0.0), (2.0, 1.3, 0.21), (1.6, 0.9, 0.22), (7.6, 1.8, 0.03),
+    (3.2, 1.6, 0.22), (1.3, 1.3, 0.04), (2.0, 1.0, 0.001), (3.6, 1.3, 0.04), (0.4, 0.5, 0.45),
+    (0.8, 0.8, 0.04), (0.3, 0.9, 0.77), (1.6, 1.0, 0.22),
+)  # fmt: skip
+# Per categorical field C1..C26: (vocabulary size, Zipf exponent, missing rate).
+CATEGORICAL_SHAPE = (
+    (1400, 1.3, 0.0), (550, 1.1, 0.0), (200_000, 1.05, 0.03), (100_000, 1.05, 0.03), (300, 1.4, 0.0),
+    (14, 1.2, 0.12), (12_000, 1.1, 0.0), (630, 1.3, 0.0), (3, 1.5, 0.0), (40_000, 1.05, 0.0),
+    (5_500, 1.1, 0.0), (150_000, 1.05, 0.03), (3_200, 1.1, 0.0), (25, 1.2, 0.0), (14_000, 1.1, 0.0),
+    (120_000, 1.05, 0.03), (10, 1.2, 0.0), (5_600, 1.1, 0.0), (2_100, 1.2, 0.44), (4, 1.1, 0.44),
+    (150_000, 1.05, 0.03), (15, 1.4, 0.76), (15, 1.2, 0.0), (60_000, 1.05, 0.03), (80, 1.3, 0.44),
+    (50_000, 1.05, 0.44),
+)  # fmt: skip
+# Fields whose values move the click rate: (0-based categorical index, effect spread, values with an effect).
+INFORMATIVE = ((8, 0.6, 3), (19, 0.5, 4), (16, 0.5, 10), (5, 0.45, 14), (13, 0.35, 25), (22, 0.35, 15))
+TARGET_POSITIVE_RATE = 0.25
+
+
+class GroundTruth:
+    """Deterministic click model; `logit(numeric, cat_index)` scores generated rows."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(WORLD_SEED)
+        self.w_num = rng.normal(0.0, 0.35, size=13)
+        self.w_missing = rng.normal(0.0, 0.3, size=13)
+        self.cat_effects = {f: rng.normal(0.0, s, size=k) for f, s, k in INFORMATIVE}
+        self.c9_slope = rng.normal(0.0, 0.4, size=3)  # C9 value changes the slope of I7
+        self.bias = 0.0
+
+    def logit(self, numeric: np.ndarray, cat_index: np.ndarray) -> np.ndarray:
+        """Ground-truth logit.
+
+        Args:
+            numeric: float [N, 13] counts, NaN where missing.
+            cat_index: int [N, 26] Zipf rank of each categorical value, -1 where missing.
+        Returns:
+            float64 [N] logits.
+        """
+        med = np.array([m for m, _, _ in NUMERIC_SHAPE])
+        spread = np.array([s for _, s, _ in NUMERIC_SHAPE])
+        missing = np.isnan(numeric)
+        z = np.where(missing, 0.0, (np.log1p(np.abs(np.nan_to_num(numeric))) - med) / spread)
+        out = self.bias + z @ self.w_num + missing @ self.w_missing
+        out += 0.45 * z[:, 0] * z[:, 2]  # I1 x I3
+        out += 0.6 * np.maximum(z[:, 4] - 0.5, 0.0)  # threshold on I5
+        out -= 0.25 * z[:, 5] ** 2
+        for f in self.cat_effects:
+            out += self._effect(cat_index, f)
+        c9 = cat_index[:, 8]
+        out += np.where(c9 >= 0, self.c9_slope[np.clip(c9, 0, 2)], 0.0) * z[:, 6]
+        out += 0.8 * self._effect(cat_index, 5) * self._effect(cat_index, 16)  # C6 x C17 amplify each other
+        return out
+
+    def _effect(self, cat_index: np.ndarray, f: int) -> np.ndarray:
+        """Main effect of categorical field f per row; 0 for missing values and values without an effect."""
+        effects, idx = self.cat_effects[f], cat_index[:, f]
+        known = (idx >= 0) & (idx < effects.size)
+        return np.where(known, effects[np.clip(idx, 0, effects.size - 1)], 0.0)
+
+    def calibrate(self, numeric: np.ndarray, cat_index: np.ndarray) -> None:
+        """Set the bias so the mean click probability on this sample is the target positive rate."""
+        base = self.logit(numeric, cat_index) - self.bias
+        lo, hi = -10.0, 10.0
+        for _ in range(50):  # bisection: the mean sigmoid is monotone in the bias
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _sigmoid(base + mid).mean() < TARGET_POSITIVE_RATE else (lo, mid)
+        self.bias = (lo + hi) / 2
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
