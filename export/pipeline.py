@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -26,7 +27,6 @@ from export.runtimes import (
 )
 from export.targets import Target
 from training.checkpoint import CheckpointError, load_net
-from training.features import FeatureSpec
 from training.model import CTRNet
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,20 @@ class ExportResult:
     removed_versions: list[int]
 
 
+def spec_width(path: Path) -> int:
+    """The output width of a feature_spec.json; the rest of the spec is copied into the version unread."""
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read feature spec {path}: {e}") from e
+    width = spec.get("width") if isinstance(spec, dict) else None
+    if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise InputError(
+            f"feature spec {path} has width {width!r}; expected a positive integer under 'width'"
+        )
+    return width
+
+
 def load_inputs(req: ExportRequest) -> tuple[CTRNet, dict[str, Any], int, np.ndarray | None]:
     """Load and cross-check checkpoint, feature spec and validation rows.
 
@@ -71,10 +85,7 @@ def load_inputs(req: ExportRequest) -> tuple[CTRNet, dict[str, Any], int, np.nda
         net, ckpt = load_net(req.checkpoint)
     except CheckpointError as e:
         raise InputError(str(e)) from e
-    try:
-        width = FeatureSpec.load(req.feature_spec).width
-    except ValueError as e:
-        raise InputError(str(e)) from e
+    width = spec_width(req.feature_spec)
     in_features = net.cfg.in_features
     if in_features != width:
         raise InputError(

@@ -59,7 +59,9 @@ def ensure_cache(data: str | Path, skip_bad_rows: bool = False) -> tuple[Path, R
     """
     src = Path(data)
     if not src.is_file():
-        raise FileNotFoundError(f"data file not found: {src} (generate one with `python -m training.synth --out {src}`)")
+        raise FileNotFoundError(
+            f"data file not found: {src} (generate one with `python -m training.synth --out {src}`)"
+        )
     meta = _valid_meta(src, skip_bad_rows)
     if meta is not None:
         return cache_path(src), ReadReport(**meta["report"])

@@ -73,13 +73,20 @@ def detect_format(path: Path) -> FileFormat:
     if names[0] != LABEL:
         return FileFormat(delimiter, has_header=False)
     if names != list(FIELDS):
-        bad = next((i for i, (a, b) in enumerate(zip(names, FIELDS, strict=False)) if a != b), min(len(names), N_FIELDS))
+        bad = next(
+            (i for i, (a, b) in enumerate(zip(names, FIELDS, strict=False)) if a != b),
+            min(len(names), N_FIELDS),
+        )
         got = names[bad] if bad < len(names) else "<nothing>"
-        raise MalformedRowError(f"{path}:1: header column {bad + 1} is {got!r}, expected {FIELDS[bad]!r} (header must be label,I1..I13,C1..C26)")
+        raise MalformedRowError(
+            f"{path}:1: header column {bad + 1} is {got!r}, expected {FIELDS[bad]!r} (header must be label,I1..I13,C1..C26)"
+        )
     return FileFormat(delimiter, has_header=True)
 
 
-def read_batches(path: str | Path, skip_bad_rows: bool = False, report: ReadReport | None = None) -> Iterator[pa.RecordBatch]:
+def read_batches(
+    path: str | Path, skip_bad_rows: bool = False, report: ReadReport | None = None
+) -> Iterator[pa.RecordBatch]:
     """Yield validated columnar batches of a Criteo file (see module docstring for the schema).
 
     Raises:
@@ -113,12 +120,18 @@ class _NeedsValidation(Exception):
 
 
 def _typed_batches(path: Path, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
-    types = {LABEL: pa.int8(), **{f: pa.float64() for f in NUMERIC_FIELDS}, **{f: pa.string() for f in CATEGORICAL_FIELDS}}
+    types = {
+        LABEL: pa.int8(),
+        **{f: pa.float64() for f in NUMERIC_FIELDS},
+        **{f: pa.string() for f in CATEGORICAL_FIELDS},
+    }
     reader = pacsv.open_csv(
         path,
-        read_options=pacsv.ReadOptions(column_names=list(FIELDS), skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE),
+        read_options=pacsv.ReadOptions(
+            column_names=list(FIELDS), skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE
+        ),
         parse_options=pacsv.ParseOptions(delimiter=fmt.delimiter, quote_char=False, ignore_empty_lines=True),
-        convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+        convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=False),
     )
     next_id = 0
     for batch in reader:
@@ -133,11 +146,15 @@ def _typed_batches(path: Path, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays([ids, *batch.columns], schema=SCHEMA)
 
 
-def _validated_batches(path: Path, fmt: FileFormat, skip: bool, report: ReadReport) -> Iterator[pa.RecordBatch]:
+def _validated_batches(
+    path: Path, fmt: FileFormat, skip: bool, report: ReadReport
+) -> Iterator[pa.RecordBatch]:
     # One string per physical line (the delimiter never occurs), so row index -> exact line number.
     reader = pacsv.open_csv(
         path,
-        read_options=pacsv.ReadOptions(column_names=["line"], skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE),
+        read_options=pacsv.ReadOptions(
+            column_names=["line"], skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE
+        ),
         parse_options=pacsv.ParseOptions(delimiter="\x01", quote_char=False, ignore_empty_lines=False),
         convert_options=pacsv.ConvertOptions(column_types={"line": pa.string()}, strings_can_be_null=False),
     )
@@ -156,7 +173,13 @@ def _validated_batches(path: Path, fmt: FileFormat, skip: bool, report: ReadRepo
 
 
 def _validate(
-    path: Path, fmt: FileFormat, lines: pa.Array, line_no: np.ndarray, first_id: int, skip: bool, report: ReadReport
+    path: Path,
+    fmt: FileFormat,
+    lines: pa.Array,
+    line_no: np.ndarray,
+    first_id: int,
+    skip: bool,
+    report: ReadReport,
 ) -> pa.RecordBatch:
     n = len(lines)
     parts = pc.split_pattern(lines, fmt.delimiter)
@@ -207,8 +230,14 @@ def _messages(path, fmt, flat, starts, counts, columns, bad, problem, bad_field,
         where = f"{path}:{line_no[i]}"
         if problem[i] == 0:
             k = int(counts[i])
-            detail = f"missing fields from {FIELDS[k]} on" if k < N_FIELDS else f"{k - N_FIELDS} extra field(s) after C26"
-            out.append(f"{where}: expected {N_FIELDS} {sep}-separated fields (label, I1-I13, C1-C26), got {k}: {detail}")
+            detail = (
+                f"missing fields from {FIELDS[k]} on"
+                if k < N_FIELDS
+                else f"{k - N_FIELDS} extra field(s) after C26"
+            )
+            out.append(
+                f"{where}: expected {N_FIELDS} {sep}-separated fields (label, I1-I13, C1-C26), got {k}: {detail}"
+            )
         else:
             name = FIELDS[bad_field[i]]
             value = columns[bad_field[i]][int(i)].as_py()

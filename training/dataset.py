@@ -74,7 +74,9 @@ def prepare(cache: Path, val_fraction: float, width: int, max_rows: int | None =
     is_val = validation_mask(ids, val_fraction)
     train, val = table.filter(pa.array(~is_val)), table.filter(pa.array(is_val))
     if len(train) == 0 or len(val) == 0:
-        raise ValueError(f"{cache}: {len(table)} rows give {len(train)} training and {len(val)} validation rows; need both")
+        raise ValueError(
+            f"{cache}: {len(table)} rows give {len(train)} training and {len(val)} validation rows; need both"
+        )
 
     def labels(t: pa.Table) -> np.ndarray:
         return t.column(LABEL).to_numpy().astype(np.float32)

@@ -43,7 +43,9 @@ def categorical_keys(categorical: np.ndarray | Sequence[StringColumn], n: int) -
     """
     if isinstance(categorical, np.ndarray):
         if categorical.ndim != 2 or categorical.shape != (n, N_CAT):
-            raise ValueError(f"expected categorical fields of shape [{n}, {N_CAT}], got {list(categorical.shape)}")
+            raise ValueError(
+                f"expected categorical fields of shape [{n}, {N_CAT}], got {list(categorical.shape)}"
+            )
         columns = [encode_strings(categorical[:, j].tolist()) for j in range(N_CAT)]
     else:
         columns = list(categorical)
@@ -67,16 +69,22 @@ class FeatureSpec:
     prior: float
     width: int = DEFAULT_WIDTH
     clip: float = 10.0
-    min_count: int = 20
-    smoothing: float = 50.0
+    min_count: int = 1000
+    smoothing: float = 100.0
 
     def __post_init__(self) -> None:
         if self.width <= HASH_START:
-            raise ValueError(f"width must exceed {HASH_START} (13 z-scores, 13 indicators, 26 rate lifts), got {self.width}")
+            raise ValueError(
+                f"width must exceed {HASH_START} (13 z-scores, 13 indicators, 26 rate lifts), got {self.width}"
+            )
         if len(self.mean) != N_NUM or len(self.std) != N_NUM or len(self.rates) != N_CAT:
-            raise ValueError(f"expected {N_NUM} means/stds and {N_CAT} rate tables, got {len(self.mean)}/{len(self.std)}/{len(self.rates)}")
+            raise ValueError(
+                f"expected {N_NUM} means/stds and {N_CAT} rate tables, got {len(self.mean)}/{len(self.std)}/{len(self.rates)}"
+            )
         if not all(np.isfinite(self.mean)) or not all(s > 0 and np.isfinite(s) for s in self.std):
-            raise ValueError(f"means must be finite and stds finite and positive, got {self.mean}, {self.std}")
+            raise ValueError(
+                f"means must be finite and stds finite and positive, got {self.mean}, {self.std}"
+            )
         if not 0.0 < self.prior < 1.0:
             raise ValueError(f"prior click rate must be in (0, 1), got {self.prior}")
 
@@ -91,8 +99,8 @@ class FeatureSpec:
         categorical: np.ndarray | Sequence[StringColumn],
         labels: np.ndarray,
         width: int = DEFAULT_WIDTH,
-        min_count: int = 20,
-        smoothing: float = 50.0,
+        min_count: int = 1000,
+        smoothing: float = 100.0,
         max_entries: int = 10_000,
     ) -> FeatureSpec:
         """Fit on the training split only.
@@ -114,8 +122,12 @@ class FeatureSpec:
         y = np.asarray(labels, dtype=np.float64).reshape(-1)
         keys = categorical_keys(categorical, y.size)
         prior = float(np.clip(y.mean(), 1e-4, 1 - 1e-4)) if y.size else 0.5
-        rates = tuple(fit_rate_table(keys[:, j], y, prior, min_count, smoothing, max_entries) for j in range(N_CAT))
-        return cls(tuple(map(float, mean)), tuple(map(float, std)), rates, prior, width, 10.0, min_count, smoothing)
+        rates = tuple(
+            fit_rate_table(keys[:, j], y, prior, min_count, smoothing, max_entries) for j in range(N_CAT)
+        )
+        return cls(
+            tuple(map(float, mean)), tuple(map(float, std)), rates, prior, width, 10.0, min_count, smoothing
+        )
 
     def transform(self, numeric: np.ndarray, categorical: np.ndarray | Sequence[StringColumn]) -> np.ndarray:
         """Map raw rows to model input.
@@ -147,7 +159,12 @@ class FeatureSpec:
             "version": SPEC_VERSION,
             "width": self.width,
             "layout": __doc__.split("Layout of one vector", 1)[1].split("The spec is data")[0].strip(),
-            "numeric": {"fields": list(NUMERIC_FIELDS), "mean": list(self.mean), "std": list(self.std), "clip": self.clip},
+            "numeric": {
+                "fields": list(NUMERIC_FIELDS),
+                "mean": list(self.mean),
+                "std": list(self.std),
+                "clip": self.clip,
+            },
             "categorical": {
                 "fields": list(CATEGORICAL_FIELDS),
                 "key": "fnv1a_32(utf8(field + ':' + value)), missing value = ''",
@@ -162,7 +179,9 @@ class FeatureSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FeatureSpec:
         if d.get("version") != SPEC_VERSION:
-            raise ValueError(f"feature spec version {d.get('version')!r} is not supported (expected {SPEC_VERSION})")
+            raise ValueError(
+                f"feature spec version {d.get('version')!r} is not supported (expected {SPEC_VERSION})"
+            )
         try:
             num, cat = d["numeric"], d["categorical"]
             if list(num["fields"]) != list(NUMERIC_FIELDS) or list(cat["fields"]) != list(CATEGORICAL_FIELDS):

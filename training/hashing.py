@@ -27,7 +27,9 @@ def fnv1a_32(text: str) -> int:
 
 def encode_strings(values: Iterable[object]) -> StringColumn:
     """Pack strings into (uint8 bytes, int64 offsets); None and NaN count as the empty (missing) string."""
-    encoded = [b"" if v is None or (isinstance(v, float) and v != v) else str(v).encode("utf-8") for v in values]
+    encoded = [
+        b"" if v is None or (isinstance(v, float) and v != v) else str(v).encode("utf-8") for v in values
+    ]
     lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])

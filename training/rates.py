@@ -4,6 +4,8 @@ A 128-float input cannot one-hot 26 fields with up to millions of values each, a
 lets frequent uninformative values drown the informative ones in shared buckets. So each field also gets
 one column: the smoothed click log-odds of its value, relative to the overall rate, learnt on the
 training split from values seen at least `min_count` times. Rare and unseen values get 0 (the prior).
+A high `min_count` (default 1000) matters: a row's own label inside a small count leaks into its feature
+and the model learns to trust noise fields (measured: min_count 20 cost 0.02 AUC on the synthetic data).
 """
 
 from __future__ import annotations
@@ -35,13 +37,17 @@ class RateTable:
         keys = np.asarray(d["keys"], dtype=np.uint32)
         lift = np.asarray(d["lift"], dtype=np.float64)
         if keys.shape != lift.shape or np.any(np.diff(keys.astype(np.int64)) <= 0):
-            raise ValueError(f"rate table needs strictly increasing keys and one lift per key, got {keys.size} keys, {lift.size} lifts")
+            raise ValueError(
+                f"rate table needs strictly increasing keys and one lift per key, got {keys.size} keys, {lift.size} lifts"
+            )
         if not np.all(np.isfinite(lift)):
             raise ValueError("rate table lifts must be finite")
         return cls(keys, lift)
 
 
-def fit_rate_table(hashes: np.ndarray, labels: np.ndarray, prior: float, min_count: int, smoothing: float, max_entries: int) -> RateTable:
+def fit_rate_table(
+    hashes: np.ndarray, labels: np.ndarray, prior: float, min_count: int, smoothing: float, max_entries: int
+) -> RateTable:
     """Smoothed log-odds lift per frequent value.
 
     lift = log((clicks + a*p) / (views - clicks + a*(1-p))) - log(p / (1-p)), with a = `smoothing`, p = `prior`,

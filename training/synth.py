@@ -58,11 +58,16 @@ def hex_values(field_index: int, ranks: np.ndarray) -> pa.Array:
     valid = ranks >= 0
     bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(
-        pa.string(), ranks.size, [bitmap, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())], null_count=int((~valid).sum())
+        pa.string(),
+        ranks.size,
+        [bitmap, pa.py_buffer(offsets), pa.py_buffer(chars.tobytes())],
+        null_count=int((~valid).sum()),
     )
 
 
-def generate(out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_FRACTION) -> dict[str, float | int]:
+def generate(
+    out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_FRACTION
+) -> dict[str, float | int]:
     """Write `rows` rows to `out` plus the oracle files; returns the oracle summary."""
     if rows < 100:
         raise ValueError(f"--rows must be at least 100 to score the oracle, got {rows}")
@@ -80,7 +85,9 @@ def generate(out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_
             y = (rng.random(n) < p).astype(np.int8)
             probs[start : start + n], labels[start : start + n] = p, y
             arrays = [pa.array(y)]
-            arrays += [pa.array(counts[:, j], mask=np.isnan(counts[:, j])).cast(pa.int64()) for j in range(13)]
+            arrays += [
+                pa.array(counts[:, j], mask=np.isnan(counts[:, j])).cast(pa.int64()) for j in range(13)
+            ]
             arrays += [hex_values(j, ranks[:, j]) for j in range(len(CATEGORICAL_SHAPE))]
             table = pa.Table.from_arrays(arrays, names=[LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS])
             opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
@@ -111,7 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output file (Kaggle train.txt form)")
     parser.add_argument("--rows", type=int, default=1_000_000, help="number of rows (default 1000000)")
     parser.add_argument("--seed", type=int, default=7, help="sampling seed; the click model itself is fixed")
-    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, help="validation share scored by the oracle")
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        help="validation share scored by the oracle",
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     s = generate(args.out, args.rows, args.seed, args.val_fraction)

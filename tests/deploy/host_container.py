@@ -1,8 +1,8 @@
 """Run the serving image's ENTRYPOINT with its ENV, WORKDIR and HEALTHCHECK on the host (no Docker engine).
 
 Container paths map to host paths (/opt/venv -> this venv, /app -> the repository, /models/ctr -> a model
-repository), ports to free ones through the server's flags, and a sitecustomize makes the packages the image
-lacks (torch, TensorFlow, the training code...) fail to import, as they would in the image.
+repository), ports to free ones through the server's flags, and a sitecustomize hides the packages the image
+lacks (torch, TensorFlow, the training code...), as the image would.
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile.serving"
 VENV = Path(sys.executable).parent.parent
 # Installed here for training/export/bench, absent from the serving image (the `serve` extra only).
-NOT_IN_IMAGE = ("torch", "lightning", "tensorflow", "tensorflow_serving", "keras", "onnx", "onnxscript",
-                "fastapi", "training", "export", "bench")  # fmt: skip
+NOT_IN_SERVING_IMAGE = (
+    *("torch", "lightning", "tensorflow", "tensorflow_serving", "keras", "onnx", "onnxscript", "fastapi"),
+    *("training", "export", "bench"),
+)
+# Installed here, absent from the trainer image (train + export extras; it copies training/ and export/ only).
+NOT_IN_TRAINER_IMAGE = ("serving", "bench", "fastapi", "uvicorn", "prometheus_client", "matplotlib")
 
 
 @dataclass
@@ -51,18 +55,36 @@ def host_path(value: str, model_base: Path) -> str:
     )
 
 
-def _import_blocker(folder: Path) -> Path:
-    """A sitecustomize that refuses the packages the serving image does not install."""
+def import_blocker(folder: Path, absent: tuple[str, ...]) -> Path:
+    """A folder with a sitecustomize that hides the `absent` packages, as an image without them would.
+
+    Every import finder is wrapped so that these names are not found: `import x` raises "No module named x",
+    `importlib.util.find_spec("x")` is None and importlib.metadata lists no such distribution, so optional-
+    dependency probes see them missing too. Put the
+    folder first on PYTHONPATH: site imports sitecustomize after the .pth files, before the entrypoint runs.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(
         textwrap.dedent(f"""
-        import importlib.abc, sys
-        class NotInServingImage(importlib.abc.MetaPathFinder):
+        import sys
+        ABSENT = {absent!r}
+        class Hidden:
+            def __init__(self, finder):
+                self.finder = finder
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in {NOT_IN_IMAGE!r}:
-                    raise ModuleNotFoundError(f"{{name}} is not installed in the serving image")
-                return None
-        sys.meta_path.insert(0, NotInServingImage())
+                if name.partition(".")[0] in ABSENT or not hasattr(self.finder, "find_spec"):
+                    return None
+                return self.finder.find_spec(name, path, target)
+            def find_distributions(self, *args, **kwargs):
+                # importlib.metadata asks the same finders: hide the packages' metadata as well.
+                find = getattr(self.finder, "find_distributions", None)
+                for dist in find(*args, **kwargs) if find else ():
+                    name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+                    if not any(name == a or name.startswith(a + "_") for a in ABSENT):
+                        yield dist
+            def __getattr__(self, attr):
+                return getattr(self.finder, attr)
+        sys.meta_path[:] = [Hidden(f) for f in sys.meta_path]
         """)
     )
     return folder
@@ -85,20 +107,22 @@ def start_from_image(model_base: Path, tmp: Path, extra_args: list[str]) -> Host
     for key, value in image_env.items():
         # `$PATH` in the image's ENV is the base image's PATH; here it is the host's.
         process_env[key] = value.replace("$PATH", os.environ["PATH"])
-    blocker = _import_blocker(tmp / "site")
+    blocker = import_blocker(tmp / "site", NOT_IN_SERVING_IMAGE)
     process_env["PYTHONPATH"] = f"{blocker}{os.pathsep}{process_env.get('PYTHONPATH', '')}"
     argv = [host_path(a, model_base) for a in exec_form(single(stage, "ENTRYPOINT").args)]
     grpc_port, rest_port = free_port(), free_port()
     argv += [*extra_args, f"--port={grpc_port}", f"--rest_api_port={rest_port}", "--host=127.0.0.1"]
     log = tmp / "server.log"
-    proc = subprocess.Popen(
-        argv,
-        cwd=host_path(single(stage, "WORKDIR").args, model_base),
-        env=process_env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    # `python` resolves through the mapped PATH, i.e. to this venv, as /opt/venv/bin/python in the image.
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            argv,
+            cwd=host_path(single(stage, "WORKDIR").args, model_base),
+            env=process_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     return HostContainer(proc, f"http://127.0.0.1:{rest_port}", rest_port, log)
 
 

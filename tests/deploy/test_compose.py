@@ -89,6 +89,13 @@ def test_serving_healthcheck_is_the_images_and_stop_grace_outlasts_the_drain():
     assert _duration_s(serving["stop_grace_period"]) > drain
 
 
+def test_serving_runs_the_image_entrypoint_hardened():
+    serving = SERVICES["serving"]
+    assert "entrypoint" not in serving, "the image's entrypoint is what tests/deploy runs on the host"
+    assert serving["read_only"] is True and serving["tmpfs"] == ["/tmp"]
+    assert serving["cap_drop"] == ["ALL"] and serving["security_opt"] == ["no-new-privileges:true"]
+
+
 def test_model_service_has_room_in_dev_shm_for_nccl():
     size = SERVICES["model"]["shm_size"]
     assert re.fullmatch(r"\d+gb", size) and int(size[:-2]) >= 1, (

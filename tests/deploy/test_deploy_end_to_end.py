@@ -18,14 +18,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from host_container import ROOT, compose_command, deployment_args, start_from_image, stop, wait_until
+from host_container import (
+    NOT_IN_TRAINER_IMAGE,
+    ROOT,
+    compose_command,
+    deployment_args,
+    import_blocker,
+    start_from_image,
+    stop,
+    wait_until,
+)
 from k8s_render import container, find
 from tiny_model import N_FEATURES, free_port
 
 pytestmark = pytest.mark.slow
 ROWS = 3000
 # Appended to the deployments' training flags: one short epoch on tiny batches (argparse: the last value wins).
-TINY_TRAINING = ["--max_epochs=1", "--batch_size=256"]
+TINY_TRAINING = ["--max-epochs=1", "--batch-size=256"]
 
 
 def _predict_two_rows(rest: str) -> np.ndarray:
@@ -54,6 +63,7 @@ def test_compose_model_service_bootstraps_once_then_serving_answers(tmp_path):
         ROWS=str(ROWS),
         TRAIN_ARGS=" ".join([service["environment"]["TRAIN_ARGS"], *TINY_TRAINING]),
         PYTHON=sys.executable,
+        PYTHONPATH=str(import_blocker(tmp_path / "trainer-site", NOT_IN_TRAINER_IMAGE)),
     )
     script = [*service["entrypoint"]]
     first = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -98,6 +108,7 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
     job = find(objects, "PyTorchJob", "ctr-train")["spec"]["pytorchReplicaSpecs"]
     roles = [("Master", 0)] + [("Worker", i + 1) for i in range(job["Worker"]["replicas"])]
     port = str(free_port())
+    trainer_site = str(import_blocker(tmp_path / "trainer-site", NOT_IN_TRAINER_IMAGE))
     procs = []
     for role, rank in roles:
         pytorch = container(job[role]["template"]["spec"], "pytorch")
@@ -106,6 +117,7 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
         argv = _k8s_argv(pytorch, paths, operator_env) + TINY_TRAINING
         argv[0] = str(Path(sys.executable).parent / argv[0])  # torchrun from this venv
         env = {**os.environ, **{e["name"]: e["value"] for e in pytorch["env"]}, **operator_env}
+        env["PYTHONPATH"] = trainer_site
         log = tmp_path / f"{role}-{rank}.log"
         with log.open("w") as out:
             procs.append(
@@ -125,7 +137,12 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
     export = container(find(objects, "Job", "ctr-export")["spec"]["template"]["spec"], "export")
     argv = _k8s_argv(export, paths, {})
     export_run = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, *argv[1:]],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": trainer_site},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert export_run.returncode == 0, export_run.stderr[-3000:]
 

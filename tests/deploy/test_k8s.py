@@ -51,7 +51,7 @@ def test_every_object_validates_against_the_kubernetes_schema(builds, path: str,
 
 @pytest.mark.parametrize("path", OVERLAYS)
 def test_overlay_puts_everything_in_its_namespace(builds, path: str):
-    namespace = find(builds[path], "Namespace", builds[path][0]["metadata"]["name"])["metadata"]["name"]
+    [namespace] = [o["metadata"]["name"] for o in builds[path] if o["kind"] == "Namespace"]
     for obj in builds[path]:
         if obj["kind"] != "Namespace":
             assert obj["metadata"]["namespace"] == namespace, f"{obj['kind']}/{obj['metadata']['name']}"
@@ -76,6 +76,7 @@ def test_serving_deployment_probes_drain_and_security(builds, path: str):
     assert "replicas" not in deploy["spec"], "the HPA owns the replica count"
     spec = deploy["spec"]["template"]["spec"]
     serving = container(spec, "serving")
+    assert "command" not in serving, "the image's entrypoint is what tests/deploy runs on the host"
     assert serving["readinessProbe"]["httpGet"] == {"path": "/v1/models/ctr", "port": "http"}
     assert serving["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert {p["name"]: p["containerPort"] for p in serving["ports"]} == {"grpc": 8500, "http": 8501}
@@ -161,7 +162,7 @@ def test_pytorchjob_world_size_matches_replicas_processes_and_gpus(builds, path:
             assert gpus is None
         assert set(flags(launcher[1:])) <= accepted_flags("torch.distributed.run")
         assert set(flags(train_args)) <= accepted_flags("training")
-        assert any(f.startswith("--ddp_timeout") for f in flags(train_args)), "a DDP timeout must be set"
+        assert float(_flag(train_args, "--ddp-timeout")) >= 300, "a DDP timeout long enough for slow starts"
 
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.features import FeatureSpec
 from training.model import CTRNet, ModelConfig
 
 WIDTH = 128
@@ -32,7 +31,13 @@ def make_run(
         },
         run / "checkpoints" / "best.ckpt",
     )
-    FeatureSpec(mean=(0.5,) * 13, std=(2.0,) * 13, width=spec_width).save(run / "feature_spec.json")
+    # Export reads only `width` and copies the rest verbatim, so a small spec in training's layout suffices.
+    spec = {
+        "version": 1,
+        "width": spec_width,
+        "numeric": {"mean": [0.5] * 13, "std": [2.0] * 13, "clip": 10.0},
+    }
+    (run / "feature_spec.json").write_text(json.dumps(spec, indent=2))
     rng = np.random.default_rng(seed)
     np.save(run / "val_features.npy", rng.normal(0, 2, size=(VAL_ROWS, spec_width)).astype(np.float32))
     (run / "metrics.json").write_text(json.dumps({"val_auc": 0.71, "val_logloss": 0.52, "global_step": 120}))

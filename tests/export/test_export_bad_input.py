@@ -75,6 +75,17 @@ def test_unreadable_feature_spec(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert err.startswith(f"cannot read feature spec {run / 'feature_spec.json'}: ")
 
 
+@pytest.mark.parametrize("spec", ['{"version": 1}', '{"width": "128"}', "[128]"])
+def test_feature_spec_without_integer_width(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str
+) -> None:
+    run = make_run(tmp_path / "run")
+    (run / "feature_spec.json").write_text(spec)
+    err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
+    assert err.startswith(f"feature spec {run / 'feature_spec.json'} has width ")
+    assert err.endswith("; expected a positive integer under 'width'")
+
+
 def test_validation_rows_of_the_wrong_width(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = make_run(tmp_path / "run")
     np.save(run / "val_features.npy", np.zeros((10, 127), np.float32))

@@ -175,3 +175,19 @@ def test_triton_config_sits_beside_versions(published) -> None:
     assert 'name: "features"\n    data_type: TYPE_FP32\n    dims: [ 128 ]' in text
     assert 'name: "ctr"\n    data_type: TYPE_FP32\n    dims: [ 1 ]' in text
     assert "dynamic_batching {" in text
+
+
+def test_opset_other_than_requested_is_rejected(published) -> None:
+    from export.errors import ExportError
+    from export.onnx_export import verify_contract
+
+    model = onnx.load(str(published("relu").version_dir / "model.onnx"))
+    verify_contract(model, width=128, opset=17)
+    model.opset_import[0].version = 18  # what the exporter keeps when down-conversion fails
+    with pytest.raises(ExportError, match=r"^exported ONNX carries opset 18, expected 17$"):
+        verify_contract(model, width=128, opset=17)
+    with pytest.raises(
+        ExportError,
+        match=r"^ONNX input 'features' is FLOAT \['batch', 128\], expected FLOAT \['batch', 64\]$",
+    ):
+        verify_contract(model, width=64, opset=18)

@@ -1,0 +1,133 @@
+"""`python -m training`: train the CTR model on a Criteo-format file and write the run directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from training.config import TrainConfig
+from training.criteo import MalformedRowError
+from training.distributed import DistributedSetupError
+from training.model import ACTIVATIONS
+from training.module import ADAM_IMPLS, NonFiniteLossError
+
+_EPILOG = """examples:
+  python -m training --data artifacts/data/train.txt --out artifacts/run
+  python -m training --devices 2 --accelerator cpu                  # 2-process DDP (gloo) on one machine
+  torchrun --nnodes 2 --nproc-per-node 4 --node-rank 0 --master-addr HOST --master-port 29500 \\
+      -m training --accelerator gpu --devices 4 --num_nodes 2       # then --node-rank 1 on the second node
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m training",
+        description=__doc__,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data",
+        type=Path,
+        default=d.data,
+        help=f"Criteo file: Kaggle TSV or CSV with header (default {d.data})",
+    )
+    g.add_argument("--out", type=Path, default=d.out, help=f"run directory to write (default {d.out})")
+    g.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="count and skip malformed rows instead of failing on the first",
+    )
+    g.add_argument("--max-rows", type=int, default=None, help="use only the first N rows of the file")
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        default=d.val_fraction,
+        help=f"validation share (default {d.val_fraction})",
+    )
+    g.add_argument("--width", type=int, default=d.width, help=f"feature vector width (default {d.width})")
+    g = p.add_argument_group("model and optimiser")
+    g.add_argument(
+        "--activation",
+        choices=ACTIVATIONS,
+        default=d.activation,
+        help=f"hidden activation (default {d.activation})",
+    )
+    g.add_argument(
+        "--batch-size", type=int, default=d.batch_size, help=f"per-rank batch size (default {d.batch_size})"
+    )
+    g.add_argument(
+        "--max-epochs", type=int, default=d.max_epochs, help=f"epoch limit (default {d.max_epochs})"
+    )
+    g.add_argument("--lr", type=float, default=d.lr, help=f"Adam learning rate (default {d.lr})")
+    g.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay,
+        help=f"Adam weight decay (default {d.weight_decay})",
+    )
+    g.add_argument(
+        "--adam-impl",
+        choices=ADAM_IMPLS,
+        default=d.adam_impl,
+        help="torch Adam implementation (default: torch's choice)",
+    )
+    g.add_argument(
+        "--patience",
+        type=int,
+        default=d.patience,
+        help=f"early stopping: epochs without val AUC gain (default {d.patience})",
+    )
+    g.add_argument(
+        "--seed", type=int, default=d.seed, help=f"seed for weights and shuffling (default {d.seed})"
+    )
+    g.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)"
+    )
+    g = p.add_argument_group("hardware and distribution")
+    g.add_argument("--accelerator", default=d.accelerator, help=f"cpu, gpu or auto (default {d.accelerator})")
+    g.add_argument("--devices", type=int, default=d.devices, help="processes per node (default 1)")
+    g.add_argument("--num_nodes", "--num-nodes", type=int, default=d.num_nodes, help="nodes (default 1)")
+    g.add_argument(
+        "--strategy",
+        default=d.strategy,
+        help="auto (DDP when more than one process), ddp, or a Lightning strategy",
+    )
+    g.add_argument(
+        "--precision",
+        default=d.precision,
+        help=f"Lightning precision: 32-true, 16-mixed, bf16-mixed (default {d.precision})",
+    )
+    g.add_argument(
+        "--ddp-timeout",
+        type=float,
+        default=d.ddp_timeout,
+        help=f"seconds ranks wait for each other (default {d.ddp_timeout:g})",
+    )
+    g = p.add_argument_group("run control")
+    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.ckpt")
+    g.add_argument(
+        "--no-progress-bar", dest="progress_bar", action="store_false", help="disable the progress bar"
+    )
+    g.add_argument(
+        "--sample-audit",
+        action="store_true",
+        help="write the row indices each rank trained on per epoch to OUT/sample_audit/",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = TrainConfig(**vars(args))
+        from training.train import run_training  # heavy imports after argument checks (fast --help)
+
+        run_training(cfg)
+    except (MalformedRowError, NonFiniteLossError, DistributedSetupError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,66 @@
+"""TrainConfig: every knob of a training run, with the defaults `make train` uses."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from training.split import DEFAULT_VAL_FRACTION
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one run; `python -m training --help` documents each one."""
+
+    data: Path = Path("artifacts/data/train.txt")
+    out: Path = Path("artifacts/run")
+    skip_bad_rows: bool = False
+    max_rows: int | None = None
+    val_fraction: float = DEFAULT_VAL_FRACTION
+    width: int = 128
+    activation: str = "relu"
+    batch_size: int = 2048
+    max_epochs: int = 3
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    adam_impl: str = "default"
+    patience: int = 1
+    seed: int = 42
+    threads: int | None = None
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    ddp_timeout: float = 120.0
+    resume: bool = False
+    progress_bar: bool = True
+    sample_audit: bool = False
+
+    def __post_init__(self) -> None:
+        self.data, self.out = Path(self.data), Path(self.out)
+        checks = {
+            "batch_size": self.batch_size >= 1,
+            "max_epochs": self.max_epochs >= 1,
+            "lr": self.lr > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "devices": self.devices >= 1,
+            "num_nodes": self.num_nodes >= 1,
+            "ddp_timeout": self.ddp_timeout > 0,
+            "patience": self.patience >= 0,
+            "max_rows": self.max_rows is None or self.max_rows > 0,
+            "threads": self.threads is None or self.threads >= 1,
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(", ".join(f"invalid --{k.replace('_', '-')}: {getattr(self, k)!r}" for k in bad))
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["data"], d["out"] = str(self.data), str(self.out)
+        return d

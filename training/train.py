@@ -1,0 +1,191 @@
+"""One training run end to end: cache -> features -> Lightning fit -> run directory (the export contract)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from training.cache import ensure_cache
+from training.callbacks import SampleAudit, TrainThroughput
+from training.checkpoint import load_net
+from training.config import TrainConfig
+from training.datamodule import CTRDataModule
+from training.dataset import PreparedData, prepare
+from training.distributed import build_strategy, explain_rendezvous_failures, launch_rank
+from training.metrics import log_loss, roc_auc
+from training.model import ModelConfig
+from training.module import CTRModule
+from training.synth import oracle_paths
+
+VAL_FEATURES_ROWS = 10_000
+
+
+def say(msg: str) -> None:
+    """Print once per job (global rank 0 as the launcher set it)."""
+    if launch_rank() == 0:
+        print(msg, flush=True)
+
+
+def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
+    """Train and write `cfg.out`: checkpoints/{best,last}.ckpt, feature_spec.json, metrics.json, val_features.npy.
+
+    Args:
+        cfg: run settings.
+        callbacks: extra Lightning callbacks (appended after the built-in ones).
+    Returns:
+        The metrics dict on global rank 0; None on other ranks.
+    """
+    t_start = time.perf_counter()
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    ckpt_dir = cfg.out / "checkpoints"
+    resume_from = _resume_checkpoint(cfg, ckpt_dir)
+    cache, report = ensure_cache(cfg.data, skip_bad_rows=cfg.skip_bad_rows)
+    say(f"data: {cfg.data}: {report.summary()}")
+    t0 = time.perf_counter()
+    data = prepare(cache, cfg.val_fraction, cfg.width, cfg.max_rows)
+    say(
+        f"features: {len(data.train_y)} train / {len(data.val_y)} val rows -> float32 [N, {cfg.width}] in {time.perf_counter() - t0:.1f}s"
+    )
+    if launch_rank() == 0:
+        if resume_from is None:
+            for stale in (ckpt_dir, cfg.out / "logs", cfg.out / "sample_audit"):
+                shutil.rmtree(stale, ignore_errors=True)  # a fresh run must not mix with an old one
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        data.spec.save(cfg.out / "feature_spec.json")
+
+    throughput = TrainThroughput()
+    best = ModelCheckpoint(
+        dirpath=ckpt_dir,
+        filename="best",
+        monitor="val_auc",
+        mode="max",
+        save_top_k=1,
+        save_last=True,
+        auto_insert_metric_name=False,
+    )
+    extra: list[L.Callback] = [SampleAudit(cfg.out / "sample_audit")] if cfg.sample_audit else []
+    trainer = L.Trainer(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        strategy=build_strategy(cfg.strategy, cfg.accelerator, cfg.world_size, cfg.ddp_timeout),
+        precision=cfg.precision,  # type: ignore[arg-type]
+        max_epochs=cfg.max_epochs,
+        callbacks=[
+            best,
+            EarlyStopping(monitor="val_auc", mode="max", patience=cfg.patience),
+            throughput,
+            *extra,
+            *callbacks,
+        ],
+        logger=CSVLogger(cfg.out, name="logs", version=""),
+        enable_progress_bar=cfg.progress_bar,
+        num_sanity_val_steps=0,
+        log_every_n_steps=50,
+        deterministic=cfg.accelerator == "cpu",
+        default_root_dir=cfg.out,
+    )
+    module = CTRModule(
+        ModelConfig(in_features=cfg.width, activation=cfg.activation).to_dict(),
+        cfg.lr,
+        cfg.weight_decay,
+        cfg.adam_impl,
+    )
+    datamodule = CTRDataModule(data, cfg.batch_size, cfg.seed)
+    with warnings.catch_warnings():
+        # Batches come from memory; worker processes would only add IPC copies.
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined.*")
+        warnings.filterwarnings(
+            "ignore", message=".*LeafSpec.*is deprecated.*"
+        )  # inside Lightning 2.6 + torch 2.13
+        with explain_rendezvous_failures(cfg.ddp_timeout, cfg.world_size > 1):
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+    if not trainer.is_global_zero:
+        return None
+    metrics = _final_metrics(cfg, data, trainer, throughput, best, report.skipped_total)
+    metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
+    (cfg.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    np.save(cfg.out / "val_features.npy", data.val_x[:VAL_FEATURES_ROWS])
+    _print_summary(metrics)
+    return metrics
+
+
+def _resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> str | None:
+    if not cfg.resume:
+        return None
+    last = ckpt_dir / "last.ckpt"
+    if not last.is_file():
+        raise FileNotFoundError(
+            f"--resume needs {last}, which does not exist; run without --resume to start fresh"
+        )
+    return str(last)
+
+
+def _final_metrics(
+    cfg: TrainConfig,
+    data: PreparedData,
+    trainer: L.Trainer,
+    throughput: TrainThroughput,
+    best: ModelCheckpoint,
+    skipped: int,
+) -> dict[str, Any]:
+    """Score the best checkpoint as export will load it (via `load_net`), beside the oracle."""
+    net, ckpt = load_net(best.best_model_path)
+    with torch.no_grad():
+        probs = net.predict_proba(torch.from_numpy(data.val_x)).squeeze(1).numpy()
+    oracle_auc, oracle_logloss = _oracle(cfg, data)
+    return {
+        "val_auc": roc_auc(data.val_y, probs),
+        "val_logloss": log_loss(data.val_y, probs),
+        "oracle_auc": oracle_auc,
+        "oracle_logloss": oracle_logloss,
+        "samples_per_sec": round(throughput.samples_per_sec, 1),
+        "global_step": int(trainer.global_step),
+        "epochs": int(trainer.current_epoch),
+        "best_epoch": int(ckpt["epoch"]),
+        "best_checkpoint": f"checkpoints/{Path(best.best_model_path).name}",  # relative: the run dir can move
+        "train_rows": len(data.train_y),
+        "val_rows": len(data.val_y),
+        "skipped_bad_rows": skipped,
+        "world_size": trainer.world_size,
+        "config": cfg.to_dict(),
+    }
+
+
+def _oracle(cfg: TrainConfig, data: PreparedData) -> tuple[float | None, float | None]:
+    """Ground-truth probabilities scored on this run's validation rows, when the data is synthetic."""
+    probs_file, summary_file = oracle_paths(cfg.data)
+    if probs_file.is_file():
+        truth = np.load(probs_file, mmap_mode="r")
+        if data.val_ids.size and int(data.val_ids.max()) < truth.shape[0]:
+            p = np.asarray(truth[data.val_ids], dtype=np.float64)
+            return roc_auc(data.val_y, p), log_loss(data.val_y, p)
+    if summary_file.is_file():
+        s = json.loads(summary_file.read_text())
+        if s.get("val_fraction") == cfg.val_fraction and s.get("val_rows") == len(data.val_y):
+            return s["oracle_auc"], s["oracle_logloss"]
+    return None, None
+
+
+def _print_summary(m: dict[str, Any]) -> None:
+    line = f"val AUC {m['val_auc']:.4f}  logloss {m['val_logloss']:.4f}"
+    if m["oracle_auc"] is not None:
+        line += f"   | oracle AUC {m['oracle_auc']:.4f}  logloss {m['oracle_logloss']:.4f}   (AUC gap {m['oracle_auc'] - m['val_auc']:.4f})"
+    print(line)
+    print(
+        f"{m['samples_per_sec']:.0f} training samples/s, {m['global_step']} optimizer steps, {m['epochs']} epochs, best epoch {m['best_epoch']}"
+    )
