@@ -10,6 +10,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.serving_load import KSERVE_VENV
+
 PACKAGES = (
     "torch",
     "lightning",
@@ -17,7 +19,6 @@ PACKAGES = (
     "onnxruntime",
     "onnx",
     "numpy",
-    "kserve",
     "fastapi",
     "uvicorn",
 )
@@ -53,6 +54,19 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def venv_package_version(venv: Path, name: str) -> str | None:
+    """The version of `name` inside another venv (KServe lives in `.venv-kserve`: its pins clash with TF)."""
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        return None
+    code = f"import importlib.metadata as m; print(m.version({name!r}))"
+    try:
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def tool_version(tool: str) -> str | None:
     """The first line `tool --version` prints (wrk, hey), or None when the tool is absent."""
     path = shutil.which(tool)
@@ -63,7 +77,7 @@ def tool_version(tool: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     first = (out.stdout or out.stderr).strip().splitlines()
-    return first[0] if first else path
+    return first[0].split(" Copyright")[0] if first else path
 
 
 def collect_machine() -> dict[str, Any]:
@@ -76,6 +90,11 @@ def collect_machine() -> dict[str, Any]:
         "memory_gib": memory_gib(),
         "os": platform.platform(),
         "python": platform.python_version(),
-        "packages": {name: package_version(name) for name in PACKAGES},
-        "tools": {tool: tool_version(tool) for tool in ("wrk", "hey")},
+        "packages": {
+            **{name: package_version(name) for name in PACKAGES},
+            "kserve (.venv-kserve)": venv_package_version(KSERVE_VENV, "kserve"),
+        },
+        "tools": {
+            tool: version for tool in ("wrk", "hey") if (version := tool_version(tool)) or tool == "wrk"
+        },
     }

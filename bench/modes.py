@@ -49,7 +49,7 @@ MODES: dict[str, BenchMode] = {
         rows=20_000,
         train_args=("--max-epochs", "1", "--no-progress-bar"),
         step_timeout_s=240,
-        section_timeout_s={"training": 150, "inference": 120, "serving": 180},
+        section_timeout_s={"training": 240, "inference": 120, "serving": 240},
     ),
     "tiny": BenchMode(
         name="tiny",

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from bench.figures import baseline_label, ok_rows, spread
+from bench.figures import baseline_label, ok_rows
 from bench.modes import SECTION_TITLES, SECTIONS
+from bench.tables import TABLES, fmt, fmt_ratio, ratio, table
 
 PLOTS = {
     "training": ("training_throughput.png", "training throughput"),
@@ -16,149 +17,8 @@ PLOTS = {
 }
 
 
-def fmt(value: Any, digits: int = 3) -> str:
-    """A figure for a table: thousands separators for big numbers, `digits` significant for small ones."""
-    if value is None:
-        return "–"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}g}"
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return lines
-
-
-def _ratio(num: Any, den: Any) -> float | None:
-    ok = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (num, den))
-    return float(num) / float(den) if ok and den else None
-
-
-def _spread_text(runs: Any) -> str:
-    s = spread(runs)
-    return "–" if s is None else f"{fmt(s[0])}–{fmt(s[1])}"
-
-
-def _count(runs: Any) -> Any:
-    return len(runs) if isinstance(runs, list) else runs if runs is not None else "–"
-
-
 def _commands(commands: Sequence[str]) -> list[str]:
     return ["Commands:", "", "```", *commands, "```"] if commands else []
-
-
-def training_table(rows: list[dict[str, Any]]) -> list[str]:
-    """Samples/s (median and spread over runs), val AUC and the ratio to the bare PyTorch loop."""
-    base = baseline_label("training", [r["name"] for r in rows])
-    base_sps = next((r["samples_per_sec"] for r in rows if r["name"] == base), None)
-    body = []
-    for r in rows:
-        ratio = r.get("ratio_vs_bare")
-        if ratio is None:
-            ratio = _ratio(r.get("samples_per_sec"), base_sps)
-        runs = r.get("samples_per_sec_runs")
-        body.append(
-            [
-                r["name"],
-                fmt(r.get("samples_per_sec")),
-                _spread_text(runs),
-                _count(runs),
-                fmt(r.get("val_auc"), 4),
-                fmt_ratio(ratio),
-            ]
-        )
-    header = [
-        "pipeline",
-        "samples/s (median)",
-        "spread (min–max)",
-        "runs",
-        "val AUC",
-        f"× {base or 'bare loop'}",
-    ]
-    return table(header, body)
-
-
-def inference_table(rows: list[dict[str, Any]]) -> list[str]:
-    """p50/p99 per backend and batch, and each backend's speed-up over PyTorch eager at the same batch."""
-    base = baseline_label("inference", [r["backend"] for r in rows])
-    base_by_batch = {r["batch"]: r for r in rows if r["backend"] == base}
-    body = []
-    for r in sorted(rows, key=lambda r: r["batch"]):  # stable: keeps the module's backend order
-        peer = base_by_batch.get(r["batch"], {})
-        body.append(
-            [
-                r["backend"],
-                r["batch"],
-                fmt(r.get("p50_ms")),
-                fmt(r.get("p99_ms")),
-                _spread_text(r.get("p50_ms_runs")),
-                _spread_text(r.get("p99_ms_runs")),
-                _count(r.get("runs")),
-                fmt_ratio(_ratio(peer.get("p50_ms"), r.get("p50_ms"))),
-                fmt_ratio(_ratio(peer.get("p99_ms"), r.get("p99_ms"))),
-            ]
-        )
-    peer_name = base or "baseline"
-    header = [
-        "backend",
-        "batch",
-        "p50 ms",
-        "p99 ms",
-        "p50 spread",
-        "p99 spread",
-        "runs",
-        f"p50 speed-up vs {peer_name}",
-        f"p99 speed-up vs {peer_name}",
-    ]
-    return table(header, body)
-
-
-def serving_table(rows: list[dict[str, Any]]) -> list[str]:
-    """QPS and latency percentiles per server and connection count, with ratios to the naive server."""
-    base = baseline_label("serving", [r["server"] for r in rows])
-    base_by_conn = {r["connections"]: r for r in rows if r["server"] == base}
-    body = []
-    order = {s: i for i, s in enumerate(dict.fromkeys(r["server"] for r in rows))}
-    for r in sorted(rows, key=lambda r: (order[r["server"]], r["connections"])):
-        peer = base_by_conn.get(r["connections"], {})
-        body.append(
-            [
-                r["server"],
-                r["connections"],
-                fmt(r.get("qps")),
-                fmt(r.get("p50_ms")),
-                fmt(r.get("p90_ms")),
-                fmt(r.get("p99_ms")),
-                fmt_ratio(_ratio(r.get("qps"), peer.get("qps"))),
-                fmt_ratio(_ratio(peer.get("p99_ms"), r.get("p99_ms"))),
-                fmt(r.get("errors", 0)),
-            ]
-        )
-    peer_name = base or "baseline"
-    header = [
-        "server",
-        "connections",
-        "QPS",
-        "p50 ms",
-        "p90 ms",
-        "p99 ms",
-        f"QPS × {peer_name}",
-        f"p99 speed-up vs {peer_name}",
-        "errors",
-    ]
-    return table(header, body)
-
-
-TABLES = {"training": training_table, "inference": inference_table, "serving": serving_table}
 
 
 def section_lines(number: int, name: str, sec: dict[str, Any], plots: set[str]) -> list[str]:
@@ -226,6 +86,59 @@ def pipeline_lines(pipe: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _training_headlines(rows: list[dict[str, Any]]) -> list[str]:
+    base = baseline_label("training", [r["name"] for r in rows])
+    b = next((r for r in rows if r["name"] == base), None)
+    if b is None:
+        return []
+    return [
+        f"- Training: {r['name']} at {fmt_ratio(ratio(r['samples_per_sec'], b['samples_per_sec']))} the {base} "
+        f"({fmt(r['samples_per_sec'])} vs {fmt(b['samples_per_sec'])} samples/s; "
+        f"val AUC {fmt(r.get('val_auc'), 4)} vs {fmt(b.get('val_auc'), 4)})."
+        for r in rows
+        if r is not b
+    ]
+
+
+def _inference_headlines(rows: list[dict[str, Any]]) -> list[str]:
+    base = baseline_label("inference", [r["backend"] for r in rows])
+    out = []
+    for batch in sorted({r["batch"] for r in rows}):
+        at = [r for r in rows if r["batch"] == batch]
+        best = min(at, key=lambda r: r["p99_ms"])
+        peer = next((r for r in at if r["backend"] == base), best)
+        out.append(
+            f"- Inference at batch {batch}: lowest p99 is {best['backend']} ({fmt(best['p99_ms'])} ms, "
+            f"{fmt_ratio(ratio(peer['p99_ms'], best['p99_ms']))} faster than {peer['backend']})."
+        )
+    return out
+
+
+def _serving_headlines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    base = baseline_label("serving", [r["server"] for r in rows])
+    top = max(r["connections"] for r in rows)
+    at = [r for r in rows if r["connections"] == top]
+    best = max(at, key=lambda r: r["qps"])
+    peer = next((r for r in at if r["server"] == base), best)
+    return [
+        f"- Serving at {top} connections: {best['server']} served {fmt(best['qps'])} QPS, "
+        f"{fmt_ratio(ratio(best['qps'], peer['qps']))} {peer['server']}, "
+        f"p99 {fmt(best['p99_ms'])} ms vs {fmt(peer['p99_ms'])} ms."
+    ]
+
+
+def headline_lines(results: dict[str, Any]) -> list[str]:
+    """One line per comparison the issue asks about: each peer against its section's baseline."""
+    out = [
+        *_training_headlines(ok_rows(results, "training")),
+        *_inference_headlines(ok_rows(results, "inference")),
+        *_serving_headlines(ok_rows(results, "serving")),
+    ]
+    return ["## Headlines", "", *out, ""] if out else []
+
+
 def summary_lines(results: dict[str, Any]) -> list[str]:
     secs = results.get("sections", {})
     body = [
@@ -245,6 +158,7 @@ def render_report(results: dict[str, Any], plots: set[str]) -> str:
         "Every figure is in `results.json`; compare two runs with `make bench-compare A=dir B=dir`.",
         "",
         *summary_lines(results),
+        *headline_lines(results),
         *machine_lines(results.get("machine") or {}),
         *pipeline_lines(results.get("pipeline") or {}),
     ]

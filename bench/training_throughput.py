@@ -96,8 +96,12 @@ def _bare(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tu
     from training.model import CTRNet
 
     net = CTRNet()
-    impl = {"foreach": {"foreach": True}, "fused": {"fused": True}}.get(args.adam_impl, {})
-    opt = torch.optim.Adam(net.parameters(), lr=LR, **impl)
+    opt = torch.optim.Adam(
+        net.parameters(),
+        lr=LR,
+        foreach=True if args.adam_impl == "foreach" else None,
+        fused=True if args.adam_impl == "fused" else None,
+    )
     step = torch.compile(net) if args.compile else net
     batches = ShuffledBatches(
         torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"]), args.batch_size, seed=SEED
@@ -124,7 +128,6 @@ def _lightning(
     from torch.utils.data import DataLoader, TensorDataset
 
     from training.batches import ShuffledBatches
-    from training.callbacks import TrainThroughput
     from training.model import ModelConfig
     from training.module import CTRModule
 
@@ -135,10 +138,6 @@ def _lightning(
         )
     else:
         loader = DataLoader(ShuffledBatches(x, y, args.batch_size, seed=SEED), batch_size=None)
-    meter = TrainThroughput()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[meter])  # fmt: skip
-    module = CTRModule(ModelConfig().to_dict(), lr=LR, adam_impl=args.adam_impl)
     epoch_seconds: list[float] = []
 
     class EpochClock(L.Callback):
@@ -148,7 +147,9 @@ def _lightning(
         def on_train_epoch_end(self, *a: Any) -> None:
             epoch_seconds.append(time.perf_counter() - self.t0)
 
-    trainer.callbacks.append(EpochClock())
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[EpochClock()])  # fmt: skip
+    module = CTRModule(ModelConfig().to_dict(), lr=LR, adam_impl=args.adam_impl)
     trainer.fit(module, train_dataloaders=loader)
     return _steady_rate(epoch_seconds, len(y)), module.net
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 from serving.config import parse_config
 from serving.server import serve
@@ -17,12 +18,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import uvloop
 
-        run = uvloop.run
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
     except ImportError:  # uvloop is not built for Windows; asyncio's loop works, only slower
         log.warning("uvloop not installed; using the default asyncio loop")
-        run = asyncio.run
+        loop_factory = None
     try:
-        run(serve(cfg))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(cfg))
     except OSError as exc:  # a port in use, or an address that is not ours
         log.error("%s", exc)
         sys.exit(1)

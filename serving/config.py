@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", choices=BACKENDS, default="onnx", help="onnx: model.onnx; tf: saved_model.pb"
     )
     ours.add_argument("--max_batch_size", type=int, default=256, help="rows per merged batch")
-    ours.add_argument("--batch_timeout_micros", type=int, default=500, help="longest a batch stays open")
+    ours.add_argument("--batch_timeout_micros", type=int, default=0,
+                      help="longest a batch waits for more rows; 0 = take what is queued when the model is free")  # fmt: skip
     ours.add_argument(
         "--max_enqueued_batches", type=int, default=8, help="queue bound in full batches; then 429"
     )

@@ -107,6 +107,7 @@ def build_grpc_server(predictor: Predictor, host: str, port: int, max_message_by
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),  # a port already in use must fail, not be silently shared
         ]
     )
     server.add_generic_rpc_handlers(

@@ -10,29 +10,20 @@ from concurrent.futures import Executor
 import numpy as np
 
 from serving.backends import Signature
+from serving.batching import INLINE_MAX_ROWS
 from serving.errors import ServingError, Unavailable
 from serving.metrics import ServingMetrics
 from serving.validation import Limits, check_batch
 from serving.versions import LoadedVersion, ModelManager
-
-# Unbatched requests up to this many rows run on the event loop: ORT takes ~20 µs for one row of
-# this MLP, less than a hop to a worker thread. Bigger ones go to the thread so the loop stays responsive.
-INLINE_MAX_ROWS = 16
 
 
 class Predictor:
     """Runs predict requests against the manager's versions and keeps the request metrics."""
 
     def __init__(
-        self,
-        manager: ModelManager,
-        limits: Limits,
-        metrics: ServingMetrics,
-        executor: Executor,
-        batching: bool,
+        self, manager: ModelManager, limits: Limits, metrics: ServingMetrics, executor: Executor
     ) -> None:
-        self.manager, self.limits, self.metrics = manager, limits, metrics
-        self._executor, self.batching = executor, batching
+        self.manager, self.limits, self.metrics, self._executor = manager, limits, metrics, executor
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)

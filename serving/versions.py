@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,12 +75,12 @@ class ModelManager:
         labels: dict[str, int],
         metrics: ServingMetrics,
         load_executor: Executor,
-        make_batcher: object = None,
+        make_batcher: Callable[[LoadedVersion], DynamicBatcher] | None = None,
     ) -> None:
         self.name, self.base_path, self.backend_kind = name, base_path, backend_kind
         self.intra_op_threads, self.policy, self.labels = intra_op_threads, policy, labels
         self.metrics, self._load_executor = metrics, load_executor
-        self._make_batcher = make_batcher  # callable(LoadedVersion) -> DynamicBatcher, or None
+        self._make_batcher = make_batcher  # None: batching off
         self.loaded: dict[int, LoadedVersion] = {}
         self.states: dict[int, VersionState] = {}
         self.latest: LoadedVersion | None = None
@@ -179,7 +180,7 @@ class ModelManager:
             return
         lv = LoadedVersion(version, backend)
         if self._make_batcher is not None:
-            lv.batcher = self._make_batcher(lv)  # type: ignore[operator]
+            lv.batcher = self._make_batcher(lv)
         self.loaded[version] = lv
         state.state = "AVAILABLE"
         self._refresh_latest()

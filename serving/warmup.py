@@ -94,9 +94,9 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
     sig = backend.signature
     try:
         batches = warmup_batches(version_dir, sig.input_name)
-    except Exception as exc:  # a protobuf DecodeError or InvalidArgument from a bad tensor
-        if isinstance(exc, ModelLoadError):
-            raise
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # a protobuf DecodeError, or InvalidArgument from a bad tensor
         raise ModelLoadError(f"{version_dir / WARMUP_FILE}: {exc}") from exc
     for batch in batches or [np.zeros((1, sig.n_features), np.float32)]:
         if batch.ndim != 2 or batch.shape[1] != sig.n_features:

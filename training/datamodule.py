@@ -13,8 +13,8 @@ from training.dataset import PreparedData
 class EpochShuffledBatches(ShuffledBatches):
     """ShuffledBatches whose epoch is read from the trainer when an epoch's iteration starts.
 
-    Lightning may create (and prefetch from) the epoch's iterator before `on_train_epoch_start`, so the
-    epoch is read lazily inside `__iter__`; a resumed run therefore replays the same permutation.
+    Lightning creates (and prefetches from) an epoch's iterator before `on_train_epoch_start`, so the epoch
+    is read when the iterator is made; a resumed run therefore replays the same permutations.
     """
 
     def __init__(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
@@ -22,7 +22,9 @@ class EpochShuffledBatches(ShuffledBatches):
         self.trainer = trainer
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        self.set_epoch(self.trainer.current_epoch)
+        # `processed`, not `current_epoch`: after resuming from an epoch-end checkpoint, Lightning builds the
+        # first iterator before it bumps `current_epoch`, while `processed` already counts the finished epoch.
+        self.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
         return super().__iter__()
 
 

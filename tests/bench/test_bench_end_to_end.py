@@ -33,7 +33,7 @@ def test_tiny_bench_measures_every_section_and_writes_report_plots_and_results(t
     assert failures == {}, proc.stdout + proc.stderr
     assert proc.returncode == 0
     assert results["pipeline"]["status"] == "ok"
-    assert results["machine"]["packages"]["torch"] == "2.13.0"
+    assert results["machine"]["packages"]["torch"].startswith("2.13.0")
     report = read_sections((out / "report.md").read_text())
     for heading in ("1. Training throughput", "2. Inference latency (in-process)", "3. End-to-end serving"):
         [rows] = read_tables(report[heading])

@@ -17,6 +17,7 @@ def test_report_holds_machine_inputs_and_every_section(results: dict[str, Any]) 
 
     assert list(sections) == [
         "Summary",
+        "Headlines",
         "Machine",
         "Inputs (data → train → export)",
         "1. Training throughput",
@@ -57,6 +58,33 @@ def test_training_table_has_medians_spread_auc_and_ratio_to_bare_loop(results: d
     assert [r["× bare PyTorch loop"] for r in rows] == ["1.00×", "0.90×", "0.10×", "1.30×"]
     assert "![training throughput](training_throughput.png)" in sections["1. Training throughput"]
     assert "python -m training ..." in sections["1. Training throughput"]
+
+
+def test_training_ratio_is_computed_when_the_module_gives_none(results: dict[str, Any]) -> None:
+    for row in results["sections"]["training"]["rows"]:
+        del row["ratio_vs_bare"]
+
+    [rows] = read_tables(read_sections(render_report(results, ALL_PLOTS))["1. Training throughput"])
+
+    assert [r["× bare PyTorch loop"] for r in rows] == ["1.00×", "0.90×", "0.10×", "1.30×"]
+
+
+def test_headlines_compare_each_peer_with_its_baseline(results: dict[str, Any]) -> None:
+    headlines = read_sections(render_report(results, ALL_PLOTS))["Headlines"]
+
+    assert headlines[1:4] == [
+        "- Training: our Lightning pipeline at 0.90× the bare PyTorch loop (36,000 vs 40,000 samples/s; val AUC 0.75 vs 0.75).",
+        "- Training: naive Lightning DataLoader at 0.10× the bare PyTorch loop (4,000 vs 40,000 samples/s; val AUC 0.75 vs 0.75).",
+        "- Training: Keras model.fit at 1.30× the bare PyTorch loop (52,000 vs 40,000 samples/s; val AUC 0.75 vs 0.75).",
+    ]
+    assert (
+        "- Inference at batch 64: lowest p99 is ONNX Runtime (0.8 ms, 4.00× faster than PyTorch eager)."
+        in headlines
+    )
+    assert (
+        "- Serving at 64 connections: ours (batching on) served 24,000 QPS, 6.00× naive fastapi+pytorch, p99 256 ms vs 256 ms."
+        in headlines
+    )
 
 
 def test_inference_table_gives_speed_up_over_pytorch_eager_per_batch(results: dict[str, Any]) -> None:

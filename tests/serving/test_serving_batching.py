@@ -65,3 +65,15 @@ def test_full_queue_refuses_at_once_with_429(start_server, model_repo) -> None:
     assert (
         _metric(text, ':tensorflow:serving:request_count{model_name="ctr",status="RESOURCE_EXHAUSTED"}') == 1
     )
+
+
+def test_request_queued_past_its_deadline_gets_504(start_server, model_repo) -> None:
+    server = start_server(
+        model_repo, "--enable_batching", "--batch_timeout_micros=800000", "--rest_api_timeout_in_ms=200"
+    )
+    status, body = http(server.url("/v1/models/ctr:predict"), {"instances": [[0.5] * 128]})
+    assert status == 504
+    assert re.fullmatch(
+        r"request waited 0\.8\d\ds in the batching queue, over the 200 ms deadline \(--rest_api_timeout_in_ms\)",
+        body["error"],
+    ), body

@@ -44,6 +44,9 @@ def test_soak_50k_requests_keeps_rss_within_10_percent(start_server, model_repo,
         if total >= 50_000:
             break
     rss_end = server.rss_bytes()
+    print(
+        f"soak: {total} requests; RSS {rss_after_warmup / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB"
+    )  # -s shows it
     assert total >= 50_000, f"only {total} requests in 60 s (after {warmup} warm-up requests)"
     assert rss_end <= 1.10 * rss_after_warmup, (
         f"RSS grew from {rss_after_warmup} to {rss_end} bytes over {total} requests"

@@ -1,0 +1,39 @@
+"""bench.serving_load drives a real server with wrk and parses its numbers."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import serving_load
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("wrk") is None, reason="wrk is not installed (run `make sysdeps`)"
+)
+
+
+def test_measure_reports_qps_and_percentiles_for_our_server(model_repo: Path, tmp_path: Path) -> None:
+    port = serving_load.free_port()
+    cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={serving_load.free_port()}",
+           f"--rest_api_port={port}", "--model_name=ctr", f"--model_base_path={model_repo}"]  # fmt: skip
+    script = serving_load.write_lua(tmp_path / "single.lua", 1)
+    commands: list[str] = []
+    rows = serving_load.measure("ours", cmd, port, tmp_path, [(1, script), (8, script)], 1, commands)
+    assert [(r["server"], r["connections"], r["errors"]) for r in rows] == [
+        ("ours", 1, 0.0),
+        ("ours", 8, 0.0),
+    ]
+    for row in rows:
+        assert row["qps"] > 0
+        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+    assert commands[0] == " ".join(cmd)
+    assert commands[1].startswith("wrk -t1 -c1 -d1s --latency -s ")
+
+
+def test_base_path_of_accepts_the_repository_or_the_base_path(model_repo: Path) -> None:
+    assert serving_load.base_path_of(model_repo) == model_repo
+    assert serving_load.base_path_of(model_repo.parent) == model_repo
+    assert serving_load.latest_version_dir(model_repo) == model_repo / "1"
