@@ -1,7 +1,7 @@
 """Serving load test: our server (batching off/on) vs KServe's ModelServer vs a naive FastAPI+PyTorch server.
 
-Same machine, same load generator (wrk, POST through a Lua script), one server at a time, single-instance
-requests at 1, 8 and 64 connections; then 100-instance requests against our batching server.
+Same machine, same load generator (wrk, POST through a Lua script), single-instance requests at 1, 8 and 64
+connections, the servers measured in interleaved rounds; then 100-instance requests against our server.
 Every server gets 1 worker process and 1 intra-op thread. Called by `make bench` (bench.section_runner).
 """
 
@@ -23,7 +23,9 @@ from bench import procs
 ROOT = Path(__file__).resolve().parents[1]
 KSERVE_VENV = ROOT / ".venv-kserve"
 CONNECTIONS = (1, 8, 64)
-SECONDS = {"full": 15, "quick": 4, "tiny": 2}
+ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 4), "tiny": (1, 2)}  # interleaved rounds, seconds per point
+OURS_OFF, OURS_ON = "ours (batching off)", "ours (batching on)"
+KSERVE, NAIVE = "kserve ModelServer", "naive fastapi+pytorch"
 RANKING_INSTANCES = 100  # one ranking call scores 100 candidate ads
 PREDICT_PATH = "/v1/models/ctr:predict"
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
@@ -112,105 +114,130 @@ def wait_until_serving(
     raise TimeoutError(f"{url} not serving after {timeout_s}s:\n{procs.log_tail(log)}")
 
 
+class Server:
+    """One server under test: its command, port and process (started by `start`)."""
+
+    def __init__(self, name: str, cmd: list[str], port: int) -> None:
+        self.name, self.cmd, self.port = name, cmd, port
+        self.url = f"http://127.0.0.1:{port}{PREDICT_PATH}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, workdir: Path, commands: list[str]) -> None:
+        log = workdir / f"{re.sub(r'[^a-z0-9]+', '_', self.name.lower())}.log"
+        commands.append(" ".join(self.cmd))
+        self.proc = procs.start(self.cmd, log=log, cwd=ROOT)
+        wait_until_serving(self.url, json.dumps({"instances": [[0.5] * 128]}).encode(), self.proc, log)
+
+
+def wrk_point(
+    server: Server, connections: int, script: Path, seconds: int, commands: list[str]
+) -> dict[str, float]:
+    """A 1 s unmeasured warm-up (connection setup, lazy initialisation), then one measured wrk run."""
+    warm = ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), server.url]
+    subprocess.run(warm, capture_output=True, check=True, timeout=60)
+    wrk = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), server.url]
+    if " ".join(wrk) not in commands:
+        commands.append(" ".join(wrk))
+    return parse_wrk(
+        subprocess.run(wrk, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    )
+
+
+def median_row(server: str, connections: int, runs: list[dict[str, float]]) -> dict[str, Any]:
+    """The run with the median QPS stands for the point; every run's QPS is kept in `qps_runs`."""
+    ranked = sorted(runs, key=lambda r: r["qps"])
+    return {
+        "server": server,
+        "connections": connections,
+        **ranked[len(ranked) // 2],
+        "qps_runs": [r["qps"] for r in runs],
+    }
+
+
 def measure(
-    server: str,
-    cmd: list[str],
-    port: int,
-    workdir: Path,
-    plan: list[tuple[int, Path]],
-    seconds: int,
-    commands: list[str],
-    env: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
-    """Start one server, run wrk for each (connections, script) of `plan`, stop it; return the rows."""
-    log = workdir / f"{re.sub(r'[^a-z0-9]+', '_', server.lower())}.log"
-    commands.append(" ".join(cmd))
-    proc = procs.start(cmd, log=log, cwd=ROOT, env=env)
-    rows = []
-    try:
-        url = f"http://127.0.0.1:{port}{PREDICT_PATH}"
-        wait_until_serving(url, json.dumps({"instances": [[0.5] * 128]}).encode(), proc, log)
+    servers: list[Server], plan: list[tuple[int, Path]], rounds: int, seconds: int, commands: list[str]
+) -> dict[tuple[str, int, str], dict[str, Any]]:
+    """Interleave the servers: each round measures every server at every point, so a change in the
+    machine's background load hits all servers alike. Returns the median row per (server, connections, script)."""
+    runs: dict[tuple[str, int, str], list[dict[str, float]]] = {}
+    for _ in range(rounds):
         for connections, script in plan:
-            # A short unmeasured run first: connection setup and lazy initialisation stay out of the numbers.
-            subprocess.run(
-                ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), url],
-                capture_output=True,
-                check=True,
-                timeout=60,
-            )
-            wrk = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
-            commands.append(" ".join(wrk))
-            out = subprocess.run(wrk, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
-            rows.append({"server": server, "connections": connections, **parse_wrk(out)})
-    finally:
-        procs.stop(proc)
-    return rows
+            for server in servers:
+                key = (server.name, connections, script.name)
+                runs.setdefault(key, []).append(wrk_point(server, connections, script, seconds, commands))
+    return {key: median_row(key[0], key[1], r) for key, r in runs.items()}
 
 
 def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
     """Run the serving comparison.
 
     Args:
-        mode: "full" (15 s per point), "quick" (4 s) or "tiny" (2 s).
+        mode: "full" (3 interleaved rounds of 10 s per point), "quick" (1 round of 4 s) or "tiny" (1 of 2 s).
         repo: the model base path (`artifacts/models/ctr`) or the repository holding `ctr/`.
         workdir: scratch space for logs and wrk scripts.
         checkpoint: the training checkpoint for the naive FastAPI + PyTorch server (skipped when None).
     Returns:
-        {"rows": [{server, connections, qps, p50_ms, p90_ms, p99_ms, errors}], "instances_per_sec_batched",
-         "instances_per_sec_unbatched", "commands", "notes"}.
+        {"rows": [{server, connections, qps, p50_ms, p90_ms, p99_ms, errors, qps_runs}],
+         "instances_per_sec_batched", "instances_per_sec_unbatched", "commands", "notes"}.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    seconds = SECONDS.get(mode, SECONDS["quick"])
+    rounds, seconds = ROUNDS_SECONDS.get(mode, ROUNDS_SECONDS["quick"])
     base = base_path_of(repo)
     single = write_lua(workdir / "single.lua", 1)
     ranking = write_lua(workdir / f"ranking{RANKING_INSTANCES}.lua", RANKING_INSTANCES)
-    plan = [(c, single) for c in CONNECTIONS]
     commands: list[str] = []
     notes: list[str] = []
-    rows: list[dict[str, Any]] = []
 
-    def ours(batching: bool) -> tuple[list[str], int]:
+    def ours(name: str, batching: bool) -> Server:
         port = free_port()
         cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}",
                "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1", "--log_level=warning",
                f"--enable_batching={str(batching).lower()}"]  # fmt: skip
-        return cmd, port
+        return Server(name, cmd, port)
 
+    servers = [ours(OURS_OFF, batching=False), ours(OURS_ON, batching=True)]
     try:
-        cmd, port = ours(batching=False)
-        rows += measure("ours (batching off)", cmd, port, workdir, [*plan, (8, ranking)], seconds, commands)
-        unbatched = rows.pop()
-        cmd, port = ours(batching=True)
-        rows += measure("ours (batching on)", cmd, port, workdir, [*plan, (8, ranking)], seconds, commands)
-        batched = rows.pop()
-        try:
-            python = ensure_kserve_venv(workdir / "kserve_install.log")
-            port = free_port()
-            cmd = [str(python), "bench/kserve_server.py", f"--model_path={latest_version_dir(base) / 'model.onnx'}",
-                   "--model_name=ctr", f"--http_port={port}", f"--grpc_port={free_port()}", "--workers=1",
-                   "--enable_grpc=false", "--enable_latency_logging=false", "--configure_logging=false"]  # fmt: skip
-            rows += measure("kserve ModelServer", cmd, port, workdir, plan, seconds, commands)
-        except (procs.StepError, RuntimeError, TimeoutError, subprocess.CalledProcessError) as e:
-            notes.append(f"kserve skipped: {e}")
-        if checkpoint is not None:
-            port = free_port()
-            cmd = [
-                sys.executable,
-                "-m",
-                "bench.naive_fastapi_server",
-                f"--checkpoint={checkpoint}",
-                f"--port={port}",
-            ]
-            rows += measure("naive fastapi+pytorch", cmd, port, workdir, plan, seconds, commands)
-        else:
-            notes.append("naive fastapi+pytorch skipped: no checkpoint given")
+        python = ensure_kserve_venv(workdir / "kserve_install.log")
+        port = free_port()
+        cmd = [str(python), "bench/kserve_server.py", f"--model_path={latest_version_dir(base) / 'model.onnx'}",
+               "--model_name=ctr", f"--http_port={port}", f"--grpc_port={free_port()}", "--workers=1",
+               "--enable_grpc=false", "--enable_latency_logging=false", "--configure_logging=false"]  # fmt: skip
+        servers.append(Server(KSERVE, cmd, port))
+    except procs.StepError as e:
+        notes.append(f"kserve skipped: could not create {KSERVE_VENV}: {e}")
+    if checkpoint is not None:
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.naive_fastapi_server",
+            f"--checkpoint={checkpoint}",
+            f"--port={port}",
+        ]
+        servers.append(Server(NAIVE, cmd, port))
+    else:
+        notes.append("naive fastapi+pytorch skipped: no checkpoint given")
+    try:
+        for server in list(servers):
+            try:
+                server.start(workdir, commands)
+            except (RuntimeError, TimeoutError) as e:
+                if server.name in (OURS_OFF, OURS_ON):
+                    raise
+                notes.append(
+                    f"{server.name} skipped: {e}"
+                )  # a baseline that cannot start is reported, not fatal
+                servers.remove(server)
+        single_rows = measure(servers, [(c, single) for c in CONNECTIONS], rounds, seconds, commands)
+        ranking_rows = measure(servers[:2], [(8, ranking)], rounds, seconds, commands)
     finally:
         procs.stop_all()
+    ranked = {key[0]: row for key, row in ranking_rows.items()}
     return {
-        "rows": rows,
-        "instances_per_sec_batched": batched["qps"] * RANKING_INSTANCES,
-        "instances_per_sec_unbatched": unbatched["qps"] * RANKING_INSTANCES,
-        "ranking_rows": [batched, unbatched],
+        "rows": list(single_rows.values()),
+        "instances_per_sec_batched": ranked[OURS_ON]["qps"] * RANKING_INSTANCES,
+        "instances_per_sec_unbatched": ranked[OURS_OFF]["qps"] * RANKING_INSTANCES,
+        "ranking_rows": list(ranked.values()),
         "commands": commands,
         "notes": notes,
     }
@@ -222,7 +249,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("repo", type=Path)
-    parser.add_argument("--mode", default="quick", choices=sorted(SECONDS))
+    parser.add_argument("--mode", default="quick", choices=sorted(ROUNDS_SECONDS))
     parser.add_argument("--checkpoint", type=Path)
     parser.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results" / "serving_load")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""TF Serving's REST API (port 8501) as a bare ASGI app: no framework on the hot path.
+"""TF Serving's REST API (port 8501): routing and handlers, independent of the HTTP transport.
 
 Routes:
     POST /v1/models/{name}[/versions/{v}|/labels/{l}]:predict
@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from serving.errors import (
     InvalidArgument,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
     ServingError,
     Unavailable,
     Unimplemented,
@@ -37,55 +36,45 @@ MODEL_ROUTE = re.compile(
     r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
     r"(?P<action>/metadata|:predict|:classify|:regress)?$"
 )
-JSON_HEADERS = [(b"content-type", b"application/json")]
-METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+JSON = b"application/json"
+METRICS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 METRICS_PATHS = ("/monitoring/prometheus/metrics", "/metrics")
-DISCARD_FACTOR = 4
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def _error_body(message: str) -> bytes:
+def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
 class RestApp:
-    """The ASGI application; `predictor` holds the models, `metrics_text` renders the exposition."""
+    """The REST handlers; `predictor` holds the models, `metrics_text` renders the exposition."""
 
-    def __init__(self, predictor: Predictor, max_body_bytes: int, metrics_text: Callable[[], str]) -> None:
-        self.predictor, self.manager = predictor, predictor.manager
-        self.max_body_bytes, self._metrics_text = max_body_bytes, metrics_text
+    def __init__(self, predictor: Predictor, metrics_text: Callable[[], str]) -> None:
+        self.predictor, self.manager, self._metrics_text = predictor, predictor.manager, metrics_text
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return  # lifespan and websocket scopes are not used (uvicorn runs with lifespan="off")
-        headers = JSON_HEADERS
+    async def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
+        """Answer one request; never raises. Returns (status, body, content type)."""
         try:
-            status, body, headers = await self._dispatch(scope, receive)
+            return await self._dispatch(method, path, body)
         except ServingError as exc:
-            status, body = exc.http_status, _error_body(exc.message)
+            return exc.http_status, error_body(exc.message), JSON
         except Exception as exc:  # a bug, not a client mistake: log it with its traceback, answer 500
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            status, body = 500, _error_body(f"internal error: {type(exc).__name__}: {exc}")
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+            log.exception("unhandled error on %s %s", method, path)
+            return 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), JSON
 
-    async def _dispatch(self, scope: dict[str, Any], receive: Receive) -> tuple[int, bytes, list]:
-        path, method = scope["path"], scope["method"]
+    async def _dispatch(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
         route = MODEL_ROUTE.match(path)
         if route is None:
             if path in METRICS_PATHS or path == "/healthz":
                 _require(method, "GET")
                 if path == "/healthz":
-                    return 200, b'{"status": "alive"}', JSON_HEADERS
-                return 200, self._metrics_text().encode(), METRICS_HEADERS
+                    return 200, b'{"status": "alive"}', JSON
+                return 200, self._metrics_text().encode(), METRICS_TEXT
             raise NotFound(f"Malformed request: {method} {path}")
         name, label, action = route["name"], route["label"], route["action"]
         version = _parse_version(route["version"])
         if action == ":predict":
             _require(method, "POST")
-            return 200, await self._predict(scope, receive, name, version, label), JSON_HEADERS
+            return 200, await self._predict(body, name, version, label), JSON
         if action in (":classify", ":regress"):
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         _require(method, "GET")
@@ -94,14 +83,11 @@ class RestApp:
             return (
                 200,
                 json.dumps(metadata_json(name, lv.version, lv.backend.signature)).encode(),
-                JSON_HEADERS,
+                JSON,
             )
         return self._status(name, version, label)
 
-    async def _predict(
-        self, scope: dict[str, Any], receive: Receive, name: str, version: int | None, label: str | None
-    ) -> bytes:
-        body = await self._read_body(scope, receive)
+    async def _predict(self, body: bytes, name: str, version: int | None, label: str | None) -> bytes:
         request = None
 
         def decode(sig: Any) -> Any:
@@ -113,7 +99,7 @@ class RestApp:
         assert request is not None
         return encode_predictions(scores, request.columnar)
 
-    def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, list]:
+    def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         if label is not None:
             version = self.manager.resolve(name, None, label).version
         states = self.manager.status(name, version)
@@ -122,29 +108,7 @@ class RestApp:
         body = json.dumps(to_json(status_response(states))).encode()
         # Readiness: 503 until some requested version is AVAILABLE (loaded and warmed).
         ready = any(s.state == "AVAILABLE" for s in states)
-        return (200 if ready else 503), body, JSON_HEADERS
-
-    async def _read_body(self, scope: dict[str, Any], receive: Receive) -> bytes:
-        """The whole body, or PayloadTooLarge once it passes `max_body_bytes`.
-
-        An oversized body is still read (and dropped) up to DISCARD_FACTOR x the limit before answering:
-        closing on a client that is still sending resets the connection, and it would never see the 413.
-        """
-        limit = self.max_body_bytes
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            more = message.get("more_body", False)
-            if size <= limit:
-                chunks.append(chunk)
-            elif not more or size > limit * DISCARD_FACTOR:
-                declared = dict(scope["headers"]).get(b"content-length", b"")
-                got = f"request body of {int(declared)} bytes" if declared.isdigit() else "request body"
-                raise PayloadTooLarge(f"{got} is over the limit of {limit} (--max_body_bytes)")
-            if not more:
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return (200 if ready else 503), body, JSON
 
 
 def _require(method: str, expected: str) -> None:

@@ -1,4 +1,4 @@
-"""One process serving REST (uvicorn + httptools) and gRPC (grpc.aio) on one event loop (uvloop).
+"""One process serving REST (serving/http_server.py) and gRPC (grpc.aio) on one event loop (uvloop).
 
 Lifecycle: bind both ports, load the model in the background (readiness is 503 meanwhile), poll for
 new versions; on SIGTERM/SIGINT stop being ready, refuse new predicts, let in-flight ones finish within
@@ -8,20 +8,18 @@ new versions; on SIGTERM/SIGINT stop being ready, refuse new predicts, let in-fl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-
-import uvicorn
 
 from serving.batching import DynamicBatcher
 from serving.config import ServerConfig
 from serving.curl_example import curl_example
 from serving.grpc_service import build_grpc_server
+from serving.http_server import HttpServer
 from serving.metrics import ServingMetrics
 from serving.predictor import Predictor
 from serving.rest import RestApp
@@ -29,14 +27,6 @@ from serving.validation import Limits
 from serving.versions import LoadedVersion, ModelManager
 
 log = logging.getLogger(__name__)
-
-
-class _RestServer(uvicorn.Server):
-    """uvicorn without its own signal handling: this module owns SIGTERM (drain first, then close)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def _batcher_factory(
@@ -100,29 +90,20 @@ async def serve(cfg: ServerConfig) -> None:
     grpc_server = build_grpc_server(predictor, cfg.host, cfg.port, cfg.max_body_bytes)
     await grpc_server.start()
     log.info("gRPC listening on %s:%d", cfg.host, cfg.port)
-    rest_server, rest_task = None, None
+    http_server = None
     if rest_socket is not None:
-        app = RestApp(predictor, cfg.max_body_bytes, metrics.render)
-        rest_server = _RestServer(
-            uvicorn.Config(
-                app,
-                http="httptools",
-                lifespan="off",
-                access_log=False,
-                log_level="warning",
-                proxy_headers=False,  # its middleware costs ~10 µs a request; clients are not proxies here
-                server_header=False,
-                timeout_graceful_shutdown=max(1, int(cfg.grace_period_seconds)),
-            )
-        )
-        rest_task = asyncio.create_task(rest_server.serve(sockets=[rest_socket]))
+        http_server = HttpServer(RestApp(predictor, metrics.render), cfg.max_body_bytes)
+        await http_server.start(rest_socket)
         log.info("REST listening on %s:%d", cfg.host, cfg.rest_api_port)
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    await manager.poll_once()
+    try:
+        await manager.poll_once()
+    except Exception:  # e.g. an unreadable base path: keep serving liveness and retry on the next poll
+        log.exception("first scan of %s failed", cfg.model_base_path)
     # Objects alive now (modules, the model) live as long as the process: keep the cyclic GC from
     # rescanning them on every collection, which showed as multi-ms p99 spikes under load.
     gc.collect()
@@ -133,8 +114,7 @@ async def serve(cfg: ServerConfig) -> None:
     if cfg.file_system_poll_wait_seconds > 0:
         poller = asyncio.create_task(manager.poll_forever(cfg.file_system_poll_wait_seconds))
 
-    waiters = [asyncio.ensure_future(stop.wait())] + ([rest_task] if rest_task else [])
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    await stop.wait()
     log.info("shutting down: readiness off, draining %d in-flight requests", predictor.inflight)
     if not await predictor.drain(cfg.grace_period_seconds):
         log.warning(
@@ -144,9 +124,8 @@ async def serve(cfg: ServerConfig) -> None:
         )
     if poller is not None:
         poller.cancel()
-    if rest_server is not None and rest_task is not None:
-        rest_server.should_exit = True
-        await rest_task
+    if http_server is not None:
+        await http_server.close(timeout_s=1.0)
     await grpc_server.stop(grace=1.0)
     run_executor.shutdown(wait=False, cancel_futures=True)
     load_executor.shutdown(wait=False, cancel_futures=True)

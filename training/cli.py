@@ -85,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=d.seed, help=f"seed for weights and shuffling (default {d.seed})"
     )
     g.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads per process (default: torch's choice; CPU DDP: cores // devices)",
     )
     g = p.add_argument_group("hardware and distribution")
     g.add_argument("--accelerator", default=d.accelerator, help=f"cpu, gpu or auto (default {d.accelerator})")

@@ -181,41 +181,41 @@ def _validate(
     skip: bool,
     report: ReadReport,
 ) -> pa.RecordBatch:
+    """Check one batch of lines; return its good rows as a SCHEMA batch (raise on a bad one unless `skip`)."""
     n = len(lines)
     parts = pc.split_pattern(lines, fmt.delimiter)
     counts = pc.list_value_length(parts).to_numpy(zero_copy_only=False)
-    starts = parts.offsets.to_numpy()[:-1]
-    flat = parts.values
-    # Per row: the first problem found, as (kind, message parts); fields of short rows are read as "".
-    problem = np.where(counts != N_FIELDS, 0, -1)  # 0 = field count, 1 = label, 2 = numeric
+    ok = np.flatnonzero(counts == N_FIELDS)  # rows whose fields can be checked one by one
+    starts = parts.offsets.to_numpy()[:-1][ok]
+    # Per row, the first problem: kind 0 = field count, 1 = label, 2 = count; and the offending field.
+    problem = np.where(counts != N_FIELDS, 0, -1)
     bad_field = np.full(n, -1)
-    ok_rows = counts == N_FIELDS
-    idx_base = np.where(ok_rows, starts, 0)
-    columns: list[pa.Array] = []
+    columns: list[pa.Array] = []  # each over the `ok` rows only
     for j, name in enumerate(FIELDS):
-        col = flat.take(pa.array(idx_base + j)) if n else pa.array([], pa.string())
+        col = parts.values.take(pa.array(starts + j)) if ok.size else pa.array([], pa.string())
         if name == LABEL or name in NUMERIC_FIELDS:
-            regex = _LABEL_RE if name == LABEL else _COUNT_RE
-            valid = pc.match_substring_regex(col, regex)
+            valid = pc.match_substring_regex(col, _LABEL_RE if name == LABEL else _COUNT_RE)
             if name != LABEL:
                 valid = pc.or_(valid, pc.equal(col, ""))
-            invalid = ok_rows & ~valid.to_numpy(zero_copy_only=False) & (problem < 0)
-            problem[invalid] = 1 if name == LABEL else 2
-            bad_field[invalid] = j
+            rows = ok[~valid.to_numpy(zero_copy_only=False)]
+            rows = rows[problem[rows] < 0]
+            problem[rows], bad_field[rows] = (1 if name == LABEL else 2), j
         columns.append(col)
     bad = problem >= 0
     if bad.any():
-        messages = _messages(path, fmt, flat, starts, counts, columns, bad, problem, bad_field, line_no)
+        ok_pos = np.full(n, -1)
+        ok_pos[ok] = np.arange(ok.size)
+        messages = [_message(path, fmt, int(counts[i]), problem[i], bad_field[i], columns, ok_pos[i], line_no[i])
+                    for i in np.flatnonzero(bad)[:_EXAMPLES_KEPT]]  # fmt: skip
         if not skip:
             raise MalformedRowError(messages[0] + " (pass --skip-bad-rows to count and skip such rows)")
         for kind, k in zip(*np.unique(problem[bad], return_counts=True), strict=True):
             key = ("wrong field count", "bad label", "non-numeric count")[kind]
             report.skipped[key] = report.skipped.get(key, 0) + int(k)
-        report.examples.extend(messages[: _EXAMPLES_KEPT - len(report.examples)])
-    good = pa.array(~bad)
-    ids = pa.array(np.arange(first_id, first_id + n, dtype=np.int64)).filter(good)
-    label = pc.cast(columns[0].filter(good), pa.int8())
-    arrays: list[pa.Array] = [ids, label]
+        report.examples.extend(messages[: max(0, _EXAMPLES_KEPT - len(report.examples))])
+    good = pa.array(~bad[ok])
+    ids = pa.array(first_id + ok).filter(good)
+    arrays: list[pa.Array] = [ids, pc.cast(columns[0].filter(good), pa.int8())]
     for col in columns[1 : 1 + len(NUMERIC_FIELDS)]:
         col = col.filter(good)
         arrays.append(pc.cast(pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col), pa.float64()))
@@ -223,24 +223,26 @@ def _validate(
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
 
-def _messages(path, fmt, flat, starts, counts, columns, bad, problem, bad_field, line_no) -> list[str]:  # type: ignore[no-untyped-def]
-    sep = "tab" if fmt.delimiter == "\t" else "comma"
-    out = []
-    for i in np.flatnonzero(bad)[:_EXAMPLES_KEPT]:
-        where = f"{path}:{line_no[i]}"
-        if problem[i] == 0:
-            k = int(counts[i])
-            detail = (
-                f"missing fields from {FIELDS[k]} on"
-                if k < N_FIELDS
-                else f"{k - N_FIELDS} extra field(s) after C26"
-            )
-            out.append(
-                f"{where}: expected {N_FIELDS} {sep}-separated fields (label, I1-I13, C1-C26), got {k}: {detail}"
-            )
-        else:
-            name = FIELDS[bad_field[i]]
-            value = columns[bad_field[i]][int(i)].as_py()
-            expected = "0 or 1" if problem[i] == 1 else "an integer count or an empty cell"
-            out.append(f"{where}: field {name} is {value!r}, expected {expected}")
-    return out
+def _message(
+    path: Path,
+    fmt: FileFormat,
+    count: int,
+    kind: int,
+    field_idx: int,
+    columns: list[pa.Array],
+    pos: int,
+    line: int,
+) -> str:
+    """The error text for one bad row: file:line, then the field count or the field, its value and what was expected."""
+    where = f"{path}:{line}"
+    if kind == 0:
+        sep = "tab" if fmt.delimiter == "\t" else "comma"
+        detail = (
+            f"missing fields from {FIELDS[count]} on"
+            if count < N_FIELDS
+            else f"{count - N_FIELDS} extra field(s) after C26"
+        )
+        return f"{where}: expected {N_FIELDS} {sep}-separated fields (label, I1-I13, C1-C26), got {count}: {detail}"
+    value = columns[field_idx][pos].as_py()
+    expected = "0 or 1" if kind == 1 else "an integer count or an empty cell"
+    return f"{where}: field {FIELDS[field_idx]} is {value!r}, expected {expected}"

@@ -24,7 +24,7 @@ class EpochShuffledBatches(ShuffledBatches):
     def __iter__(self):  # type: ignore[no-untyped-def]
         # `processed`, not `current_epoch`: after resuming from an epoch-end checkpoint, Lightning builds the
         # first iterator before it bumps `current_epoch`, while `processed` already counts the finished epoch.
-        self.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
+        self.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)  # type: ignore[attr-defined]
         return super().__iter__()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import time
 import warnings
@@ -31,6 +33,16 @@ from training.synth import oracle_paths
 VAL_FEATURES_ROWS = 10_000
 
 
+class _DropAdverts(logging.Filter):
+    """Lightning 2.6 prints a cloud-logging advert at every Trainer start; it is noise in a CLI's output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless cloud logging" not in record.getMessage()
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropAdverts())
+
+
 def say(msg: str) -> None:
     """Print once per job (global rank 0 as the launcher set it)."""
     if launch_rank() == 0:
@@ -48,8 +60,11 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     """
     t_start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads = cfg.threads
+    if threads is None and cfg.accelerator == "cpu" and cfg.devices > 1:
+        threads = max(1, (os.cpu_count() or 1) // cfg.devices)  # N CPU ranks must not each take every core
+    if threads:
+        torch.set_num_threads(threads)
     ckpt_dir = cfg.out / "checkpoints"
     resume_from = _resume_checkpoint(cfg, ckpt_dir)
     cache, report = ensure_cache(cfg.data, skip_bad_rows=cfg.skip_bad_rows)

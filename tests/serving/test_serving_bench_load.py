@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import serving_load
+from bench import procs, serving_load
 
 pytestmark = pytest.mark.skipif(
     shutil.which("wrk") is None, reason="wrk is not installed (run `make sysdeps`)"
@@ -21,16 +21,23 @@ def test_measure_reports_qps_and_percentiles_for_our_server(model_repo: Path, tm
            f"--rest_api_port={port}", "--model_name=ctr", f"--model_base_path={model_repo}"]  # fmt: skip
     script = serving_load.write_lua(tmp_path / "single.lua", 1)
     commands: list[str] = []
-    rows = serving_load.measure("ours", cmd, port, tmp_path, [(1, script), (8, script)], 1, commands)
+    server = serving_load.Server("ours", cmd, port)
+    try:
+        server.start(tmp_path, commands)
+        rows = list(serving_load.measure([server], [(1, script), (8, script)], 2, 1, commands).values())
+    finally:
+        procs.stop_all()
     assert [(r["server"], r["connections"], r["errors"]) for r in rows] == [
         ("ours", 1, 0.0),
         ("ours", 8, 0.0),
     ]
     for row in rows:
-        assert row["qps"] > 0
+        assert len(row["qps_runs"]) == 2
+        assert row["qps"] == sorted(row["qps_runs"])[1]
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
     assert commands[0] == " ".join(cmd)
     assert commands[1].startswith("wrk -t1 -c1 -d1s --latency -s ")
+    assert len(commands) == 3  # the server, then each distinct wrk command once
 
 
 def test_base_path_of_accepts_the_repository_or_the_base_path(model_repo: Path) -> None:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from training.cache import cache_path, ensure_cache
-from training.criteo import MalformedRowError, ReadReport, read_batches
+from training.criteo import SCHEMA, MalformedRowError, ReadReport, read_batches
 from training.schema import CATEGORICAL_FIELDS, FIELDS, NUMERIC_FIELDS
 
 GOOD = [
@@ -25,7 +25,7 @@ def write(path: Path, rows: list[list[str]], sep: str = "\t", header: bool = Fal
 
 
 def read_all(path: Path, skip: bool = False, report: ReadReport | None = None) -> pa.Table:
-    return pa.Table.from_batches(list(read_batches(path, skip_bad_rows=skip, report=report)))
+    return pa.Table.from_batches(list(read_batches(path, skip_bad_rows=skip, report=report)), schema=SCHEMA)
 
 
 def test_reads_kaggle_tsv_without_header(tmp_path: Path) -> None:
@@ -139,3 +139,13 @@ def test_cache_built_by_skipping_does_not_satisfy_a_strict_read(tmp_path: Path) 
 def test_categorical_fields_keep_their_order(tmp_path: Path) -> None:
     table = read_all(write(tmp_path / "train.txt", GOOD))
     assert [table.column(f)[0].as_py() for f in CATEGORICAL_FIELDS] == [f"{i:08x}" for i in range(26)]
+
+
+def test_a_file_of_only_short_rows_is_reported_not_crashed_on(tmp_path: Path) -> None:
+    path = tmp_path / "train.txt"
+    path.write_text("1\t2\t3\n0\t1\n")
+    report = ReadReport()
+    assert read_all(path, skip=True, report=report).num_rows == 0
+    assert report.skipped == {"wrong field count": 2}
+    with pytest.raises(MalformedRowError, match=r"train\.txt:1: expected 40 .* got 3: missing fields from I3 on"):
+        read_all(path)
