@@ -29,9 +29,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install every stage (skipped when done)
 
-sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk)
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk >/dev/null; \
+sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose >/dev/null; \
 	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus and wrk"; fi; fi
 
 $(DATA): | $(STAMP)

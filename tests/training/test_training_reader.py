@@ -147,5 +147,7 @@ def test_a_file_of_only_short_rows_is_reported_not_crashed_on(tmp_path: Path) ->
     report = ReadReport()
     assert read_all(path, skip=True, report=report).num_rows == 0
     assert report.skipped == {"wrong field count": 2}
-    with pytest.raises(MalformedRowError, match=r"train\.txt:1: expected 40 .* got 3: missing fields from I3 on"):
+    with pytest.raises(
+        MalformedRowError, match=r"train\.txt:1: expected 40 .* got 3: missing fields from I3 on"
+    ):
         read_all(path)
