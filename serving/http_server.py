@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 KEEP_ALIVE_TIMEOUT_S = 75.0  # idle keep-alive connections are closed after this (load balancers use 60 s)
 MAX_PIPELINED = 32  # complete requests queued on one connection before it stops reading
-DISCARD_FACTOR = 4  # an oversized body is read and dropped up to 4x the limit, so the client sees the 413
+DISCARD_FACTOR = 4
+MAX_URL_BYTES = 8192  # an oversized body is read and dropped up to 4x the limit, so the client sees the 413
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
@@ -126,6 +127,8 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > MAX_URL_BYTES:
+            self._reply_and_close(414, f"request URL is over {MAX_URL_BYTES} bytes".encode())
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"expect" and value.lower() == b"100-continue" and self.transport is not None:

@@ -66,3 +66,9 @@ def test_curl_large_body_with_expect_100_continue(shared_server: ServerProcess) 
         input=body, capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert len(json.loads(result.stdout)["predictions"]) == 400
+
+
+def test_overlong_url_is_414_and_closes(shared_server: ServerProcess) -> None:
+    out = _exchange(shared_server, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 414 Request-URI Too Long\r\n")
+    assert out.endswith(b'{"error": "request URL is over 8192 bytes"}')
