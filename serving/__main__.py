@@ -2,32 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
-from collections.abc import Callable
 
 from serving.config import parse_config
-from serving.server import serve
+from serving.server import run_server
 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("serving")
-    try:
-        import uvloop
+    # With several workers every line names its process, as the parent's and workers' logs interleave.
+    process = " [%(process)d]" if cfg.num_workers > 1 else ""
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format=f"%(asctime)s %(levelname)s{process} %(name)s: %(message)s"
+    )
+    if cfg.num_workers > 1:
+        from serving.workers import run_workers
 
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:  # uvloop is not built for Windows; asyncio's loop works, only slower
-        log.warning("uvloop not installed; using the default asyncio loop")
-        loop_factory = None
-    try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(cfg))
-    except OSError as exc:  # a port in use, or an address that is not ours
-        log.error("%s", exc)
-        sys.exit(1)
+        sys.exit(run_workers(cfg))
+    code = run_server(cfg)
+    if code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

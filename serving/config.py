@@ -61,6 +61,7 @@ class ServerConfig:
     version_labels: dict[str, int]
     grace_period_seconds: float
     intra_op_threads: int
+    num_workers: int
     print_curl_example: bool
     log_level: str
 
@@ -103,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
     ours.add_argument("--intra_op_threads", type=int, default=1, help="threads per model call")
+    ours.add_argument("--num_workers", type=int, default=1,
+                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model")  # fmt: skip
     ours.add_argument("--print_curl_example", type=_bool, nargs="?", const=True, default=False,
                       help="print a ready-to-paste curl predict command once a version is loaded")  # fmt: skip
     ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -119,6 +122,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         "max_body_bytes",
         "max_instances",
         "intra_op_threads",
+        "num_workers",
     ):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")

@@ -100,14 +100,20 @@ def _unary(
     )
 
 
-def build_grpc_server(predictor: Predictor, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
-    """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet)."""
+def build_grpc_server(
+    predictor: Predictor, host: str, port: int, max_message_bytes: int, reuse_port: bool = False
+) -> grpc.aio.Server:
+    """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet).
+
+    `reuse_port`: share the port with the other workers of `--num_workers N` (SO_REUSEPORT); otherwise a port
+    already in use must fail, not be silently shared.
+    """
     servicer = PredictionServicer(predictor)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),  # a port already in use must fail, not be silently shared
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
     )
     server.add_generic_rpc_handlers(

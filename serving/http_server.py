@@ -45,8 +45,9 @@ class _Request:
 class HttpServer:
     """Owns the listening socket and the open connections; `close()` drains them."""
 
-    def __init__(self, app: RestApp, max_body_bytes: int) -> None:
-        self.app, self.max_body_bytes = app, max_body_bytes
+    def __init__(self, app: RestApp, max_body_bytes: int, extra_headers: bytes = b"") -> None:
+        """`extra_headers`: raw CRLF-terminated `name: value` lines added to every response."""
+        self.app, self.max_body_bytes, self.extra_headers = app, max_body_bytes, extra_headers
         self.connections: set[HttpConnection] = set()
         self._server: asyncio.base_events.Server | None = None
         self._date = b""
@@ -185,12 +186,13 @@ class HttpConnection(asyncio.Protocol):
     def _write(self, status: int, body: bytes, content_type: bytes, keep_alive: bool) -> None:
         if self.transport is None or self.transport.is_closing():
             return  # the client went away while we computed its answer
-        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s\r\n" % (
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s\r\n" % (
             status,
             _REASONS.get(status, b""),
             content_type,
             len(body),
             self.server.date_header(),
+            self.server.extra_headers,
             b"" if keep_alive else b"connection: close\r\n",
         )
         self.transport.write(head + body)

@@ -9,7 +9,7 @@ is a dict lookup and an integer add, with no lock, because only the event-loop t
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -32,7 +32,9 @@ def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str
     return "{" + ",".join(pairs) + "}" if pairs else ""
 
 
-class _Metric:
+class Metric:
+    """One metric family: name, help, label names; subclasses hold the samples."""
+
     kind = ""
 
     def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
@@ -41,8 +43,11 @@ class _Metric:
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
 
+    def render(self) -> list[str]:
+        raise NotImplementedError
 
-class Counter(_Metric):
+
+class Counter(Metric):
     """A monotonically increasing value per label set."""
 
     kind = "counter"
@@ -55,7 +60,11 @@ class Counter(_Metric):
         self.values[labels] = self.values.get(labels, 0.0) + amount
 
     def render(self) -> list[str]:
-        return [f"{self.name}{_labels(self.labelnames, k)} {_fmt(v)}" for k, v in self.values.items()]
+        return self.format(self.values)
+
+    def format(self, values: Mapping[tuple[str, ...], float]) -> list[str]:
+        """Sample lines of `values` (label values -> value): this process's own, or all workers' merged."""
+        return [f"{self.name}{_labels(self.labelnames, k)} {_fmt(v)}" for k, v in values.items()]
 
 
 class Gauge(Counter):
@@ -74,13 +83,17 @@ class Gauge(Counter):
         """Take the value from `read()` at every scrape (e.g. a live counter the owner keeps anyway)."""
         self._callbacks[labels] = read
 
-    def render(self) -> list[str]:
+    def refresh(self) -> None:
+        """Read the tracked values into `values`."""
         for labels, read in self._callbacks.items():
             self.values[labels] = read()
+
+    def render(self) -> list[str]:
+        self.refresh()
         return super().render()
 
 
-class Histogram(_Metric):
+class Histogram(Metric):
     """Cumulative-bucket histogram; buckets are upper bounds (`le`), +Inf is implicit."""
 
     kind = "histogram"
@@ -114,8 +127,12 @@ class Histogram(_Metric):
         total[0] += float(flat.sum())
 
     def render(self) -> list[str]:
+        return self.format(self.series)
+
+    def format(self, series: Mapping[tuple[str, ...], tuple[list[int], list[float]]]) -> list[str]:
+        """Sample lines of `series` (label values -> (per-bucket counts, [sum])), buckets made cumulative."""
         lines = []
-        for labels, (counts, total) in self.series.items():
+        for labels, (counts, total) in series.items():
             cumulative = 0
             for bound, n in zip([*self.bounds, float("inf")], counts, strict=True):
                 cumulative += n
@@ -128,54 +145,75 @@ class Histogram(_Metric):
 
 
 class ServingMetrics:
-    """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`)."""
+    """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`).
+
+    `_counter`, `_gauge` and `_histogram` build each metric; serving/metrics_shared.py overrides them so that
+    the workers of `--num_workers N` write through to shared files.
+    """
 
     def __init__(self) -> None:
-        self.request_count = Counter(
+        self.request_count = self._counter(
             ":tensorflow:serving:request_count", "The total number of requests.", ("model_name", "status")
         )
-        self.request_latency = Histogram(
+        self.request_latency = self._histogram(
             ":tensorflow:serving:request_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving request.",
             ("model_name", "API", "entrypoint"),
             LATENCY_BUCKETS_US,
         )
-        self.runtime_latency = Histogram(
+        self.runtime_latency = self._histogram(
             ":tensorflow:serving:runtime_latency",
             "Distribution of wall time (in microseconds) for Tensorflow Serving runtime.",
             ("model_name", "API", "runtime"),
             LATENCY_BUCKETS_US,
         )
-        self.queuing_latency = Histogram(
+        self.queuing_latency = self._histogram(
             ":tensorflow:serving:batching_session:queuing_latency",
             "Distribution of wall time spent (in microseconds) in queues",
             ("thread_pool_name",),
             LATENCY_BUCKETS_US,
         )
-        self.batch_size = Histogram(
+        self.batch_size = self._histogram(
             "ctr_serving_batch_size", "Rows per executed model batch.", ("model_name",), BATCH_SIZE_BUCKETS
         )
-        self.inflight = Gauge(
-            "ctr_serving_inflight_requests", "Predict requests being served now.", ("model_name",)
+        # Across workers the in-flight requests add up; the loaded version is the newest any worker has.
+        self.inflight = self._gauge(
+            "ctr_serving_inflight_requests", "Predict requests being served now.", ("model_name",), "livesum"
         )
-        self.model_version = Gauge(
-            "ctr_serving_model_version", "Newest loaded model version (0 when none).", ("model_name",)
+        self.model_version = self._gauge(
+            "ctr_serving_model_version", "Newest loaded model version (0 when none).", ("model_name",), "max"
         )
-        self.load_failures = Counter(
+        self.load_failures = self._counter(
             "ctr_serving_model_load_failures_total",
             "Model versions that failed to load or warm up.",
             ("model_name",),
         )
-        self.predicted_ctr = Histogram(
+        self.predicted_ctr = self._histogram(
             "ctr_serving_predicted_ctr",
             "Predicted click probability per instance.",
             ("model_name",),
             CTR_BUCKETS,
         )
 
+    def _counter(self, name: str, help_text: str, labelnames: Sequence[str]) -> Counter:
+        return Counter(name, help_text, labelnames)
+
+    def _gauge(self, name: str, help_text: str, labelnames: Sequence[str], multiprocess_mode: str) -> Gauge:
+        """`multiprocess_mode` ("livesum" or "max") says how workers' values combine; unused in one process."""
+        return Gauge(name, help_text, labelnames)
+
+    def _histogram(
+        self, name: str, help_text: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> Histogram:
+        return Histogram(name, help_text, labelnames, buckets)
+
+    def metrics(self) -> list[Metric]:
+        """Every metric, in exposition order."""
+        return [m for m in vars(self).values() if isinstance(m, Metric)]
+
     def render(self) -> str:
         """The whole exposition, text format 0.0.4."""
         lines: list[str] = []
-        for metric in vars(self).values():
+        for metric in self.metrics():
             lines += metric.header() + metric.render()
         return "\n".join(lines) + "\n"

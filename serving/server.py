@@ -3,6 +3,11 @@
 Lifecycle: bind both ports, load the model in the background (readiness is 503 meanwhile), poll for
 new versions; on SIGTERM/SIGINT stop being ready, refuse new predicts, let in-flight ones finish within
 `--grace_period_seconds`, close both servers and return (exit code 0).
+
+As one of the workers of `--num_workers N` (serving/workers.py) it differs in three ways: it joins the
+shared ports with SO_REUSEPORT only after its first model scan (so the kernel sends a starting or restarted
+worker no connection before it can answer), its metrics go to the run's shared files
+(serving/metrics_shared.py), and it stops by itself if the parent process is gone.
 """
 
 from __future__ import annotations
@@ -10,10 +15,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
 
 from serving.batching import DynamicBatcher
 from serving.config import ServerConfig
@@ -21,12 +31,23 @@ from serving.curl_example import curl_example
 from serving.grpc_service import build_grpc_server
 from serving.http_server import HttpServer
 from serving.metrics import ServingMetrics
+from serving.metrics_shared import SharedServingMetrics
 from serving.predictor import Predictor
 from serving.rest import RestApp
 from serving.validation import Limits
 from serving.versions import LoadedVersion, ModelManager
 
 log = logging.getLogger(__name__)
+PARENT_CHECK_S = 0.25  # how often a worker publishes its in-flight gauge and checks that its parent lives
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What a worker of `--num_workers N` gets from its parent (serving/workers.py)."""
+
+    index: int  # 0..N-1; worker 0 prints the curl example
+    parent_pid: int
+    metrics_dir: Path  # the run's shared metrics files
 
 
 def _batcher_factory(
@@ -50,11 +71,16 @@ def _batcher_factory(
     return make
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (IPv6 when the host is an IPv6 address)."""
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when the host is an IPv6 address).
+
+    `reuse_port`: share the port with the other workers (SO_REUSEPORT); otherwise a port in use fails.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
@@ -65,10 +91,38 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(cfg: ServerConfig) -> None:
-    """Run the server until SIGTERM/SIGINT, then drain and return."""
+async def _open_ports(
+    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, reuse_port: bool
+) -> tuple[grpc.aio.Server, HttpServer | None]:
+    """Bind both ports before serving anything (a busy port fails the process, exit 1), then serve them."""
+    rest_socket = _bind(cfg.host, cfg.rest_api_port, reuse_port) if cfg.rest_api_port else None
+    grpc_server = build_grpc_server(predictor, cfg.host, cfg.port, cfg.max_body_bytes, reuse_port)
+    await grpc_server.start()
+    log.info("gRPC listening on %s:%d", cfg.host, cfg.port)
+    http_server = None
+    if rest_socket is not None:
+        # Workers name themselves in each response, so a client can tell which one answered.
+        served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
+        http_server = HttpServer(RestApp(predictor, metrics.render), cfg.max_body_bytes, served_by)
+        await http_server.start(rest_socket)
+        log.info("REST listening on %s:%d", cfg.host, cfg.rest_api_port)
+    return grpc_server, http_server
+
+
+async def _worker_chores(worker: WorkerRole, metrics: SharedServingMetrics, stop: asyncio.Event) -> None:
+    """Publish the in-flight gauge for the other workers' scrapes; stop when the parent is gone."""
+    while not stop.is_set():
+        metrics.publish()
+        if os.getppid() != worker.parent_pid:
+            log.error("parent process %d is gone; this worker stops", worker.parent_pid)
+            stop.set()
+        await asyncio.sleep(PARENT_CHECK_S)
+
+
+async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
     loop = asyncio.get_running_loop()
-    metrics = ServingMetrics()
+    metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
     # One thread runs model batches (ORT has its own intra-op threads); another loads new versions so a
     # slow load never delays inference.
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
@@ -85,20 +139,13 @@ async def serve(cfg: ServerConfig) -> None:
         make_batcher=_batcher_factory(cfg, metrics, run_executor) if cfg.enable_batching else None,
     )
     predictor = Predictor(manager, Limits(cfg.max_instances, cfg.allow_nonfinite), metrics, run_executor)
-    # Bind both ports before serving anything: a busy port fails the process (exit 1) with a clear error.
-    rest_socket = _bind(cfg.host, cfg.rest_api_port) if cfg.rest_api_port else None
-    grpc_server = build_grpc_server(predictor, cfg.host, cfg.port, cfg.max_body_bytes)
-    await grpc_server.start()
-    log.info("gRPC listening on %s:%d", cfg.host, cfg.port)
-    http_server = None
-    if rest_socket is not None:
-        http_server = HttpServer(RestApp(predictor, metrics.render), cfg.max_body_bytes)
-        await http_server.start(rest_socket)
-        log.info("REST listening on %s:%d", cfg.host, cfg.rest_api_port)
-
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    grpc_server: grpc.aio.Server | None = None
+    http_server: HttpServer | None = None
+    if worker is None:
+        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, reuse_port=False)
 
     try:
         await manager.poll_once()
@@ -108,7 +155,12 @@ async def serve(cfg: ServerConfig) -> None:
     # rescanning them on every collection, which showed as multi-ms p99 spikes under load.
     gc.collect()
     gc.freeze()
-    if cfg.print_curl_example and manager.latest is not None:
+    chores = None
+    if worker is not None and not stop.is_set():
+        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, reuse_port=True)
+        assert isinstance(metrics, SharedServingMetrics)
+        chores = asyncio.create_task(_worker_chores(worker, metrics, stop))
+    if cfg.print_curl_example and manager.latest is not None and (worker is None or worker.index == 0):
         print(curl_example(cfg, manager.latest), flush=True)
     poller = None
     if cfg.file_system_poll_wait_seconds > 0:
@@ -122,11 +174,31 @@ async def serve(cfg: ServerConfig) -> None:
             cfg.grace_period_seconds,
             predictor.inflight,
         )
-    if poller is not None:
-        poller.cancel()
+    for task in (poller, chores):
+        if task is not None:
+            task.cancel()
     if http_server is not None:
         await http_server.close(timeout_s=1.0)
-    await grpc_server.stop(grace=1.0)
+    if grpc_server is not None:
+        await grpc_server.stop(grace=1.0)
     run_executor.shutdown(wait=False, cancel_futures=True)
     load_executor.shutdown(wait=False, cancel_futures=True)
     log.info("stopped")
+
+
+def run_server(cfg: ServerConfig, worker: WorkerRole | None = None) -> int:
+    """Run `serve` on uvloop (asyncio's own loop where uvloop is missing); returns the exit code."""
+    try:
+        import uvloop
+
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # uvloop is not built for Windows; asyncio's loop works, only slower
+        log.warning("uvloop not installed; using the default asyncio loop")
+        loop_factory = None
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(cfg, worker))
+    except OSError as exc:  # a port in use, or an address that is not ours
+        log.error("%s", exc)
+        return 1
+    return 0
