@@ -50,14 +50,14 @@ def child_env() -> dict[str, str]:
 
 
 def latest_version(model_base_path: Path) -> Path:
-    """The highest numeric version folder under the model base path."""
+    """The highest numeric version folder under the model base path (also used by `bench.serving_load`)."""
     versions = (
         [p for p in model_base_path.iterdir() if p.is_dir() and p.name.isdigit()]
         if model_base_path.is_dir()
         else []
     )
     if not versions:
-        raise FileNotFoundError(f"export published no version under {model_base_path}")
+        raise FileNotFoundError(f"no version folders under {model_base_path}; run `python -m export` first")
     return max(versions, key=lambda p: int(p.name))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import traceback
@@ -46,7 +47,10 @@ def measure(section: str, mode: str, inputs: dict[str, Any], workdir: Path) -> d
     if section == "inference":
         from bench import inference_latency
 
-        return inference_latency.run(mode, Path(inputs["version_dir"]), checkpoint)
+        # Same intra-op thread count for every backend (one per usable core): a fair comparison,
+        # instead of each framework's own default (ORT, torch and TF pick differently).
+        threads = len(os.sched_getaffinity(0))
+        return inference_latency.run(mode, Path(inputs["version_dir"]), checkpoint, threads)
     if section == "serving":
         from bench import serving_load
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
+from bench.pipeline import latest_version as latest_version_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 KSERVE_VENV = ROOT / ".venv-kserve"
@@ -44,22 +45,16 @@ def base_path_of(repo: Path) -> Path:
     return repo / "ctr"
 
 
-def latest_version_dir(base: Path) -> Path:
-    versions = sorted(
-        (p for p in base.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
-    )
-    if not versions:
-        raise FileNotFoundError(f"no version folders under {base}")
-    return versions[-1]
-
-
 def kserve_ready() -> bool:
     """True when `.venv-kserve` exists and imports kserve and onnxruntime."""
     python = KSERVE_VENV / "bin" / "python"
     if not python.exists():
         return False
     check = [str(python), "-c", "import kserve, onnxruntime"]
-    return subprocess.run(check, capture_output=True, check=False, timeout=120).returncode == 0
+    try:
+        return subprocess.run(check, capture_output=True, check=False, timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False  # an environment whose imports hang is as unusable as a missing one
 
 
 def ensure_kserve_venv(log: Path) -> Path:

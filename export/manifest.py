@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from export.errors import InputError
+
 PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "tensorflow", "tensorflow-serving-api", "numpy")
 
 
@@ -34,10 +36,20 @@ def package_versions() -> dict[str, str | None]:
 
 
 def read_metrics(path: Path | None) -> dict[str, Any] | None:
-    """Training metrics (metrics.json of the run dir), or None when absent."""
+    """Training metrics (metrics.json of the run dir), or None when absent.
+
+    Raises:
+        InputError: the file exists but is not a JSON object.
+    """
     if path is None or not path.is_file():
         return None
-    return json.loads(path.read_text())
+    try:
+        metrics = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read training metrics {path}: {e}") from e
+    if not isinstance(metrics, dict):
+        raise InputError(f"training metrics {path} hold {type(metrics).__name__}; expected a JSON object")
+    return metrics
 
 
 def build_manifest(

@@ -73,7 +73,7 @@ def export_onnx(net: CTRNet | nn.Module, width: int, path: Path, opset: int) -> 
         )
     proto = onnx.load(str(path), load_external_data=False)
     verify_contract(proto, width, opset)
-    onnx.checker.check_model(str(path), full_check=True)
+    onnx.checker.check_model(proto, full_check=True)  # the loaded proto: no second read of the file
     return proto
 
 

@@ -110,6 +110,7 @@ def export_version(req: ExportRequest) -> ExportResult:
     """Run the whole export; on any error nothing is published and the staging folder is removed."""
     started = time.perf_counter()
     net, ckpt, width, val = load_inputs(req)
+    metrics = read_metrics(req.metrics)  # read before the slow steps: a bad file fails fast
     repo = ModelRepository(req.repo)
     repo.prepare()
     version = repo.choose_version(req.version)
@@ -155,7 +156,7 @@ def export_version(req: ExportRequest) -> ExportResult:
             version=version,
             checkpoint=req.checkpoint,
             ckpt=ckpt,
-            metrics=read_metrics(req.metrics),
+            metrics=metrics,
             io=io,
             opset=req.opset,
             target={"name": req.target.name, "ops": sorted(req.target.ops), "ops_used": ops_used},

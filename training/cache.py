@@ -43,12 +43,14 @@ def _valid_meta(src: Path, skip_bad_rows: bool) -> dict[str, Any] | None:
     try:
         meta = json.loads(meta_file.read_text())
         rows = pq.ParquetFile(parquet).metadata.num_rows
-    except (OSError, ValueError, pa.ArrowInvalid) as e:
-        print(f"warning: rebuilding unreadable cache {parquet}: {e}")
+        fresh = meta["source"] == _source_key(src) and rows == meta["report"]["rows"]
+        skipped = bool(meta["report"]["skipped"])
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as e:
+        # KeyError/TypeError: metadata JSON of another shape (hand-edited, truncated by a full disk).
+        print(f"warning: rebuilding unreadable cache {parquet}: {e!r}")
         return None
-    fresh = meta.get("source") == _source_key(src) and rows == meta["report"]["rows"]
     # A cache built by skipping bad rows must not satisfy a strict read: that read has to fail.
-    return meta if fresh and (skip_bad_rows or not meta["report"]["skipped"]) else None
+    return meta if fresh and (skip_bad_rows or not skipped) else None
 
 
 def ensure_cache(data: str | Path, skip_bad_rows: bool = False) -> tuple[Path, ReadReport]:

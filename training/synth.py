@@ -76,23 +76,26 @@ def generate(
     probs = np.empty(rows, dtype=np.float32)
     labels = np.empty(rows, dtype=np.int8)
     tmp = out.with_name(out.name + ".tmp")
-    with pa.OSFile(str(tmp), "wb") as sink:
-        for start in range(0, rows, CHUNK_ROWS):
-            n = min(CHUNK_ROWS, rows - start)
-            rng = np.random.default_rng([seed, start // CHUNK_ROWS])
-            counts, ranks = sample_rows(rng, n)
-            p = 1.0 / (1.0 + np.exp(-truth.logit(counts, ranks)))
-            y = (rng.random(n) < p).astype(np.int8)
-            probs[start : start + n], labels[start : start + n] = p, y
-            arrays = [pa.array(y)]
-            arrays += [
-                pa.array(counts[:, j], mask=np.isnan(counts[:, j])).cast(pa.int64()) for j in range(13)
-            ]
-            arrays += [hex_values(j, ranks[:, j]) for j in range(len(CATEGORICAL_SHAPE))]
-            table = pa.Table.from_arrays(arrays, names=[LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS])
-            opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-            pacsv.write_csv(table, sink, write_options=opts)
-    tmp.replace(out)
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink:
+            for start in range(0, rows, CHUNK_ROWS):
+                n = min(CHUNK_ROWS, rows - start)
+                rng = np.random.default_rng([seed, start // CHUNK_ROWS])
+                counts, ranks = sample_rows(rng, n)
+                p = 1.0 / (1.0 + np.exp(-truth.logit(counts, ranks)))
+                y = (rng.random(n) < p).astype(np.int8)
+                probs[start : start + n], labels[start : start + n] = p, y
+                arrays = [pa.array(y)]
+                arrays += [
+                    pa.array(counts[:, j], mask=np.isnan(counts[:, j])).cast(pa.int64()) for j in range(13)
+                ]
+                arrays += [hex_values(j, ranks[:, j]) for j in range(len(CATEGORICAL_SHAPE))]
+                table = pa.Table.from_arrays(arrays, names=[LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS])
+                opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
+                pacsv.write_csv(table, sink, write_options=opts)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)  # an interrupted run leaves no half-written file behind
     val = validation_mask(np.arange(rows), val_fraction)
     summary: dict[str, float | int] = {
         "rows": rows,

@@ -86,6 +86,13 @@ def test_feature_spec_without_integer_width(
     assert err.endswith("; expected a positive integer under 'width'")
 
 
+def test_unreadable_training_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = make_run(tmp_path / "run")
+    (run / "metrics.json").write_text('{"val_auc": 0.7')  # truncated by a full disk
+    err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
+    assert err.startswith(f"cannot read training metrics {run / 'metrics.json'}: ")
+
+
 def test_validation_rows_of_the_wrong_width(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = make_run(tmp_path / "run")
     np.save(run / "val_features.npy", np.zeros((10, 127), np.float32))

@@ -84,7 +84,7 @@ def test_crash_mid_export_leaves_no_version_folder(
     )  # fmt: skip
     staging = repo / f".tmp-1-{proc.pid}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # importing torch + onnx on a loaded 2-core machine
         while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert staging.exists(), "the export never created its staging folder"
