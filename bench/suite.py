@@ -46,7 +46,8 @@ def run_section(
         "--inputs", str(inputs_json), "--workdir", str(workdir / name), "--out", str(result_json),
     ]  # fmt: skip
     rel_log = str(log.relative_to(out_dir))
-    setup_note = prepare_section(name, mode, cmd, log) if name in SECTIONS_WITH_SETUP else None
+    needs_setup = mode.run_setup and name in SECTIONS_WITH_SETUP
+    setup_note = prepare_section(name, mode, cmd, log) if needs_setup else None
     print(f"[bench] {name}: measuring (bounded at {timeout:.0f} s, log {log})", flush=True)
     t0 = time.monotonic()
     proc = start(cmd, log=log, env=child_env(), cwd=PROJECT_ROOT)

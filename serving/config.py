@@ -25,7 +25,7 @@ def _labels(text: str) -> dict[str, int]:
     labels = {}
     for pair in filter(None, text.split(",")):
         name, _, version = pair.partition("=")
-        if not name or not version.isdigit():
+        if not name or not (version.isascii() and version.isdigit()):
             raise argparse.ArgumentTypeError(f"expected LABEL=VERSION pairs such as stable=1, got {pair!r}")
         labels[name] = int(version)
     return labels
@@ -81,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False)
     tf.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
                     help="seconds between scans for new versions; 0 scans once")  # fmt: skip
-    tf.add_argument("--rest_api_timeout_in_ms", type=int, default=30000, help="deadline of a queued request")
+    tf.add_argument(
+        "--rest_api_timeout_in_ms", type=int, default=30000, help="deadline of a queued request; 0 = none"
+    )
     ours = p.add_argument_group("ctr-pipeline flags")
     ours.add_argument("--host", default="0.0.0.0", help="bind address (0.0.0.0 in containers)")
     ours.add_argument(
@@ -129,4 +131,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     for flag in ("batch_timeout_micros", "rest_api_timeout_in_ms", "grace_period_seconds"):
         if getattr(args, flag) < 0:
             parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
+    for flag in ("port", "rest_api_port"):
+        if not 0 <= getattr(args, flag) <= 65535:
+            parser.error(f"--{flag} must be a TCP port in 0..65535, got {getattr(args, flag)}")
     return ServerConfig(**vars(args))

@@ -29,12 +29,6 @@ class InvalidArgument(ServingError):
     code = "INVALID_ARGUMENT"
 
 
-class PayloadTooLarge(InvalidArgument):
-    """The request body is over `--max_body_bytes` (413)."""
-
-    http_status = 413
-
-
 class NotFound(ServingError):
     """Unknown model, version, label or route (404)."""
 

@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 KEEP_ALIVE_TIMEOUT_S = 75.0  # idle keep-alive connections are closed after this (load balancers use 60 s)
 MAX_PIPELINED = 32  # complete requests queued on one connection before it stops reading
-DISCARD_FACTOR = 4
-MAX_URL_BYTES = 8192  # an oversized body is read and dropped up to 4x the limit, so the client sees the 413
+DISCARD_FACTOR = 4  # an oversized body is read and dropped up to 4x the limit, so the client sees the 413
+MAX_URL_BYTES = 8192
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 

@@ -120,11 +120,18 @@ class Histogram(Metric):
 
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
         """Observe every element of `values` (e.g. the (N, 1) scores of one batch) in one vectorised pass."""
-        counts, total = self._series(labels)
+        self._add_many(self._series(labels), values)
+
+    def _add_many(self, series: tuple[list[int], list[float]], values: np.ndarray) -> list[int]:
+        """Add every element of `values` to `series`; returns the indices of the buckets that changed."""
+        counts, total = series
         flat = values.reshape(-1)
-        for i, n in enumerate(np.bincount(np.searchsorted(self._bounds_array, flat), minlength=len(counts))):
-            counts[i] += int(n)
+        hits = np.bincount(np.searchsorted(self._bounds_array, flat), minlength=len(counts))
+        changed: list[int] = np.flatnonzero(hits).tolist()
+        for i in changed:
+            counts[i] += int(hits[i])
         total[0] += float(flat.sum())
+        return changed
 
     def render(self) -> list[str]:
         return self.format(self.series)

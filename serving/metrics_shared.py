@@ -106,13 +106,9 @@ class SharedHistogram(_WriteThrough, Histogram):
         self._write(labels, SUM_SLOT, total[0])
 
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
-        counts, total = self._series(labels)
-        flat = values.reshape(-1)
-        hits = np.bincount(np.searchsorted(self._bounds_array, flat), minlength=len(counts))
-        for i in np.flatnonzero(hits).tolist():
-            counts[i] += int(hits[i])
+        series = counts, total = self._series(labels)
+        for i in self._add_many(series, values):
             self._write(labels, i, counts[i])
-        total[0] += float(flat.sum())
         self._write(labels, SUM_SLOT, total[0])
 
 

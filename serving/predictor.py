@@ -62,6 +62,9 @@ class Predictor:
         except ServingError as exc:
             status = exc.code
             raise
+        except asyncio.CancelledError:  # the gRPC client cancelled or its deadline passed: not a server error
+            status = "CANCELLED"
+            raise
         finally:
             self.metrics.request_count.inc(model_label, status)
             elapsed_us = (time.perf_counter() - started) * 1e6

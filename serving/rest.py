@@ -119,6 +119,6 @@ def _require(method: str, expected: str) -> None:
 def _parse_version(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):  # int() rejects some Unicode digits, e.g. '²'
         raise InvalidArgument(f"version must be a positive integer, got '{text}'")
     return int(text)

@@ -39,6 +39,8 @@ def parse_body(body: bytes) -> PredictBody:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
             raise InvalidArgument(f"malformed JSON body: {exc}") from exc
+        except RecursionError as exc:  # e.g. 10,000 nested '[': orjson stops at 1024 levels, json recurses
+            raise InvalidArgument("malformed JSON body: nested too deeply") from exc
     if not isinstance(doc, dict):
         raise InvalidArgument(f"the body must be a JSON object, got {type(doc).__name__}")
     signature_name = doc.get("signature_name", DEFAULT_SIGNATURE)
@@ -93,17 +95,26 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _shown(value: Any) -> str:
+    """`value` as JSON, cut to 40 characters, for an error message."""
+    try:
+        return json.dumps(value)[:40]
+    except RecursionError:  # orjson parses up to 1024 levels; json.dumps stops near 1000
+        return f"a deeply nested {type(value).__name__}"
+
+
 def _diagnose(rows: list[Any], n_features: int) -> str:
     """Explain why `rows` is not a numeric (N, n_features) batch, naming the first offending instance."""
     for i, row in enumerate(rows):
         if not isinstance(row, list):
-            return f"instance {i} is {json.dumps(row)[:40]} ({type(row).__name__}), expected a list of {n_features} numbers"
+            return f"instance {i} is {_shown(row)} ({type(row).__name__}), expected a list of {n_features} numbers"
         if len(row) != n_features:
             return f"expected {n_features} features per instance, got {len(row)} in instance {i}"
         for j, value in enumerate(row):
             if not _is_number(value):
-                shown = json.dumps(value)[:40]
-                return f"instance {i} feature {j} is {shown} ({type(value).__name__}), expected a number"
+                return (
+                    f"instance {i} feature {j} is {_shown(value)} ({type(value).__name__}), expected a number"
+                )
     return f"instances must be lists of {n_features} numbers"
 
 

@@ -61,7 +61,7 @@ def _batcher_factory(
             max_batch_size=cfg.max_batch_size,
             batch_timeout_s=cfg.batch_timeout_micros / 1e6,
             max_enqueued_batches=cfg.max_enqueued_batches,
-            timeout_s=cfg.rest_api_timeout_in_ms / 1e3,
+            timeout_s=cfg.rest_api_timeout_in_ms / 1e3 or float("inf"),  # 0: no deadline
             executor=executor,
             metrics=metrics,
             model_name=cfg.model_name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ def to_ndarray(tensor: Any, name: str) -> np.ndarray:
     shape = tuple(int(d.size) for d in tensor.tensor_shape.dim)
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input '{name}' has a negative dimension in shape {list(shape)}")
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(shape)  # exact: np.prod would wrap around in int64 for dims such as [2**62, 4]
     if tensor.tensor_content:
         if len(tensor.tensor_content) != size * 4:
             raise InvalidArgument(
@@ -42,8 +43,13 @@ def to_ndarray(tensor: Any, name: str) -> np.ndarray:
     if values.size == size:
         return values.reshape(shape)
     # TF fills the whole tensor with a single float_val (tensor_util.make_tensor_proto of a scalar fill).
+    # A read-only view, not np.full: a few bytes may declare [10**9, 128], and check_batch bounds the rows
+    # before anything copies them.
     if values.size == 1:
-        return np.full(shape, values[0], dtype=np.float32)
+        try:
+            return np.broadcast_to(values[0], shape)
+        except ValueError as exc:  # more elements than an array can index
+            raise InvalidArgument(f"input '{name}' shape {list(shape)} is too large") from exc
     raise InvalidArgument(
         f"input '{name}' has {values.size} float_val values, expected {size} for shape {list(shape)}"
     )

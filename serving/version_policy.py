@@ -23,7 +23,7 @@ class VersionPolicy:
         if kind == "all" and not arg:
             return cls("all")
         numbers = [p.strip() for p in arg.split(",")] if arg else []
-        if not all(p.isdigit() and int(p) > 0 for p in numbers):
+        if not all(p.isascii() and p.isdigit() and int(p) > 0 for p in numbers):
             raise error
         if kind == "latest" and len(numbers) <= 1:
             return cls("latest", num_versions=int(numbers[0]) if numbers else 1)

@@ -59,7 +59,12 @@ def versions_on_disk(base_path: Path) -> dict[int, Path]:
         entries = list(os.scandir(base_path))
     except FileNotFoundError:
         return {}
-    return {int(e.name): Path(e.path) for e in entries if e.name.isdigit() and int(e.name) > 0 and e.is_dir()}
+    return {int(e.name): Path(e.path) for e in entries if _is_version(e.name) and e.is_dir()}
+
+
+def _is_version(name: str) -> bool:
+    # isdigit() alone accepts names such as '²' that int() rejects.
+    return name.isascii() and name.isdigit() and int(name) > 0
 
 
 class ModelManager:
@@ -123,10 +128,6 @@ class ModelManager:
             raise NotFound(f"Could not find version {version} of model {name}")
         return [self.states[version]]
 
-    @property
-    def ready(self) -> bool:
-        return self.latest is not None
-
     # --- polling ------------------------------------------------------------------------------
     async def poll_forever(self, interval_s: float) -> None:
         """Re-scan every `interval_s`; one failed scan is logged and never stops the loop."""
@@ -162,15 +163,21 @@ class ModelManager:
 
     def _failed(self, version: int, path: Path) -> bool:
         state = self.states.get(version)
-        return state is not None and state.failed_stamp is not None and state.failed_stamp == _stamp(path)
+        if state is None or state.failed_stamp is None:
+            return False
+        try:
+            return state.failed_stamp == _stamp(path)
+        except FileNotFoundError:  # removed since the scan: not a candidate
+            return True
 
     async def _load(self, version: int, path: Path) -> None:
         state = self.states[version] = VersionState(version, state="LOADING")
         log.info("loading %s version %d from %s (%s backend)", self.name, version, path, self.backend_kind)
         started = time.perf_counter()
-        stamp = _stamp(path)
+        stamp = -1  # a folder that vanished before its stamp was read stays failed until it is back
         loop = asyncio.get_running_loop()
         try:
+            stamp = _stamp(path)  # inside the try: the folder may vanish between the scan and now
             backend, n_warmup = await loop.run_in_executor(self._load_executor, self._load_and_warm, path)
         except Exception as exc:  # any load/warm-up failure: the old versions keep serving
             state.state, state.error_code, state.failed_stamp = "END", "UNKNOWN", stamp

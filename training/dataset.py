@@ -81,14 +81,15 @@ def prepare(cache: Path, val_fraction: float, width: int, max_rows: int | None =
     def labels(t: pa.Table) -> np.ndarray:
         return t.column(LABEL).to_numpy().astype(np.float32)
 
+    train_y = labels(train)
     train_cats = [string_column(train.column(f)) for f in CATEGORICAL_FIELDS]
-    spec = FeatureSpec.fit(numeric_matrix(train), train_cats, labels(train), width=width)
+    spec = FeatureSpec.fit(numeric_matrix(train), train_cats, train_y, width=width)
     del train_cats
 
     return PreparedData(
         spec=spec,
         train_x=transform_table(spec, train),
-        train_y=labels(train),
+        train_y=train_y,
         train_ids=train.column("row_id").to_numpy(),
         val_x=transform_table(spec, val),
         val_y=labels(val),

@@ -46,4 +46,3 @@ GetModelStatusResponse = message_class("tensorflow.serving.GetModelStatusRespons
 ModelVersionStatus = message_class("tensorflow.serving.ModelVersionStatus")
 SignatureDefMap = message_class("tensorflow.serving.SignatureDefMap")
 PredictionLog = message_class("tensorflow.serving.PredictionLog")
-TensorProto = message_class("tensorflow.TensorProto")

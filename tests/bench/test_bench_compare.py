@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_results
+from bench_results import make_results
 
 from bench.compare import main
 from bench.figures import flatten

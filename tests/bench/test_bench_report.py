@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import make_results
+from bench_results import make_results
 from mdtables import read_sections, read_tables
 
 from bench.report import render_report

@@ -96,5 +96,18 @@ def http(
         return status, payload.decode()
 
 
+def wait_for_inflight(server: ServerProcess, n: int, timeout_s: float = 20.0) -> None:
+    """Poll the metrics until `ctr_serving_inflight_requests` is `n` (e.g. requests held in a batching window)."""
+    series = f'ctr_serving_inflight_requests{{model_name="{server.model_name}"}} '
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, text = http(server.url("/metrics"))
+        values = [line[len(series) :] for line in str(text).splitlines() if line.startswith(series)]
+        if values and float(values[0]) == n:
+            return
+        assert time.monotonic() < deadline, f"in-flight requests {values}, expected {n}:\n{server.log()}"
+        time.sleep(0.02)
+
+
 def env_without_proxy() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}

@@ -45,6 +45,7 @@ def test_gflags_style_booleans(flag: str, expected: bool) -> None:
             "bad version policy 'newest'; expected latest:N (N>=1), all, or specific:V1,V2,...",
         ),
         ("--max_batch_size=0", "--max_batch_size must be >= 1, got 0"),
+        ("--rest_api_port=70000", "--rest_api_port must be a TCP port in 0..65535, got 70000"),
         ("--version_labels=stable", "expected LABEL=VERSION pairs such as stable=1, got 'stable'"),
     ],
 )

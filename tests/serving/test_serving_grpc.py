@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from tensorflow_serving.apis import (
 )
 
 from tests.serving.model_repo import reference_predict
-from tests.serving.server_process import ServerProcess
+from tests.serving.server_process import ServerProcess, http
 
 ROWS = np.random.default_rng(1).random((5, 128), dtype=np.float32)
 
@@ -31,6 +33,18 @@ def _request(features: np.ndarray, name: str = "ctr") -> predict_pb2.PredictRequ
     request.model_spec.name = name
     request.model_spec.signature_name = "serving_default"
     request.inputs["features"].CopyFrom(tf.make_tensor_proto(features))
+    return request
+
+
+def _scalar_fill_request(rows: int) -> predict_pb2.PredictRequest:
+    """A [rows, 128] tensor given by one float_val (TF's fill form): a few bytes that declare many rows."""
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "ctr"
+    tensor = request.inputs["features"]
+    tensor.dtype = tf.float32.as_datatype_enum
+    tensor.tensor_shape.dim.add().size = rows
+    tensor.tensor_shape.dim.add().size = 128
+    tensor.float_val.append(0.5)
     return request
 
 
@@ -83,8 +97,18 @@ def test_predict_accepts_float_val_tensors_and_version_label(channel, weights) -
             grpc.StatusCode.INVALID_ARGUMENT,
             "input 'features' expects dtype DT_FLOAT, got DT_DOUBLE",
         ),
+        (  # must be refused before 512 GB are allocated
+            lambda: _scalar_fill_request(10**9),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "batch of 1000000000 rows is over the limit of 1024 (--max_instances); split it",
+        ),
+        (
+            lambda: _scalar_fill_request(2**62),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "input 'features' shape [4611686018427387904, 128] is too large",
+        ),
     ],
-    ids=["unknown-model", "wrong-shape", "nan", "wrong-dtype"],
+    ids=["unknown-model", "wrong-shape", "nan", "wrong-dtype", "huge-fill", "overflowing-shape"],
 )
 def test_predict_errors_map_to_grpc_codes(channel, request_factory, code, details) -> None:
     with pytest.raises(grpc.RpcError) as info:
@@ -114,3 +138,21 @@ def test_get_model_status_reports_available(channel) -> None:
     assert [(s.version, s.state, s.status.error_code) for s in response.model_version_status] == [
         (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE, 0)
     ]
+
+
+def test_client_deadline_is_counted_as_cancelled_not_internal(start_server, model_repo) -> None:
+    # A 2 s batching window holds the request until the client's 0.3 s deadline has passed.
+    server = start_server(model_repo, "--enable_batching", "--batch_timeout_micros=2000000")
+    with grpc.insecure_channel(server.grpc_target) as ch, pytest.raises(grpc.RpcError) as info:
+        prediction_service_pb2_grpc.PredictionServiceStub(ch).Predict(_request(ROWS[:1]), timeout=0.3)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    counts: dict[str, str] = {}
+    deadline = time.monotonic() + 10
+    while "CANCELLED" not in counts and time.monotonic() < deadline:  # the server sees the cancel a bit later
+        _, text = http(server.url("/metrics"))
+        prefix = ':tensorflow:serving:request_count{model_name="ctr",status="'
+        counts = dict(
+            line[len(prefix) :].split('"} ') for line in text.splitlines() if line.startswith(prefix)
+        )
+        time.sleep(0.05)
+    assert counts == {"CANCELLED": "1"}

@@ -56,6 +56,7 @@ def test_predict_by_version_and_label(shared_server: ServerProcess, weights, pat
         ("/v1/models/ctr/versions/7:predict", 404, "Servable not found for request: Specific(ctr, 7)"),
         ("/v1/models/ctr/labels/canary:predict", 400, "Unrecognized servable version label: canary"),
         ("/v1/models/ctr/versions/x1:predict", 400, "version must be a positive integer, got 'x1'"),
+        ("/v1/models/ctr/versions/%C2%B2:predict", 400, "version must be a positive integer, got '²'"),
         ("/v1/models/ctr:classify", 501, "classify is not served; this model has a predict signature only"),
     ],
 )

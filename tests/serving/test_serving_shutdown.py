@@ -6,18 +6,18 @@ import signal
 import threading
 import time
 
-from tests.serving.server_process import http
+from tests.serving.server_process import http, wait_for_inflight
 
 ROW = [0.5] * 128
 
 
 def test_sigterm_drains_in_flight_requests_and_exits_0(start_server, model_repo) -> None:
-    # A 1.5 s batching window keeps the first requests in flight while SIGTERM arrives.
+    # A 3 s batching window keeps the first requests in flight while SIGTERM arrives.
     server = start_server(
         model_repo,
         "--enable_batching",
         "--max_batch_size=64",
-        "--batch_timeout_micros=1500000",
+        "--batch_timeout_micros=3000000",
         "--grace_period_seconds=10",
     )
     in_flight: list = []
@@ -29,11 +29,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(start_server, model_repo)
     ]
     for client in clients:
         client.start()
-    time.sleep(0.3)
+    wait_for_inflight(server, 3)
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while (readiness := http(server.url("/v1/models/ctr")))[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.02)  # until the server has handled SIGTERM
     refused = http(server.url("/v1/models/ctr:predict"), {"instances": [ROW]})
-    readiness = http(server.url("/v1/models/ctr"))
     for client in clients:
         client.join(10)
     assert refused == (503, {"error": "the server is shutting down; retry on another replica"})

@@ -24,6 +24,16 @@ BAD_BODIES = [
     ),
     pytest.param(b"[1, 2]", "the body must be a JSON object, got list", id="not-an-object"),
     pytest.param(
+        b'{"instances": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        "malformed JSON body: nested too deeply",
+        id="nested-too-deeply",
+    ),
+    pytest.param(
+        b'{"instances": [[' + b"[" * 1000 + b"]" * 1000 + b"," + b"0.5," * 126 + b"0.5]]}",
+        "instance 0 feature 0 is a deeply nested list (list), expected a number",
+        id="deeply-nested-feature",
+    ),
+    pytest.param(
         _body({"rows": [ROW]}),
         "the body is missing 'instances' (row format) or 'inputs' (columnar format); keys: ['rows']",
         id="missing-key",

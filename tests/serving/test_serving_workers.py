@@ -20,7 +20,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tests.serving.model_repo import reference_predict
-from tests.serving.server_process import ROOT, ServerProcess, free_port, http
+from tests.serving.server_process import ROOT, ServerProcess, free_port, http, wait_for_inflight
 
 ROW = [0.5] * 128
 
@@ -131,12 +131,12 @@ def test_killed_worker_is_restarted_and_its_requests_stay_counted(start_server, 
 
 
 def test_sigterm_drains_every_worker_and_exits_0_without_orphans(start_server, model_repo) -> None:
-    # A 1.5 s batching window keeps the requests in flight, on both workers, while SIGTERM arrives.
+    # A 3 s batching window keeps the requests in flight, on both workers, while SIGTERM arrives.
     server = start_server(
         model_repo,
         "--num_workers=2",
         "--enable_batching",
-        "--batch_timeout_micros=1500000",
+        "--batch_timeout_micros=3000000",
         "--grace_period_seconds=10",
     )
     workers = children(server.proc.pid)
@@ -150,9 +150,12 @@ def test_sigterm_drains_every_worker_and_exits_0_without_orphans(start_server, m
     ]
     for client in clients:
         client.start()
-    time.sleep(0.5)
+    wait_for_inflight(server, 6)  # summed over both workers
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while any(http(server.url("/v1/models/ctr"))[0] == 200 for _ in range(4)):  # until both workers drain
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.02)
     # Every worker is draining, so a new connection gets the refusal whichever worker takes it.
     refused = [http(server.url("/v1/models/ctr:predict"), {"instances": [ROW]})[0] for _ in range(4)]
     readiness = [http(server.url("/v1/models/ctr"))[0] for _ in range(4)]
