@@ -12,7 +12,7 @@ REPO   ?= artifacts/models/ctr
 ROWS   ?= 1000000
 ARGS   ?=
 
-.PHONY: help install sysdeps run data train export serve test test-slow lint fmt bench bench-compare clean
+.PHONY: help install sysdeps run data train export serve test test-slow test-gpu lint fmt bench bench-compare clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ test: $(STAMP) sysdeps lint ## Lint, then the test suite (excludes tests marked 
 
 test-slow: $(STAMP) sysdeps ## Only the slow tests
 	$(PY) -m pytest -m slow $(ARGS)
+
+test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP); they skip without CUDA
+	$(PY) -m pytest -m gpu -rs $(ARGS)
 
 bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a <5 min run
 	$(PY) -m bench --mode $(or $(BENCH),full) $(ARGS)
