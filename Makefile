@@ -11,8 +11,11 @@ RUN    ?= artifacts/run
 REPO   ?= artifacts/models/ctr
 ROWS   ?= 1000000
 ARGS   ?=
+TUNE   ?= artifacts/tune
+TRIALS ?= 20
+TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train export serve test test-slow test-gpu lint fmt bench bench-compare clean
+.PHONY: help install sysdeps run data train tune day export serve test test-slow test-gpu lint fmt bench bench-compare clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -24,14 +27,14 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q 'tensorflow>=2.21,<2.22'
-	$(PIP) install -q -e '.[train,export,serve,bench,dev]'
+	$(PIP) install -q -e '.[train,export,serve,bench,tune,dev]'
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install every stage (skipped when done)
 
-sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose)
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose >/dev/null; \
+sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, java for TorchServe)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v java >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose openjdk-17-jre-headless >/dev/null; \
 	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus and wrk"; fi; fi
 
 $(DATA): | $(STAMP)
@@ -41,6 +44,12 @@ data: $(DATA) ## Generate the built-in synthetic Criteo-format data set (if abse
 
 train: $(STAMP) $(DATA) ## Train the CTR model on the default data (generated if absent)
 	$(PY) -m training --data $(DATA) --out $(RUN) $(ARGS)
+
+tune: $(STAMP) $(DATA) ## Optuna search (lr, batch, dropout, weight decay, activation): make tune TRIALS=20 -> artifacts/tune/best.json
+	$(PY) -m training.tune --data $(DATA) --trials $(TRIALS) --max-rows $(TUNE_ROWS) --out $(TUNE) $(ARGS)
+
+day: $(STAMP) ## One day of the daily loop: make day N=1 (day N's data, warm start, export through the gate)
+	REPO=$(REPO) scripts/daily.sh $(or $(N),0)
 
 export: $(STAMP) ## Export the best checkpoint into the versioned model repository
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)
@@ -56,7 +65,7 @@ run: $(STAMP) $(DATA) ## The whole pipeline on built-in data: data, train, expor
 lint: $(STAMP) ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy training export serving bench
+	$(VENV)/bin/mypy ctr_contract training export serving bench
 
 fmt: $(STAMP) ## Format the code with ruff
 	$(VENV)/bin/ruff format .
@@ -68,10 +77,11 @@ test: $(STAMP) sysdeps lint ## Lint, then the test suite (excludes tests marked 
 test-slow: $(STAMP) sysdeps ## Only the slow tests
 	$(PY) -m pytest -m slow $(ARGS)
 
-test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP); they skip without CUDA
+test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP), then NCCL DDP efficiency; skip without CUDA
 	$(PY) -m pytest -m gpu -rs $(ARGS)
+	$(PY) -m bench.ddp_scaling --accelerator gpu --rows 1000000 --workdir artifacts/ddp_scaling
 
-bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a <5 min run
+bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a ~10 min run
 	$(PY) -m bench --mode $(or $(BENCH),full) $(ARGS)
 
 bench-compare: $(STAMP) ## Compare two bench runs: make bench-compare A=dir B=dir

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         default="full",
         choices=sorted(MODES),
-        help="full (default), quick (< 5 min) or tiny (tests)",
+        help="full (default), quick (~10 min) or tiny (tests)",
     )
     parser.add_argument(
         "--sections", type=parse_sections, default=list(SECTIONS), help=f"comma list of {','.join(SECTIONS)}"

@@ -40,6 +40,8 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
         for f in TRAINING_FIELDS:
             if (v := _number(row.get(f))) is not None:
                 out[f"training/{row['name']}/{f}"] = v
+    for f, v in ddp_figures(results).items():
+        out[f"scaling/ddp/{f}"] = v
     for row in ok_rows(results, "inference"):
         for f in INFERENCE_FIELDS:
             if (v := _number(row.get(f))) is not None:
@@ -53,6 +55,16 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
         if serving.get("status") == "ok" and (v := _number(serving.get(f))) is not None:
             out[f"serving/{f}"] = v
     return out
+
+
+def ddp_figures(results: dict[str, Any]) -> dict[str, float]:
+    """1- and 2-process gloo samples/s of the scaling section, and the DDP efficiency (2-process ÷ 2 × 1-process)."""
+    sec = results.get("sections", {}).get("scaling") or {}
+    ddp = (sec.get("ddp") or {}) if sec.get("status") == "ok" else {}
+    one, two = _number(ddp.get("samples_per_sec_1")), _number(ddp.get("samples_per_sec_2"))
+    if one is None or two is None or one <= 0:
+        return {}
+    return {"samples_per_sec_1": one, "samples_per_sec_2": two, "efficiency": two / (2 * one)}
 
 
 def higher_is_better(name: str) -> bool:

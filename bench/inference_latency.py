@@ -2,13 +2,15 @@
 
 Every backend runs the artifacts `python -m export` published (PyTorch eager rebuilds the net from the
 checkpoint), one call per batch, timed with perf_counter. p50/p99 are taken per repeat and the median over
-repeats is reported. Run alone: `python -m bench.inference_latency --version-dir DIR [--checkpoint F]`.
+repeats is reported. JAX (jit forward on the checkpoint's weights) runs in `.venv-jax` via `bench.jax_forward`. Run alone: `python -m bench.inference_latency --version-dir DIR [--checkpoint F]`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from ctr_contract.repository import (
+    FEATURE_SPEC_PATH,
+    MANIFEST_PATH,
+    ONNX_MODEL,
+    RAW_ONNX_MODEL,
+    TORCHSCRIPT_MODEL,
+)
+
 BATCHES = (1, 64, 256, 1024)
+RAW_BATCHES = (1, 256)
 
 
 @dataclass(frozen=True)
@@ -69,16 +80,16 @@ def _backends(
         from training.checkpoint import load_net
 
         out["PyTorch eager"] = torch_predictor(load_net(checkpoint)[0])
-    if (version_dir / "model.pt").is_file():
-        out["TorchScript"] = torchscript_predictor(version_dir / "model.pt")
-    out["ONNX Runtime"] = onnxruntime_predictor(version_dir / "model.onnx", threads=threads)
+    if (version_dir / TORCHSCRIPT_MODEL).is_file():
+        out["TorchScript"] = torchscript_predictor(version_dir / TORCHSCRIPT_MODEL)
+    out["ONNX Runtime"] = onnxruntime_predictor(version_dir / ONNX_MODEL, threads=threads)
     out["TF SavedModel"] = savedmodel_predictor(version_dir)
     return out
 
 
 def _source_checkpoint(version_dir: Path) -> Path | None:
     """The checkpoint the manifest names, when it is still on disk."""
-    manifest = version_dir / "assets.extra" / "manifest.json"
+    manifest = version_dir / MANIFEST_PATH
     if not manifest.is_file():
         return None
     path = Path(json.loads(manifest.read_text())["source_checkpoint"]["path"])
@@ -95,7 +106,13 @@ def _time_calls(predict: Callable[[np.ndarray], np.ndarray], x: np.ndarray, call
     return out
 
 
-def run(mode: str, version_dir: Path, checkpoint: Path | None, threads: int | None = None) -> dict[str, Any]:
+def run(
+    mode: str,
+    version_dir: Path,
+    checkpoint: Path | None,
+    threads: int | None = None,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
     """Measure p50/p99 per backend and batch size.
 
     Args:
@@ -110,7 +127,7 @@ def run(mode: str, version_dir: Path, checkpoint: Path | None, threads: int | No
     if mode not in PLANS:
         raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(PLANS)}")
     plan = PLANS[mode]
-    if not (version_dir / "model.onnx").is_file():
+    if not (version_dir / ONNX_MODEL).is_file():
         raise FileNotFoundError(
             f"{version_dir} has no model.onnx; expected a version folder from `python -m export`"
         )
@@ -145,14 +162,77 @@ def run(mode: str, version_dir: Path, checkpoint: Path | None, threads: int | No
         command += f" --checkpoint {checkpoint}"
     if threads is not None:
         command += f" --threads {threads}"
-    return {"rows": rows, "commands": [command]}
+    jax_rows, jax_commands, notes = _jax_rows(plan, checkpoint, threads, workdir)
+    rows += _raw_rows(plan, version_dir, threads)
+    return {"rows": rows + jax_rows, "commands": [command, *jax_commands], "notes": notes}
+
+
+def _call_raw(
+    predict: Callable[[np.ndarray, np.ndarray], np.ndarray], x: tuple[np.ndarray, np.ndarray]
+) -> np.ndarray:
+    return predict(*x)
+
+
+def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list[dict[str, Any]]:
+    """The `raw` signature (39 Criteo fields, FeatureSpec in the graph) on ORT and the SavedModel, batch 1 and 256."""
+    if not (version_dir / RAW_ONNX_MODEL).is_file():
+        return []  # a version exported before raw serving
+    from export.raw_parity import build_raw_rows, onnxruntime_raw_predictor, savedmodel_raw_predictor
+    from training.features import FeatureSpec
+
+    spec = FeatureSpec.load(version_dir / FEATURE_SPEC_PATH)
+    numeric, categorical = build_raw_rows(spec, 0, None)[0]  # known, unseen, missing, extreme, odd values
+    raw = {
+        "ONNX Runtime (raw)": onnxruntime_raw_predictor(version_dir / RAW_ONNX_MODEL, threads=threads),
+        "TF SavedModel (raw)": savedmodel_raw_predictor(version_dir),
+    }
+    rows = []
+    for name, predict in raw.items():
+        for batch in RAW_BATCHES:
+            x = (numeric[:batch], categorical[:batch])
+            call = functools.partial(_call_raw, predict)  # _time_calls passes one argument
+            _time_calls(call, x, plan.warmup_calls)  # type: ignore[arg-type]
+            runs = [_time_calls(call, x, plan.calls(batch)) for _ in range(plan.repeats)]  # type: ignore[arg-type]
+            p50 = [float(np.percentile(r, 50)) for r in runs]
+            p99 = [float(np.percentile(r, 99)) for r in runs]
+            rows.append({"backend": name, "batch": batch, "p50_ms": float(np.median(p50)),
+                         "p99_ms": float(np.median(p99)), "p50_ms_runs": p50, "p99_ms_runs": p99,
+                         "runs": plan.repeats, "calls": plan.calls(batch),
+                         "threads": threads if threads is not None else "default"})  # fmt: skip
+    return rows
+
+
+def _jax_rows(
+    plan: LatencyPlan, checkpoint: Path | None, threads: int | None, workdir: Path | None
+) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """JAX (jit forward) rows, measured in `.venv-jax`; when it cannot run, no rows and a note saying why."""
+    import tempfile
+
+    from bench import jax_forward
+    from bench.foreign_venvs import JAX, unavailable_reason
+
+    with tempfile.TemporaryDirectory() as tmp:
+        where = workdir or Path(tmp)
+        reason = unavailable_reason(JAX, where)
+        if reason is None and checkpoint is None:
+            reason = "no checkpoint to take the weights from"
+        if reason is not None:
+            return [], [], [f"{jax_forward.BACKEND} not measured: {reason}"]
+        assert checkpoint is not None
+        calls = {str(b): plan.calls(b) for b in BATCHES}
+        spec = {"warmup_calls": plan.warmup_calls, "repeats": plan.repeats, "calls": calls}
+        try:
+            rows, command = jax_forward.measure(checkpoint, spec, threads, where, JAX.python)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            return [], [], [f"{jax_forward.BACKEND} not measured: {e}"]
+    return rows, [command], []
 
 
 def _width(version_dir: Path) -> int:
     """Input width from the ONNX graph: features [batch, width]."""
     import onnx
 
-    graph = onnx.load(str(version_dir / "model.onnx"), load_external_data=False).graph
+    graph = onnx.load(str(version_dir / ONNX_MODEL), load_external_data=False).graph
     return graph.input[0].type.tensor_type.shape.dim[1].dim_value
 
 

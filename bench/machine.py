@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.foreign_venvs import JAX, MLX, TORCHSERVE
 from bench.serving_load import KSERVE_VENV
 
 PACKAGES = (
@@ -93,6 +94,12 @@ def collect_machine() -> dict[str, Any]:
         "packages": {
             **{name: package_version(name) for name in PACKAGES},
             "kserve (.venv-kserve)": venv_package_version(KSERVE_VENV, "kserve"),
+            **{
+                f"{venv.distributions[0]} ({venv.path.name})": venv_package_version(
+                    venv.path, venv.distributions[0]
+                )
+                for venv in (JAX, MLX, TORCHSERVE)
+            },
         },
         "tools": {
             tool: version for tool in ("wrk", "hey") if (version := tool_version(tool)) or tool == "wrk"

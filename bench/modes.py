@@ -1,16 +1,19 @@
-"""The bench's run sizes: `full` (the real comparison), `quick` (< 5 min) and `tiny` (the test suite)."""
+"""The bench's run sizes: `full` (the real comparison), `quick` (~10 min) and `tiny` (the test suite)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SECTIONS = ("training", "inference", "serving")
+SECTIONS = ("training", "inference", "serving", "scaling")
+# Sections that need no exported model (they generate and train on their own data).
+STANDALONE_SECTIONS = ("training", "scaling")
 # Sections with a one-time setup step (`python -m bench.section_runner NAME --prepare`).
-SECTIONS_WITH_SETUP = ("serving",)
+SECTIONS_WITH_SETUP = ("training", "inference", "serving")
 SECTION_TITLES = {
     "training": "Training throughput",
     "inference": "Inference latency (in-process)",
     "serving": "End-to-end serving",
+    "scaling": "Training at data scale (memory and throughput vs rows)",
 }
 
 
@@ -24,10 +27,10 @@ class BenchMode:
         train_args: extra `python -m training` options (kept small: those sections need a model, not a good one).
         step_timeout_s: the bound on each pipeline step (synth, train, export).
         section_timeout_s: the bound on each measured section, killed (whole process group) when exceeded.
-        prepare_timeout_s: the bound on a section's one-time setup (installing KServe into `.venv-kserve`),
+        prepare_timeout_s: the bound on a section's one-time setup (KServe, JAX, MLX, TorchServe venvs),
             kept apart so that a first run's install does not eat into the measurement's bound.
         run_setup: whether to run that setup at all; `tiny` runs inside the test suite's time budget, so it
-            measures KServe only when `.venv-kserve` already exists (a quick or full run creates it).
+            measures KServe, JAX, MLX and TorchServe only when their venvs already exist (quick or full creates them).
     """
 
     name: str
@@ -35,8 +38,8 @@ class BenchMode:
     train_args: tuple[str, ...]
     step_timeout_s: float
     section_timeout_s: dict[str, float] = field(default_factory=dict)
-    prepare_timeout_s: float = 900
-    run_setup: bool = True
+    prepare_timeout_s: float = 2400  # first run: JAX, MLX, TorchServe and KServe venvs, 900 s bound each
+    run_setup: bool = False  # only the quick and full modes install (a test's mode must never pip install)
 
 
 MODES: dict[str, BenchMode] = {
@@ -45,21 +48,23 @@ MODES: dict[str, BenchMode] = {
         rows=200_000,
         train_args=("--no-progress-bar",),
         step_timeout_s=1800,
-        section_timeout_s={"training": 3600, "inference": 1800, "serving": 2400},
+        section_timeout_s={"training": 7200, "inference": 1800, "serving": 2400, "scaling": 7200},
+        run_setup=True,
     ),
     "quick": BenchMode(
         name="quick",
         rows=20_000,
         train_args=("--max-epochs", "1", "--no-progress-bar"),
         step_timeout_s=240,
-        section_timeout_s={"training": 240, "inference": 120, "serving": 240},
+        section_timeout_s={"training": 600, "inference": 240, "serving": 420, "scaling": 600},
+        run_setup=True,
     ),
     "tiny": BenchMode(
         name="tiny",
         rows=3_000,
         train_args=("--max-epochs", "1", "--no-progress-bar"),
         step_timeout_s=180,
-        section_timeout_s={"training": 120, "inference": 90, "serving": 150},
+        section_timeout_s={"training": 420, "inference": 180, "serving": 300, "scaling": 400},
         run_setup=False,
     ),
 }

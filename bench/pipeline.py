@@ -16,6 +16,8 @@ from typing import Any
 
 from bench.modes import BenchMode
 from bench.procs import run_bounded
+from ctr_contract import run_dir as contract_run_dir
+from ctr_contract.repository import version_dirs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SEED = 7
@@ -51,14 +53,10 @@ def child_env() -> dict[str, str]:
 
 def latest_version(model_base_path: Path) -> Path:
     """The highest numeric version folder under the model base path (also used by `bench.serving_load`)."""
-    versions = (
-        [p for p in model_base_path.iterdir() if p.is_dir() and p.name.isdigit()]
-        if model_base_path.is_dir()
-        else []
-    )
+    versions = version_dirs(model_base_path)
     if not versions:
         raise FileNotFoundError(f"no version folders under {model_base_path}; run `python -m export` first")
-    return max(versions, key=lambda p: int(p.name))
+    return versions[max(versions)]
 
 
 def build_inputs(mode: BenchMode, workdir: Path, logs: Path) -> PipelineOutputs:
@@ -98,12 +96,12 @@ def build_inputs(mode: BenchMode, workdir: Path, logs: Path) -> PipelineOutputs:
             cmd, timeout_s=mode.step_timeout_s, log=logs / f"{name}.log", env=child_env(), cwd=PROJECT_ROOT
         )
         seconds[name] = round(time.monotonic() - t0, 2)
-    metrics_path = run_dir / "metrics.json"
+    metrics_path = run_dir / contract_run_dir.METRICS
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
     return PipelineOutputs(
         data=data,
         run_dir=run_dir,
-        checkpoint=run_dir / "checkpoints" / "best.ckpt",
+        checkpoint=run_dir / contract_run_dir.BEST_CHECKPOINT,
         model_base_path=model_base_path,
         version_dir=latest_version(model_base_path),
         commands=commands,

@@ -16,7 +16,8 @@ from bench.figures import ok_rows, spread
 
 
 def training_figure(rows: list[dict[str, Any]]) -> Figure:
-    """Horizontal bars: median samples/s per pipeline, whiskers at the min and max run."""
+    """Horizontal bars: median samples/s per pipeline, whiskers at the min and max run (rows that ran)."""
+    rows = [r for r in rows if isinstance(r.get("samples_per_sec"), int | float)]
     names = [r["name"] for r in rows]
     medians = [float(r["samples_per_sec"]) for r in rows]
     lo, hi = [], []
@@ -80,10 +81,33 @@ def serving_figure(rows: list[dict[str, Any]]) -> Figure:
     return fig
 
 
+def scaling_figure(rows: list[dict[str, Any]]) -> Figure:
+    """Peak RSS per process and samples/s against the row count, one line per loader (1 process)."""
+    fig, (ax_rss, ax_sps) = plt.subplots(1, 2, figsize=(11, 4))
+    for loader in dict.fromkeys(r["loader"] for r in rows):
+        sub = sorted(
+            (r for r in rows if r["loader"] == loader and r["processes"] == 1), key=lambda r: r["rows"]
+        )
+        xs = [r["rows"] for r in sub]
+        ax_rss.plot(xs, [r["peak_rss_mib"] for r in sub], marker="o", label=loader)
+        ax_sps.plot(xs, [r["samples_per_sec"] for r in sub], marker="o", label=loader)
+    for ax, label in ((ax_rss, "peak RSS MiB per process"), (ax_sps, "training samples/s")):
+        ax.set_xscale("log")
+        ax.set_xlabel("rows")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+    ax_rss.set_title("Memory vs data size")
+    ax_sps.set_title("Throughput vs data size")
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], Figure]]] = {
     "training": ("training_throughput.png", training_figure),
     "inference": ("inference_latency.png", inference_figure),
     "serving": ("latency_vs_load.png", serving_figure),
+    "scaling": ("data_scaling.png", scaling_figure),
 }
 
 

@@ -106,6 +106,22 @@ def run_bounded(
     return StepResult(returncode=rc, seconds=seconds)
 
 
+def group_rss_mib(pgid: int) -> float:
+    """Resident memory (MiB) summed over the live processes of a process group (a server and its workers)."""
+    total_kib = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields after the command: state, ppid, pgrp, ...
+                continue
+            status = (stat.parent / "status").read_text()
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+        rss = next((line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")), "0")
+        total_kib += int(rss)
+    return round(total_kib / 1024, 1)
+
+
 def log_tail(log: Path, lines: int = 15) -> str:
     """The last `lines` lines of a log file, for error messages."""
     try:

@@ -7,13 +7,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.figures import baseline_label, ok_rows
+from bench.frameworks import framework_lines
 from bench.modes import SECTION_TITLES, SECTIONS
-from bench.tables import TABLES, fmt, fmt_ratio, ratio, table
+from bench.tables import (
+    TABLES,
+    fmt,
+    fmt_ratio,
+    ratio,
+    scaling_ddp_lines,
+    serving_memory_table,
+    table,
+)
 
 PLOTS = {
     "training": ("training_throughput.png", "training throughput"),
     "inference": ("inference_latency.png", "latency percentiles per backend"),
     "serving": ("latency_vs_load.png", "latency vs load"),
+    "scaling": ("data_scaling.png", "peak RSS and samples/s vs rows"),
 }
 
 
@@ -46,6 +56,12 @@ def section_lines(number: int, name: str, sec: dict[str, Any], plots: set[str]) 
             f"With multi-instance requests, our server with batching on scored {batched} instances/s{off}.",
             "",
         ]
+    if name == "serving" and sec.get("raw_rows"):
+        lines += [*raw_signature_lines(sec), ""]
+    if name == "serving" and sec.get("rss_mib"):
+        lines += [*serving_memory_table(sec), ""]
+    if name == "scaling" and sec.get("ddp"):
+        lines += [*scaling_ddp_lines(sec["ddp"]), ""]
     if sec.get("notes"):
         lines += ["Notes:", "", *[f"- {note}" for note in sec["notes"]], ""]
     if sec.get("config"):
@@ -55,6 +71,22 @@ def section_lines(number: int, name: str, sec: dict[str, Any], plots: set[str]) 
         lines += [f"![{alt}]({png})", ""]
     lines += [f"Measured in {fmt(sec.get('seconds'))} s.", "", *_commands(sec.get("commands") or []), ""]
     return lines
+
+
+def raw_signature_lines(sec: dict[str, Any]) -> list[str]:
+    """Our server on one raw Criteo row (the `raw` signature) beside the same server on 128 floats."""
+    features = {(r["server"], r["connections"]): r["qps"] for r in sec.get("rows") or []}
+    rows = [
+        [r["server"], r["connections"], fmt(r["qps"]), fmt(r["p99_ms"]),
+         fmt_ratio(ratio(r["qps"], features.get((r["server"], r["connections"]))))]
+        for r in sec["raw_rows"]
+    ]  # fmt: skip
+    head = ["server", "connections", "raw QPS", "raw p99 ms", "raw / features QPS"]
+    return [
+        "Raw Criteo rows (signature `raw`, FeatureSpec in the graph; goal >= 0.7x at 64):",
+        "",
+        *table(head, rows),
+    ]
 
 
 def machine_lines(machine: dict[str, Any]) -> list[str]:
@@ -87,6 +119,7 @@ def pipeline_lines(pipe: dict[str, Any]) -> list[str]:
 
 
 def _training_headlines(rows: list[dict[str, Any]]) -> list[str]:
+    rows = [r for r in rows if r.get("samples_per_sec") is not None]  # not the rows that could not run
     base = baseline_label("training", [r["name"] for r in rows])
     b = next((r for r in rows if r["name"] == base), None)
     if b is None:
@@ -157,6 +190,7 @@ def render_report(results: dict[str, Any], plots: set[str]) -> str:
         f"Mode `{results.get('mode')}`, wall time {fmt(results.get('wall_seconds'))} s, exit code {results.get('exit_code')}. "
         "Every figure is in `results.json`; compare two runs with `make bench-compare A=dir B=dir`.",
         "",
+        *framework_lines(results),
         *summary_lines(results),
         *headline_lines(results),
         *machine_lines(results.get("machine") or {}),

@@ -41,6 +41,10 @@ def measure(section: str, mode: str, inputs: dict[str, Any], workdir: Path) -> d
         from bench import training_throughput
 
         return training_throughput.run(mode, workdir)
+    if section == "scaling":
+        from bench import scaling
+
+        return scaling.run(mode, workdir)
     checkpoint = _optional_path(inputs.get("checkpoint"))
     if checkpoint is not None and not checkpoint.is_file():
         checkpoint = None
@@ -50,7 +54,7 @@ def measure(section: str, mode: str, inputs: dict[str, Any], workdir: Path) -> d
         # Same intra-op thread count for every backend (one per usable core): a fair comparison,
         # instead of each framework's own default (ORT, torch and TF pick differently).
         threads = len(os.sched_getaffinity(0))
-        return inference_latency.run(mode, Path(inputs["version_dir"]), checkpoint, threads)
+        return inference_latency.run(mode, Path(inputs["version_dir"]), checkpoint, threads, workdir)
     if section == "serving":
         from bench import serving_load
 
@@ -65,12 +69,18 @@ def prepare(section: str, workdir: Path) -> str | None:
         What was prepared, or None when the section needs nothing.
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    from bench import foreign_venvs
+
+    # JAX, MLX and TorchServe failures are recorded in the workdir and shown in their rows, not raised.
+    venvs = {"training": (foreign_venvs.JAX, foreign_venvs.MLX), "inference": (foreign_venvs.JAX,),
+             "serving": (foreign_venvs.TORCHSERVE,)}.get(section, ())  # fmt: skip
+    lines = foreign_venvs.prepare(venvs, workdir)
     if section == "serving":
         from bench import serving_load
 
         python = serving_load.ensure_kserve_venv(workdir / "kserve_install.log")
-        return f"KServe environment ready: {python}"
-    return None
+        lines.append(f"KServe environment ready: {python}")
+    return "; ".join(lines) or None
 
 
 def main(argv: list[str] | None = None) -> int:

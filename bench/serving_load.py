@@ -1,8 +1,10 @@
-"""Serving load test: our server (batching off/on) vs KServe's ModelServer vs a naive FastAPI+PyTorch server.
+"""Serving load test: our server (batching off/on) vs KServe's ModelServer vs TorchServe vs a naive FastAPI server.
 
 Same machine, same load generator (wrk, POST through a Lua script), single-instance requests at 1, 8 and 64
 connections, the servers measured in interleaved rounds; then 100-instance requests against our server.
-Every server gets 1 worker process and 1 intra-op thread. Called by `make bench` (bench.section_runner).
+Every server gets 1 worker process and 1 intra-op thread; each one's RSS (whole process group) is taken after
+the load. TorchServe gets the same JSON body on its own predictions API (see `bench.torchserve_server`).
+Called by `make bench` (bench.section_runner).
 """
 
 from __future__ import annotations
@@ -15,18 +17,23 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bench import procs
+from bench.pipeline import PROJECT_ROOT
 from bench.pipeline import latest_version as latest_version_dir
+from bench.torchserve_server import REQUEST_API as TS_REQUEST_API
+from ctr_contract.repository import RAW_ONNX_MODEL, version_dirs
 
-ROOT = Path(__file__).resolve().parents[1]
-KSERVE_VENV = ROOT / ".venv-kserve"
+KSERVE_VENV = PROJECT_ROOT / ".venv-kserve"
 CONNECTIONS = (1, 8, 64)
 ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 4), "tiny": (1, 2)}  # interleaved rounds, seconds per point
 OURS_OFF, OURS_ON = "ours (batching off)", "ours (batching on)"
 KSERVE, NAIVE = "kserve ModelServer", "naive fastapi+pytorch"
+TORCHSERVE = "torchserve (TorchScript)"
+STARTUP_TIMEOUT_S = 180  # TorchServe starts a JVM, then its Python worker, on a shared 2-core machine
 RANKING_INSTANCES = 100  # one ranking call scores 100 candidate ads
 PREDICT_PATH = "/v1/models/ctr:predict"
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
@@ -40,7 +47,7 @@ def free_port() -> int:
 
 def base_path_of(repo: Path) -> Path:
     """Accept the model base path (`.../ctr`) or the repository above it (`.../models`)."""
-    if any(p.name.isdigit() for p in repo.iterdir() if p.is_dir()):
+    if version_dirs(repo):
         return repo
     return repo / "ctr"
 
@@ -74,6 +81,17 @@ def write_lua(path: Path, instances: int) -> Path:
     """A wrk script that POSTs one fixed predict body with `instances` rows of 128 floats."""
     row = [round((i * 37 % 100) / 100, 2) for i in range(128)]
     body = json.dumps({"instances": [row] * instances})
+    path.write_text(
+        f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(body)}\n'
+    )
+    return path
+
+
+def write_raw_lua(path: Path) -> Path:
+    """A wrk script that POSTs one raw Criteo row (the `raw` signature; serving/curl_example.py's row)."""
+    from serving.curl_example import CRITEO_ROW
+
+    body = json.dumps({"instances": [CRITEO_ROW]})
     path.write_text(
         f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = {json.dumps(body)}\n'
     )
@@ -114,18 +132,31 @@ def wait_until_serving(
 
 
 class Server:
-    """One server under test: its command, port and process (started by `start`)."""
+    """One server under test: its command, port and process (started by `start`).
 
-    def __init__(self, name: str, cmd: list[str], port: int) -> None:
-        self.name, self.cmd, self.port = name, cmd, port
-        self.url = f"http://127.0.0.1:{port}{PREDICT_PATH}"
+    `path`, `cwd` and `env` differ from the defaults only for TorchServe (its own predictions API and launcher).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        path: str = PREDICT_PATH,
+        cwd: Path = PROJECT_ROOT,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name, self.cmd, self.port, self.cwd, self.env = name, cmd, port, cwd, env
+        self.versions: Callable[[], dict[str, str]] | None = None  # a foreign venv's package versions
+        self.url = f"http://127.0.0.1:{port}{path}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, workdir: Path, commands: list[str]) -> None:
         log = workdir / f"{re.sub(r'[^a-z0-9]+', '_', self.name.lower())}.log"
         commands.append(" ".join(self.cmd))
-        self.proc = procs.start(self.cmd, log=log, cwd=ROOT)
-        wait_until_serving(self.url, json.dumps({"instances": [[0.5] * 128]}).encode(), self.proc, log)
+        self.proc = procs.start(self.cmd, log=log, cwd=self.cwd, env=self.env)
+        body = json.dumps({"instances": [[0.5] * 128]}).encode()
+        wait_until_serving(self.url, body, self.proc, log, timeout_s=STARTUP_TIMEOUT_S)
 
 
 def wrk_point(
@@ -167,6 +198,33 @@ def measure(
     return {key: median_row(key[0], key[1], r) for key, r in runs.items()}
 
 
+def raw_vs_features(
+    features: dict[tuple[str, int, str], dict[str, Any]], raw: dict[tuple[str, int, str], dict[str, Any]]
+) -> dict[str, float]:
+    """Per server of ours: raw-signature QPS / features QPS at 64 connections (goal: >= 0.7)."""
+    qps = {k[0]: r["qps"] for k, r in features.items() if k[1] == 64}
+    return {k[0]: r["qps"] / qps[k[0]] for k, r in raw.items() if k[1] == 64 and qps.get(k[0])}
+
+
+def torchserve_server_or_note(base: Path, workdir: Path, notes: list[str]) -> list[Server]:
+    """TorchServe on the latest version's model.pt, or [] and a note saying exactly why it cannot run."""
+    from bench import torchserve_server
+    from bench.foreign_venvs import TORCHSERVE as TS_VENV
+    from bench.foreign_venvs import unavailable_reason
+
+    reason = unavailable_reason(TS_VENV, workdir)
+    if reason is None:
+        try:
+            ts = torchserve_server.launch(latest_version_dir(base), workdir, free_port)
+            server = Server(TORCHSERVE, ts.cmd, ts.port, path=ts.path, cwd=ts.cwd, env=ts.env)
+            server.versions = TS_VENV.versions
+            return [server]
+        except (procs.StepError, FileNotFoundError) as e:
+            reason = str(e)
+    notes.append(f"{TORCHSERVE} skipped: {reason}")
+    return []
+
+
 def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
     """Run the serving comparison.
 
@@ -176,7 +234,8 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         workdir: scratch space for logs and wrk scripts.
         checkpoint: the training checkpoint for the naive FastAPI + PyTorch server (skipped when None).
     Returns:
-        {"rows": [{server, connections, qps, p50_ms, p90_ms, p99_ms, errors, qps_runs}],
+        {"rows": [{server, connections, qps, p50_ms, p90_ms, p99_ms, errors, qps_runs}], "raw_rows" (the same
+         for our servers on one raw Criteo row), "raw_vs_features_qps_at_64",
          "instances_per_sec_batched", "instances_per_sec_unbatched", "commands", "notes"}.
     """
     workdir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +243,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     base = base_path_of(repo)
     single = write_lua(workdir / "single.lua", 1)
     ranking = write_lua(workdir / f"ranking{RANKING_INSTANCES}.lua", RANKING_INSTANCES)
+    raw = write_raw_lua(workdir / "raw_single.lua")
     commands: list[str] = []
     notes: list[str] = []
 
@@ -207,6 +267,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         servers.append(Server(KSERVE, cmd, port))
     except procs.StepError as e:
         notes.append(f"kserve skipped: {e}")
+    servers += torchserve_server_or_note(base, workdir, notes)
     if checkpoint is not None:
         port = free_port()
         cmd = [
@@ -232,6 +293,16 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
                 servers.remove(server)
         single_rows = measure(servers, [(c, single) for c in CONNECTIONS], rounds, seconds, commands)
         ranking_rows = measure(servers[:2], [(8, ranking)], rounds, seconds, commands)
+        # The `raw` signature (Criteo fields in, FeatureSpec inside the graph) on our server, same run.
+        raw_rows = {}
+        if (latest_version_dir(base) / RAW_ONNX_MODEL).is_file():
+            raw_rows = measure(servers[:2], [(c, raw) for c in CONNECTIONS], rounds, seconds, commands)
+        else:
+            notes.append(
+                f"raw signature not measured: the version has no {RAW_ONNX_MODEL} (exported before it)"
+            )
+        # Resident memory of each server's whole process group (TorchServe: JVM + worker) after the load.
+        rss_mib = {s.name: procs.group_rss_mib(s.proc.pid) for s in servers if s.proc is not None}
     finally:
         procs.stop_all()
     ranked = {key[0]: row for key, row in ranking_rows.items()}
@@ -240,6 +311,13 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         "instances_per_sec_batched": ranked[OURS_ON]["qps"] * RANKING_INSTANCES,
         "instances_per_sec_unbatched": ranked[OURS_OFF]["qps"] * RANKING_INSTANCES,
         "ranking_rows": list(ranked.values()),
+        "raw_rows": [{**row, "signature": "raw"} for row in raw_rows.values()],
+        "raw_vs_features_qps_at_64": raw_vs_features(single_rows, raw_rows),
+        "rss_mib": rss_mib,
+        "versions": {s.name: s.versions() for s in servers if s.versions is not None},
+        "request_apis": {
+            s.name: TS_REQUEST_API if s.name == TORCHSERVE else f"POST {PREDICT_PATH}" for s in servers
+        },
         "commands": commands,
         "notes": notes,
     }
@@ -253,7 +331,7 @@ def main() -> None:
     parser.add_argument("repo", type=Path)
     parser.add_argument("--mode", default="quick", choices=sorted(ROUNDS_SECONDS))
     parser.add_argument("--checkpoint", type=Path)
-    parser.add_argument("--workdir", type=Path, default=ROOT / "bench" / "results" / "serving_load")
+    parser.add_argument("--workdir", type=Path, default=PROJECT_ROOT / "bench" / "results" / "serving_load")
     args = parser.parse_args()
     procs.install_cleanup()
     print(json.dumps(run(args.mode, args.repo, args.workdir, args.checkpoint), indent=2))

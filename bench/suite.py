@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import collect_machine
-from bench.modes import SECTIONS_WITH_SETUP, BenchMode
+from bench.modes import SECTIONS_WITH_SETUP, STANDALONE_SECTIONS, BenchMode
 from bench.pipeline import PROJECT_ROOT, build_inputs, child_env
 from bench.plots import write_plots
 from bench.procs import StepError, log_tail, run_bounded, start, stop, stop_all
@@ -136,7 +136,7 @@ def run_bench(
         inputs_json = workdir / "inputs.json"
         inputs_json.write_text("{}")
         pipeline_error = None
-        if any(s != "training" for s in sections):
+        if any(s not in STANDALONE_SECTIONS for s in sections):
             p0 = time.monotonic()
             try:
                 outputs = build_inputs(mode, workdir, out_dir / "logs")
@@ -151,7 +151,7 @@ def run_bench(
                 results["pipeline"] = _failed("failed", pipeline_error, time.monotonic() - p0)
                 print(f"[bench] pipeline failed: {e}", flush=True)
         for name in sections:
-            if name != "training" and pipeline_error is not None:
+            if name not in STANDALONE_SECTIONS and pipeline_error is not None:
                 results["sections"][name] = _failed(
                     "failed", f"needs the exported model, but the pipeline failed:\n{pipeline_error}"
                 )

@@ -49,8 +49,12 @@ def training_table(rows: list[dict[str, Any]]) -> list[str]:
     """Samples/s (median and spread over runs), val AUC and the ratio to the bare PyTorch loop."""
     base = baseline_label("training", [r["name"] for r in rows])
     base_sps = next((r["samples_per_sec"] for r in rows if r["name"] == base), None)
-    body = []
+    body, errors = [], []
     for r in rows:
+        if r.get("error"):  # a framework that could not run (e.g. its venv could not be built) says why
+            body.append([f"{r['name']} (error below)", "–", "–", "–", "–", "–"])
+            errors += [f"**{r['name']}** could not run:", "", "```", str(r["error"]).strip(), "```", ""]
+            continue
         vs_bare = r.get("ratio_vs_bare")
         if vs_bare is None:
             vs_bare = ratio(r.get("samples_per_sec"), base_sps)
@@ -73,7 +77,7 @@ def training_table(rows: list[dict[str, Any]]) -> list[str]:
         "val AUC",
         f"× {base or 'bare loop'}",
     ]
-    return table(header, body)
+    return [*table(header, body), *(["", *errors] if errors else [])]
 
 
 def inference_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -147,4 +151,42 @@ def serving_table(rows: list[dict[str, Any]]) -> list[str]:
     return table(header, body)
 
 
-TABLES = {"training": training_table, "inference": inference_table, "serving": serving_table}
+def serving_memory_table(sec: dict[str, Any]) -> list[str]:
+    """Each server's resident memory (whole process group) after the load, and the request API it served."""
+    rss = sec.get("rss_mib") or {}
+    apis = sec.get("request_apis") or {}
+    body = [[name, fmt(mib), apis.get(name, "–")] for name, mib in rss.items()]
+    return table(["server", "RSS MiB after the load", "request API"], body) if body else []
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Peak RSS and samples/s per (loader, processes, rows) point of the data-scaling section."""
+    body = [[r["loader"], r["processes"], fmt(r["rows"]), fmt(r.get("peak_rss_mib")), fmt(r.get("samples_per_sec")),
+             fmt(r.get("val_auc"), 4), fmt(r.get("oracle_auc"), 4)] for r in rows]  # fmt: skip
+    header = [
+        "loader",
+        "processes",
+        "rows",
+        "peak RSS MiB (per process)",
+        "samples/s",
+        "val AUC",
+        "oracle AUC",
+    ]
+    return table(header, body)
+
+
+def scaling_ddp_lines(ddp: dict[str, Any]) -> list[str]:
+    """The 2-process gloo speedup of the streaming loader."""
+    return [
+        f"2-process gloo DDP on {fmt(ddp.get('rows'))} rows, streamed: {fmt(ddp.get('samples_per_sec_2'))} samples/s "
+        f"vs {fmt(ddp.get('samples_per_sec_1'))} with 1 process, speedup {fmt(ddp.get('speedup'))} "
+        f"(the 2 processes share this machine's {ddp.get('usable_cores')} cores)."
+    ]
+
+
+TABLES = {
+    "training": training_table,
+    "inference": inference_table,
+    "serving": serving_table,
+    "scaling": scaling_table,
+}

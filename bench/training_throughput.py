@@ -1,6 +1,7 @@
-"""Training throughput: our Lightning pipeline vs a bare PyTorch loop vs naive Lightning vs Keras `model.fit`.
+"""Training throughput: our Lightning pipeline vs a bare PyTorch loop vs naive Lightning vs Keras `model.fit`,
+JAX + Flax and MLX (those two in their own venvs: `bench.jax_train`, `bench.mlx_train`).
 
-Same synthetic data, features, MLP, batch size, epochs and optimiser (Adam) for all four. Each framework
+Same synthetic data, features, MLP, batch size, epochs and optimiser (Adam) for all six. Each framework
 runs in its own process (`python -m bench.training_throughput --worker NAME ...`) so TensorFlow and
 PyTorch never share threads; each repeat trains a fresh model. Samples/s counts training epochs only
 (after the first, warm-up epoch when there are several); the final model's val AUC is reported beside it.
@@ -24,13 +25,18 @@ WORKERS = {
     "naive": "naive Lightning DataLoader",
     "keras": "Keras model.fit",
 }
+# The rows trained outside .venv, in their own venvs (bench.foreign_venvs).
+FOREIGN = {"jax": "JAX + Flax (jax.jit)", "mlx": "MLX (mlx.nn, CPU)"}
+# Repeats of the JAX and MLX rows: MLX's Linux CPU build runs the MLP ~10x slower than torch, and a full run
+# must stay within its bound; the report's `runs` column shows the count.
+FOREIGN_REPEATS = {"full": 2, "quick": 1, "tiny": 1}
 # rows generated, epochs per repeat, repeats; batch size and lr follow `make train`'s defaults.
 SIZES = {"full": (1_000_000, 2, 3), "quick": (60_000, 2, 3), "tiny": (12_000, 2, 2)}
 BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
 
 
 def run(mode: str, workdir: Path) -> dict[str, Any]:
-    """Measure the four training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
+    """Measure the six training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
     from bench.procs import run_bounded
     from training.cache import ensure_cache
     from training.dataset import prepare
@@ -54,12 +60,55 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
         commands.append(" ".join(cmd))
         result = json.loads(out.read_text())
         out_rows.append({"name": name, **result})
+    for r in out_rows:
+        r["versions"] = _versions(r["name"])
+    out_rows += foreign_rows(features, epochs, FOREIGN_REPEATS[mode], workdir, commands)
     bare = out_rows[0]["samples_per_sec"]
     for r in out_rows:
-        r["ratio_vs_bare"] = r["samples_per_sec"] / bare
+        if r.get("samples_per_sec") is not None:
+            r["ratio_vs_bare"] = r["samples_per_sec"] / bare
     config = {"mode": mode, "rows": rows, "train_rows": len(data.train_y), "epochs": epochs, "repeats": repeats,
               "batch_size": BATCH_SIZE, "lr": LR, "optimizer": "Adam", "model": "128-256-128-1 MLP, ReLU, dropout 0.3/0.2"}  # fmt: skip
     return {"rows": out_rows, "commands": commands, "config": config}
+
+
+def _versions(name: str) -> dict[str, str]:
+    from importlib import metadata
+
+    dists: tuple[str, ...] = ("tensorflow", "keras") if name == WORKERS["keras"] else ("torch", "lightning")
+    if name == WORKERS["bare"]:
+        dists = ("torch",)
+    return {d: metadata.version(d) for d in dists}
+
+
+def foreign_rows(
+    features: Path, epochs: int, repeats: int, workdir: Path, commands: list[str]
+) -> list[dict[str, Any]]:
+    """The JAX + Flax and MLX rows, each trained in its own venv; a row that cannot run holds the exact error."""
+    from bench.foreign_venvs import JAX, MLX, unavailable_reason
+    from bench.procs import StepError, run_bounded
+
+    rows = []
+    for venv, module, name in (
+        (JAX, "bench.jax_train", FOREIGN["jax"]),
+        (MLX, "bench.mlx_train", FOREIGN["mlx"]),
+    ):
+        reason = unavailable_reason(venv, workdir)
+        if reason is not None:
+            rows.append({"name": name, "error": reason, "versions": {}})
+            continue
+        out = workdir / f"{venv.name}.json"
+        cmd = [str(venv.python), "-m", module, "--features", str(features), "--epochs", str(epochs),
+               "--repeats", str(repeats), "--batch-size", str(BATCH_SIZE), "--lr", str(LR), "--seed", str(SEED),
+               "--out", str(out)]  # fmt: skip
+        commands.append(" ".join(cmd))
+        try:
+            run_bounded(cmd, timeout_s=1800, log=workdir / f"{venv.name}.log")
+        except StepError as e:
+            rows.append({"name": name, "error": str(e), "versions": venv.versions()})
+            continue
+        rows.append({"name": name, **json.loads(out.read_text())})
+    return rows
 
 
 def _summary(runs: list[float], val_auc: float) -> dict[str, Any]:

@@ -6,17 +6,16 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ctr_contract import run_dir
 from export.errors import ExportError, InputError
 from export.parity import MIN_ROWS
+from export.request import ExportRequest, request_defaults
 from export.targets import DEFAULT_PROFILE, PROFILES, resolve_target
-
-if TYPE_CHECKING:
-    from export.pipeline import ExportRequest
 
 
 def build_parser() -> argparse.ArgumentParser:
+    d = request_defaults()
     p = argparse.ArgumentParser(
         prog="python -m export",
         description="Export a CTR checkpoint to ONNX + SavedModel (+ TorchScript), gate it on parity, and "
@@ -26,20 +25,28 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--run",
         type=Path,
-        help="training run dir: uses its checkpoints/best.ckpt, feature_spec.json, val_features.npy, metrics.json",
+        help=f"training run dir: uses its {run_dir.BEST_CHECKPOINT}, {run_dir.FEATURE_SPEC}, "
+        f"{run_dir.VAL_FEATURES}, {run_dir.METRICS}",
     )
     src.add_argument(
-        "--checkpoint", type=Path, help="checkpoint to export (default: RUN/checkpoints/best.ckpt)"
+        "--checkpoint", type=Path, help=f"checkpoint to export (default: RUN/{run_dir.BEST_CHECKPOINT})"
     )
-    src.add_argument("--feature-spec", type=Path, help="feature_spec.json (default: RUN/feature_spec.json)")
+    src.add_argument("--feature-spec", type=Path, help=f"feature spec (default: RUN/{run_dir.FEATURE_SPEC})")
     src.add_argument(
-        "--val-features", type=Path, help="float32 [N,width] .npy parity rows (default: RUN/val_features.npy)"
+        "--val-features",
+        type=Path,
+        help=f"float32 [N,width] .npy parity rows (default: RUN/{run_dir.VAL_FEATURES})",
+    )
+    src.add_argument(
+        "--val-raw",
+        type=Path,
+        help=f"raw validation rows (.npz) for the raw-signature gate (default: RUN/{run_dir.VAL_RAW})",
     )
     dst = p.add_argument_group("destination")
     dst.add_argument(
         "--repo",
         type=Path,
-        default=Path("artifacts/models/ctr"),
+        default=d["repo"],
         help="model base path (default: %(default)s)",
     )
     dst.add_argument(
@@ -55,23 +62,50 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-ops", help="explicit comma-separated ONNX op set, e.g. Gemm,Relu,Add,Sub,Sigmoid"
     )
     fmt.add_argument(
-        "--opset", type=int, default=17, help="ONNX opset, verified on the result (default: %(default)s)"
+        "--opset",
+        type=int,
+        default=d["opset"],
+        help="ONNX opset, verified on the result (default: %(default)s)",
     )
     fmt.add_argument(
         "--torchscript",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=d["torchscript"],
         help="also write a traced model.pt",
     )
     gate = p.add_argument_group("parity gate")
     gate.add_argument(
         "--parity-rows",
         type=int,
-        default=MIN_ROWS,
+        default=d["parity_rows"],
         help=f"rows compared (>= {MIN_ROWS}; default: %(default)s)",
     )
     gate.add_argument(
-        "--parity-tol", type=float, default=1e-5, help="max abs difference allowed (default: %(default)s)"
+        "--parity-tol",
+        type=float,
+        default=d["parity_tol"],
+        help="max abs difference allowed (default: %(default)s)",
+    )
+    quality = p.add_argument_group("quality gate (candidate vs the newest published version, export/gate.py)")
+    quality.add_argument(
+        "--eval-data",
+        type=Path,
+        help="Criteo file both models score (default: the run's validation split)",
+    )
+    quality.add_argument(
+        "--max-auc-drop",
+        type=float,
+        default=d["max_auc_drop"],
+        help="refuse when the candidate's AUC is lower by more than this (default: %(default)s)",
+    )
+    quality.add_argument(
+        "--max-ece-rise",
+        type=float,
+        default=d["max_ece_rise"],
+        help="refuse when its expected calibration error is higher by more than this (default: %(default)s)",
+    )
+    quality.add_argument(
+        "--force", action="store_true", help="publish even when the gate refuses; the manifest records it"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log each step")
     return p
@@ -88,19 +122,17 @@ def _default(explicit: Path | None, run: Path | None, rel: str, required: bool) 
 
 def request_from_args(args: argparse.Namespace) -> ExportRequest:
     """Validate the options and resolve run-dir defaults into an ExportRequest."""
-    from export.pipeline import ExportRequest  # deferred: it pulls in onnx and the exporter
-
     if args.run is None and args.checkpoint is None:
         raise InputError("give --run DIR (a training run) or --checkpoint FILE")
     if args.run is not None and not args.run.is_dir():
         raise InputError(f"--run {args.run} is not a directory; expected a training run dir")
-    checkpoint = _default(args.checkpoint, args.run, "checkpoints/best.ckpt", True)
+    checkpoint = _default(args.checkpoint, args.run, run_dir.BEST_CHECKPOINT, True)
     if args.checkpoint is None and checkpoint is not None and not checkpoint.is_file():
         raise InputError(
             f"checkpoint not found: {checkpoint}; train first (`make train` or `python -m training --out {args.run}`)"
         )
     assert checkpoint is not None  # --checkpoint or --run is given
-    spec = _default(args.feature_spec, args.run, "feature_spec.json", True)
+    spec = _default(args.feature_spec, args.run, run_dir.FEATURE_SPEC, True)
     if spec is None:
         raise InputError("no feature spec: give --feature-spec FILE or --run DIR")
     if args.parity_rows < MIN_ROWS:
@@ -109,19 +141,32 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         raise InputError(f"--parity-tol must be >= 0, got {args.parity_tol}")
     if args.keep is not None and args.keep < 1:
         raise InputError(f"--keep must be >= 1, got {args.keep}")
+    if not (args.max_auc_drop >= 0 and args.max_ece_rise >= 0):
+        raise InputError(
+            f"--max-auc-drop and --max-ece-rise must be >= 0, got {args.max_auc_drop}, {args.max_ece_rise}"
+        )
+    if args.eval_data is not None and not args.eval_data.is_file():
+        raise InputError(f"--eval-data {args.eval_data} is not a file; expected Criteo rows")
     return ExportRequest(
         checkpoint=checkpoint,
         feature_spec=spec,
         repo=args.repo,
         target=resolve_target(args.target, args.target_ops),
-        val_features=_default(args.val_features, args.run, "val_features.npy", False),
-        metrics=_default(None, args.run, "metrics.json", False),
+        val_features=_default(args.val_features, args.run, run_dir.VAL_FEATURES, False),
+        metrics=_default(None, args.run, run_dir.METRICS, False),
         version=args.version,
         keep=args.keep,
         opset=args.opset,
         torchscript=args.torchscript,
         parity_rows=args.parity_rows,
         parity_tol=args.parity_tol,
+        val_labels=_default(None, args.run, run_dir.VAL_LABELS, False),
+        train_features=_default(None, args.run, run_dir.TRAIN_FEATURES_SAMPLE, False),
+        eval_data=args.eval_data,
+        max_auc_drop=args.max_auc_drop,
+        max_ece_rise=args.max_ece_rise,
+        force=args.force,
+        val_raw=_default(args.val_raw, args.run, run_dir.VAL_RAW, False),
     )
 
 
@@ -142,6 +187,23 @@ def main(argv: list[str] | None = None) -> int:
         f"parity: {p['rows']} rows {p['groups']}, max abs diff {p['max_abs_diff']:.3g} <= {p['tolerance']:g} "
         f"({', '.join(f'{k} {v:.3g}' for k, v in p['max_abs_diff_by_pair'].items())})"
     )
+    r = p["raw"]
+    print(
+        f"raw-signature parity: {r['rows']} rows {r['groups']}, max abs diff {r['max_abs_diff']:.3g} "
+        f"<= {r['tolerance']:g} ({', '.join(f'{k} {v:.3g}' for k, v in r['max_abs_diff_by_pair'].items())})"
+    )
+    g = result.quality_gate
+    if g is not None and g.get("skipped"):
+        print(f"quality gate: skipped: {g['skipped']}")
+    elif g is not None:
+        c, o = g["candidate"], g["served"]
+        line = f"quality gate: candidate AUC {c['auc']:.4f} ECE {c['ece']:.4f}"
+        line += (
+            f"; version {o['version']} AUC {o['auc']:.4f} ECE {o['ece']:.4f}"
+            if o
+            else "; no version to compare"
+        )
+        print(f"{line} on {g['eval_rows']}" + (" (refused, published with --force)" if g["forced"] else ""))
     if result.removed_versions:
         print(f"retention: removed versions {result.removed_versions}")
     return 0

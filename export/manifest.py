@@ -65,6 +65,7 @@ def build_manifest(
     parity: dict[str, Any],
     files: dict[str, str],
     export_seconds: float,
+    quality_gate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the manifest dict (JSON-serialisable)."""
     return {
@@ -83,6 +84,7 @@ def build_manifest(
         "target": target,
         "op_patches": patches,
         "parity": parity,
+        "quality_gate": quality_gate,  # export/gate.py: both models' figures; "forced" when --force published it
         "files": files,
         "export_seconds": round(export_seconds, 3),
         "packages": package_versions(),

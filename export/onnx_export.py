@@ -12,6 +12,7 @@ import onnx
 import torch
 from torch import nn
 
+from ctr_contract import signatures as contract
 from export.errors import ExportError, UnsupportedOpError
 from export.patches import PATCHES
 from export.targets import Target
@@ -19,8 +20,8 @@ from training.model import CTRNet, CTRProbability
 
 log = logging.getLogger(__name__)
 
-INPUT_NAME = "features"
-OUTPUT_NAME = "ctr"
+INPUT_NAME = contract.INPUT_NAME
+OUTPUT_NAME = contract.OUTPUT_NAME
 BATCH_DIM = "batch"
 
 
@@ -35,7 +36,7 @@ def export_onnx(net: CTRNet | nn.Module, width: int, path: Path, opset: int) -> 
     Returns:
         the loaded, checked model.
     """
-    model = CTRProbability(net).eval()  # type: ignore[arg-type]
+    model = CTRProbability(net).eval()
     example = torch.zeros(2, width)  # batch 2: a batch of 1 can get specialised to a static dim
     chatter = io.StringIO()
     # The dynamo exporter (the non-deprecated path) prints progress to stdout and warns about

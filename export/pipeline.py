@@ -11,13 +11,38 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
+from ctr_contract.repository import (
+    ASSETS_EXTRA,
+    DRIFT_REFERENCE_PATH,
+    FEATURE_SPEC_PATH,
+    MANIFEST_PATH,
+    ONNX_MODEL,
+    RAW_ONNX_MODEL,
+    TORCHSCRIPT_MODEL,
+    WARMUP_PATH,
+)
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 from export.errors import InputError
+from export.gate import gate_export
 from export.manifest import build_manifest, read_metrics, sha256, write_manifest
 from export.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
-from export.parity import MIN_ROWS, build_rows, run_gate, saturation
+from export.parity import build_rows, run_gate, saturation
 from export.patches import apply_patches
+from export.raw_onnx import build_raw_model, raw_ops
+from export.raw_parity import (
+    build_raw_rows,
+    load_val_raw,
+    onnxruntime_raw_predictor,
+    python_predictor,
+    run_raw_gate,
+    savedmodel_raw_predictor,
+)
+from export.reference import write_reference
 from export.repository import ModelRepository
+from export.request import ExportRequest
 from export.runtimes import (
     onnxruntime_predictor,
     savedmodel_predictor,
@@ -25,29 +50,11 @@ from export.runtimes import (
     torchscript_predictor,
     write_torchscript,
 )
-from export.targets import Target
 from training.checkpoint import CheckpointError, load_net
+from training.features import FeatureSpec
 from training.model import CTRNet
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ExportRequest:
-    """Everything one export needs; built by the CLI from its options."""
-
-    checkpoint: Path
-    feature_spec: Path
-    repo: Path
-    target: Target
-    val_features: Path | None = None
-    metrics: Path | None = None
-    version: int | None = None
-    keep: int | None = None
-    opset: int = 17
-    torchscript: bool = True
-    parity_rows: int = MIN_ROWS
-    parity_tol: float = 1e-5
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class ExportResult:
     seconds: float
     parity: dict[str, Any]
     removed_versions: list[int]
+    quality_gate: dict[str, Any] | None = None
 
 
 def spec_width(path: Path) -> int:
@@ -106,11 +114,35 @@ def load_inputs(req: ExportRequest) -> tuple[CTRNet, dict[str, Any], int, np.nda
     return net, ckpt, width, val
 
 
+def load_spec(path: Path) -> FeatureSpec:
+    """The FeatureSpec the raw graphs apply; a spec this code cannot read fails before any slow step."""
+    try:
+        return FeatureSpec.load(path)
+    except ValueError as e:
+        raise InputError(f"{e}; retrain with this version of training to export the raw signature") from e
+
+
+def raw_io(raw_proto: onnx.ModelProto) -> dict[str, Any]:
+    """The manifest's description of the `raw` signature."""
+    return {
+        "signature": RAW_SIGNATURE,
+        "onnx_file": RAW_ONNX_MODEL,
+        "inputs": {
+            **{f: {"dtype": "float64", "shape": [-1], "missing": "NaN"} for f in NUMERIC_FIELDS},
+            **{f: {"dtype": "string", "shape": [-1], "missing": ""} for f in CATEGORICAL_FIELDS},
+        },
+        "outputs": {OUTPUT_NAME: {"dtype": "float32", "shape": [-1, 1]}},
+        "onnx_ops": raw_ops(raw_proto),
+    }
+
+
 def export_version(req: ExportRequest) -> ExportResult:
     """Run the whole export; on any error nothing is published and the staging folder is removed."""
     started = time.perf_counter()
     net, ckpt, width, val = load_inputs(req)
+    spec = load_spec(req.feature_spec)
     metrics = read_metrics(req.metrics)  # read before the slow steps: a bad file fails fast
+    quality = gate_export(req, net, metrics)  # also before them: a refused candidate costs seconds
     repo = ModelRepository(req.repo)
     repo.prepare()
     version = repo.choose_version(req.version)
@@ -118,38 +150,48 @@ def export_version(req: ExportRequest) -> ExportResult:
         patched, applied = apply_patches(net, req.target.ops)
         for p in applied:
             log.info("patched %s: %s -> %s", p.module, p.op, p.replacement)
-        proto = export_onnx(patched, width, stage / "model.onnx", req.opset)
+        proto = export_onnx(patched, width, stage / ONNX_MODEL, req.opset)
         ops_used = check_target_ops(proto, req.target)
 
-        from export.translator import save_saved_model  # TensorFlow loads only once ONNX passed
+        raw_proto = build_raw_model(proto, spec)  # the `raw` signature: FeatureSpec nodes + the model graph
+        onnx.save(raw_proto, stage / RAW_ONNX_MODEL)
 
-        save_saved_model(proto, stage)
+        from export.raw_tf import save_saved_model_with_raw  # TensorFlow loads only once ONNX passed
+
+        save_saved_model_with_raw(proto, spec, stage)
         backends = {"pytorch": torch_predictor(net)}  # the unpatched model is the reference
         if req.torchscript:
-            write_torchscript(net, width, stage / "model.pt")
-            backends["torchscript"] = torchscript_predictor(stage / "model.pt")
-        backends["onnxruntime"] = onnxruntime_predictor(stage / "model.onnx")
+            write_torchscript(net, width, stage / TORCHSCRIPT_MODEL)
+            backends["torchscript"] = torchscript_predictor(stage / TORCHSCRIPT_MODEL)
+        backends["onnxruntime"] = onnxruntime_predictor(stage / ONNX_MODEL)
         backends["savedmodel"] = savedmodel_predictor(stage)
 
         rows = build_rows(net, width, req.parity_rows, val)
         report = run_gate(rows, backends, req.parity_tol)
         report["saturation"] = saturation(net, rows.features)
+        val_raw = load_val_raw(req.val_raw)
+        raw_rows, raw_groups = build_raw_rows(spec, req.parity_rows, val_raw)
+        raw_backends = {
+            "python": python_predictor(spec, backends["pytorch"]),
+            "onnxruntime_raw": onnxruntime_raw_predictor(stage / RAW_ONNX_MODEL),
+            "savedmodel_raw": savedmodel_raw_predictor(stage),
+        }
+        report[RAW_SIGNATURE] = run_raw_gate(spec, raw_rows, raw_groups, raw_backends, req.parity_tol)
 
         from export.warmup import write_warmup
 
-        extra = stage / "assets.extra"
-        extra.mkdir()
-        shutil.copyfile(req.feature_spec, extra / "feature_spec.json")
+        (stage / ASSETS_EXTRA).mkdir()
+        shutil.copyfile(req.feature_spec, stage / FEATURE_SPEC_PATH)
+        write_reference(stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw)
         warm_rows = val if val is not None and len(val) >= 64 else rows.features
-        write_warmup(
-            extra / "tf_serving_warmup_requests", warm_rows, repo.name, INPUT_NAME, "serving_default"
-        )
+        write_warmup(stage / WARMUP_PATH, warm_rows, repo.name, INPUT_NAME, DEFAULT_SIGNATURE)
         io = {
-            "signature": "serving_default",
+            "signature": DEFAULT_SIGNATURE,
             "inputs": {
                 INPUT_NAME: {"dtype": "float32", "shape": [-1, width], "onnx_shape": [BATCH_DIM, width]}
             },
             "outputs": {OUTPUT_NAME: {"dtype": "float32", "shape": [-1, 1], "onnx_shape": [BATCH_DIM, 1]}},
+            RAW_SIGNATURE: raw_io(raw_proto),
         }
         files = {p.relative_to(stage).as_posix(): sha256(p) for p in sorted(stage.rglob("*")) if p.is_file()}
         manifest = build_manifest(
@@ -164,9 +206,10 @@ def export_version(req: ExportRequest) -> ExportResult:
             parity=report,
             files=files,
             export_seconds=time.perf_counter() - started,
+            quality_gate=quality,
         )
-        write_manifest(extra / "manifest.json", manifest)
+        write_manifest(stage / MANIFEST_PATH, manifest)
         final = repo.publish(stage, version)
     repo.write_triton_config(width, INPUT_NAME, OUTPUT_NAME)
     removed = repo.retain(req.keep, protect=version) if req.keep else []
-    return ExportResult(version, final, time.perf_counter() - started, report, removed)
+    return ExportResult(version, final, time.perf_counter() - started, report, removed, quality)

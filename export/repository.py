@@ -1,6 +1,6 @@
 """The versioned model repository: numbered version folders, atomic publish, retention, Triton config.
 
-Layout (DESIGN.md): `<base>/config.pbtxt` and `<base>/<N>/...`. A version is written complete under
+Layout (`ctr_contract.repository`, docs/design.md): `<base>/config.pbtxt` and `<base>/<N>/...`. A version is written complete under
 `<base>/.tmp-<N>-<pid>` (servers ignore non-numeric names) and then renamed into place.
 """
 
@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ctr_contract.repository import MAX_VERSION, ONNX_MODEL, STAGING_PREFIX, TRITON_CONFIG, version_dirs
 from export.errors import PublishError
 
 log = logging.getLogger(__name__)
 
-STAGING_PREFIX = ".tmp-"
 TRITON_MAX_BATCH = 1024
 
 
@@ -45,17 +45,15 @@ class ModelRepository:
         """Published versions, ascending (numeric folder names only)."""
         if not self.base.is_dir():
             return []
-        return sorted(
-            int(p.name) for p in self.base.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0
-        )
+        return sorted(version_dirs(self.base))
 
     def choose_version(self, requested: int | None) -> int:
         """The requested version if free, else the next after the highest published one."""
         existing = self.versions()
         if requested is None:
             return (existing[-1] + 1) if existing else 1
-        if requested < 1:
-            raise PublishError(f"--version must be a positive integer, got {requested}")
+        if not 1 <= requested <= MAX_VERSION:
+            raise PublishError(f"--version must be an integer in 1..{MAX_VERSION}, got {requested}")
         if requested in existing:
             raise PublishError(
                 f"version {requested} already exists in {self.base}; versions are never overwritten "
@@ -117,7 +115,7 @@ class ModelRepository:
         """Write `<base>/config.pbtxt` for Triton's onnxruntime backend (atomically)."""
         text = f"""name: "{self.name}"
 platform: "onnxruntime_onnx"
-default_model_filename: "model.onnx"
+default_model_filename: "{ONNX_MODEL}"
 max_batch_size: {TRITON_MAX_BATCH}
 input [
   {{
@@ -139,7 +137,7 @@ dynamic_batching {{
 }}
 version_policy: {{ latest {{ num_versions: 1 }} }}
 """
-        path = self.base / "config.pbtxt"
+        path = self.base / TRITON_CONFIG
         tmp = path.with_name(f"{STAGING_PREFIX}config-{os.getpid()}")
         tmp.write_text(text)
         os.replace(tmp, path)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctr_contract.signatures import DEFAULT_SIGNATURE, INPUT_NAME, OUTPUT_NAME
 from training.model import CTRProbability
 
 Predictor = Callable[[np.ndarray], np.ndarray]
@@ -20,7 +21,7 @@ Predictor = Callable[[np.ndarray], np.ndarray]
 
 def torch_predictor(net: nn.Module) -> Predictor:
     """PyTorch eager: sigmoid(net(x)) under no_grad."""
-    model = CTRProbability(net).eval()  # type: ignore[arg-type]
+    model = CTRProbability(net).eval()
 
     def predict(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -34,7 +35,7 @@ def write_torchscript(net: nn.Module, width: int, path: Path) -> None:
     with warnings.catch_warnings():
         # torch 2.13 deprecates TorchScript, but it is the format those two servers load.
         warnings.simplefilter("ignore", DeprecationWarning)
-        traced = torch.jit.trace(CTRProbability(net).eval(), torch.zeros(2, width))  # type: ignore[arg-type]
+        traced = torch.jit.trace(CTRProbability(net).eval(), torch.zeros(2, width))
         traced.save(str(path))
 
 
@@ -52,7 +53,7 @@ def torchscript_predictor(path: Path) -> Predictor:
 
 
 def onnxruntime_predictor(
-    path: Path, input_name: str = "features", output_name: str = "ctr", threads: int | None = None
+    path: Path, input_name: str = INPUT_NAME, output_name: str = OUTPUT_NAME, threads: int | None = None
 ) -> Predictor:
     """`model.onnx` in an ONNX Runtime CPU session (`threads` intra-op threads; None: ORT's default)."""
     import onnxruntime as ort
@@ -69,13 +70,13 @@ def onnxruntime_predictor(
 
 
 def savedmodel_predictor(
-    directory: Path, input_name: str = "features", output_name: str = "ctr"
+    directory: Path, input_name: str = INPUT_NAME, output_name: str = OUTPUT_NAME
 ) -> Predictor:
     """The SavedModel reloaded with `tf.saved_model.load`, called through `serving_default`."""
     import tensorflow as tf
 
     loaded = tf.saved_model.load(str(directory))
-    signature = loaded.signatures["serving_default"]
+    signature = loaded.signatures[DEFAULT_SIGNATURE]
 
     def predict(x: np.ndarray) -> np.ndarray:
         return signature(**{input_name: tf.constant(x)})[output_name].numpy()

@@ -13,10 +13,11 @@ import onnx
 import tensorflow as tf
 from onnx import helper, numpy_helper
 
+from ctr_contract.signatures import DEFAULT_SIGNATURE
 from export.errors import UnsupportedOpError
 from export.tf_ops import TF_OPS, OpCall
 
-SIGNATURE_KEY = "serving_default"
+SIGNATURE_KEY = DEFAULT_SIGNATURE
 _TF_DTYPES: dict[int, tf.DType] = {onnx.TensorProto.FLOAT: tf.float32, onnx.TensorProto.DOUBLE: tf.float64}
 
 

@@ -16,11 +16,13 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
 from serving.metrics import ServingMetrics
+from serving.raw_codec import RawBatch
 
 log = logging.getLogger(__name__)
 # Model calls up to this many rows run on the event loop: ORT takes ~20 µs for one row of this MLP, less
@@ -30,7 +32,7 @@ INLINE_MAX_ROWS = 16
 
 @dataclass
 class _Pending:
-    features: np.ndarray  # (n, F)
+    features: Any  # np.ndarray (n, F); a RawBatch in a version's raw-signature batcher
     future: asyncio.Future[np.ndarray]
     enqueued: float  # perf_counter seconds
     deadline: float
@@ -41,7 +43,7 @@ class DynamicBatcher:
 
     def __init__(
         self,
-        run: Callable[[np.ndarray], np.ndarray],
+        run: Callable[[Any], np.ndarray],
         *,
         max_batch_size: int,
         batch_timeout_s: float,
@@ -66,7 +68,7 @@ class DynamicBatcher:
         self._wake_at_rows = 1  # 1 while idle; max_batch_size while holding a batch open
         self._task: asyncio.Task[None] | None = None
 
-    def submit(self, features: np.ndarray) -> asyncio.Future[np.ndarray]:
+    def submit(self, features: np.ndarray | RawBatch) -> asyncio.Future[np.ndarray]:
         """Enqueue one request of shape (n, F); its future resolves to the (n, K) scores.
 
         Raises:
@@ -143,7 +145,11 @@ class DynamicBatcher:
 
     async def _execute(self, batch: list[_Pending]) -> None:
         # (sum n_i, F) -> (sum n_i, K), then split back per request.
-        features = batch[0].features if len(batch) == 1 else np.concatenate([b.features for b in batch])
+        parts = [b.features for b in batch]
+        if len(parts) == 1:
+            features = parts[0]
+        else:
+            features = RawBatch.concat(parts) if isinstance(parts[0], RawBatch) else np.concatenate(parts)
         self._metrics.batch_size.observe(len(features), self._model)
         started = time.perf_counter()
         try:

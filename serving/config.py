@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_contract.repository import parse_version_dir
 from serving.backends import BACKENDS
 from serving.version_policy import VersionPolicy
 
@@ -25,9 +26,10 @@ def _labels(text: str) -> dict[str, int]:
     labels = {}
     for pair in filter(None, text.split(",")):
         name, _, version = pair.partition("=")
-        if not name or not (version.isascii() and version.isdigit()):
+        number = parse_version_dir(version)  # a label names a version folder: the same rule
+        if not name or number is None:
             raise argparse.ArgumentTypeError(f"expected LABEL=VERSION pairs such as stable=1, got {pair!r}")
-        labels[name] = int(version)
+        labels[name] = number
     return labels
 
 
@@ -64,6 +66,71 @@ class ServerConfig:
     num_workers: int
     print_curl_example: bool
     log_level: str
+    # REST connection limits (serving/http_server.py HttpLimits)
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 30.0
+    keepalive_timeout_seconds: float = 75.0
+    max_header_bytes: int = 64 << 10
+    max_headers: int = 200
+    max_connections: int = 1024
+    max_output_bytes: int = 1 << 20
+    max_buffered_bytes: int = 64 << 20
+    # Version folders (serving/versions.py)
+    manifest_wait_timeout_seconds: float = 600.0
+    model_load_timeout_seconds: float = 600.0
+    # Drift metrics (serving/drift.py) and sampled request logs (serving/request_log.py)
+    drift_window: int = 10_000
+    request_log_dir: Path | None = None
+    request_log_sample_rate: float = 0.0
+    request_log_max_bytes: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        """Check every bound here, so that `dataclasses.replace()` is checked as much as the command line."""
+        for flag in _AT_LEAST_ONE:
+            if getattr(self, flag) < 1:
+                raise ValueError(f"--{flag} must be >= 1, got {getattr(self, flag)}")
+        for flag in _NOT_NEGATIVE:
+            if getattr(self, flag) < 0:
+                raise ValueError(f"--{flag} must be >= 0, got {getattr(self, flag)}")
+        for flag in ("header_timeout_seconds", "body_timeout_seconds", "keepalive_timeout_seconds"):
+            if not getattr(self, flag) > 0:
+                raise ValueError(f"--{flag} must be > 0, got {getattr(self, flag)}")
+        if not 0.0 <= self.request_log_sample_rate <= 1.0:
+            raise ValueError(
+                f"--request_log_sample_rate must be in [0, 1], got {self.request_log_sample_rate}"
+            )
+        if self.request_log_sample_rate > 0 and self.request_log_dir is None:
+            raise ValueError("--request_log_sample_rate needs --request_log_dir DIR")
+        if self.drift_window < 0 or self.request_log_max_bytes < 1:
+            raise ValueError(
+                f"--drift_window must be >= 0 and --request_log_max_bytes >= 1, got {self.drift_window} "
+                f"and {self.request_log_max_bytes}"
+            )
+        for flag in ("port", "rest_api_port"):
+            if not 0 <= getattr(self, flag) <= 65535:
+                raise ValueError(f"--{flag} must be a TCP port in 0..65535, got {getattr(self, flag)}")
+
+
+_AT_LEAST_ONE = (
+    "max_batch_size",
+    "max_enqueued_batches",
+    "max_body_bytes",
+    "max_instances",
+    "intra_op_threads",
+    "num_workers",
+    "max_header_bytes",
+    "max_headers",
+    "max_connections",
+    "max_output_bytes",
+    "max_buffered_bytes",
+)
+_NOT_NEGATIVE = (
+    "batch_timeout_micros",
+    "rest_api_timeout_in_ms",
+    "grace_period_seconds",
+    "manifest_wait_timeout_seconds",
+    "model_load_timeout_seconds",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument(
         "--version_labels", type=_labels, default={}, help="LABEL=VERSION,... for /labels/LABEL"
     )
+    ours.add_argument("--manifest_wait_timeout_seconds", type=float, default=600.0,
+                      help="how long a version folder may stay incomplete (no manifest.json yet, files missing) "
+                      "before it is rejected; 0 = wait forever")  # fmt: skip
+    ours.add_argument("--model_load_timeout_seconds", type=float, default=600.0,
+                      help="a version whose check, load and warm-up take longer fails alone; 0 = no limit")  # fmt: skip
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
     ours.add_argument("--intra_op_threads", type=int, default=1, help="threads per model call")
     ours.add_argument("--num_workers", type=int, default=1,
@@ -111,6 +183,31 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--print_curl_example", type=_bool, nargs="?", const=True, default=False,
                       help="print a ready-to-paste curl predict command once a version is loaded")  # fmt: skip
     ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
+    watch = p.add_argument_group("drift metrics and request logs (the daily loop: docs/daily-loop.md)")
+    watch.add_argument("--drift_window", type=int, default=10_000,
+                       help="recent rows the drift PSI gauges cover, over all workers; 0 = off")  # fmt: skip
+    watch.add_argument("--request_log_dir", type=Path, default=None,
+                       help="write sampled requests and responses here as JSON lines")  # fmt: skip
+    watch.add_argument("--request_log_sample_rate", type=float, default=0.0,
+                       help="share of requests logged, by a hash of the request id; 0 = off")  # fmt: skip
+    watch.add_argument("--request_log_max_bytes", type=int, default=64 << 20,
+                       help="start a new request log file once one holds this many bytes")  # fmt: skip
+    http = p.add_argument_group("REST connection limits (against slow and hostile clients)")
+    http.add_argument("--header_timeout_seconds", type=float, default=10.0,
+                      help="time from a request's first byte (or the connect) to the end of its headers")  # fmt: skip
+    http.add_argument("--body_timeout_seconds", type=float, default=30.0,
+                      help="time to receive a body after its headers; also how long output may stay unread")  # fmt: skip
+    http.add_argument("--keepalive_timeout_seconds", type=float, default=75.0,
+                      help="idle time between requests before a connection is closed")  # fmt: skip
+    http.add_argument("--max_header_bytes", type=int, default=64 << 10,
+                      help="request line + headers over this get 431")  # fmt: skip
+    http.add_argument("--max_headers", type=int, default=200, help="more header lines get 431")
+    http.add_argument("--max_connections", type=int, default=1024,
+                      help="open REST connections per worker; more are answered 503 and closed")  # fmt: skip
+    http.add_argument("--max_output_bytes", type=int, default=1 << 20,
+                      help="unsent response bytes per connection before it stops being read")  # fmt: skip
+    http.add_argument("--max_buffered_bytes", type=int, default=64 << 20,
+                      help="request body bytes held by all connections of a worker; larger bodies past it get 503")  # fmt: skip
     return p
 
 
@@ -118,20 +215,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     """Parse and check the command line; argparse exits with a message on a bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    for flag in (
-        "max_batch_size",
-        "max_enqueued_batches",
-        "max_body_bytes",
-        "max_instances",
-        "intra_op_threads",
-        "num_workers",
-    ):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
-    for flag in ("batch_timeout_micros", "rest_api_timeout_in_ms", "grace_period_seconds"):
-        if getattr(args, flag) < 0:
-            parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
-    for flag in ("port", "rest_api_port"):
-        if not 0 <= getattr(args, flag) <= 65535:
-            parser.error(f"--{flag} must be a TCP port in 0..65535, got {getattr(args, flag)}")
-    return ServerConfig(**vars(args))
+    try:
+        return ServerConfig(**vars(args))
+    except ValueError as exc:  # ServerConfig checks its own bounds
+        parser.error(str(exc))

@@ -12,16 +12,20 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from serving import protos
-from serving.backends import Signature
 from serving.errors import InvalidArgument, ServingError
+from serving.log_limits import RateLimitedLog
 from serving.model_info import metadata_response, status_response
 from serving.predictor import Predictor
-from serving.rest_codec import DEFAULT_SIGNATURE
+from serving.raw_codec import RawBatch, decode_tensors, looks_raw
+from serving.request_log import request_id_from
+from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 from serving.tensors import from_ndarray, to_ndarray
 
 log = logging.getLogger(__name__)
+limited = RateLimitedLog(log)
 
 
 def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:
@@ -42,23 +46,37 @@ class PredictionServicer:
         name, version, label = _spec(request.model_spec)
         signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
 
-        def decode(sig: Signature) -> np.ndarray:
-            if signature_name != DEFAULT_SIGNATURE:
+        def decode(sig: Signature) -> np.ndarray | RawBatch:
+            nonlocal signature_name
+            if not request.model_spec.signature_name and looks_raw(
+                dict(request.inputs), True, sig.input_name
+            ):
+                signature_name = RAW_SIGNATURE  # raw field names and no signature: the `raw` signature
+            if signature_name not in (DEFAULT_SIGNATURE, RAW_SIGNATURE) or (
+                signature_name == RAW_SIGNATURE and not sig.has_raw
+            ):
                 raise InvalidArgument(
                     f'Serving signature name: "{signature_name}" not found in signature def'
-                )
-            if set(request.inputs) != {sig.input_name}:
-                raise InvalidArgument(
-                    f"inputs has keys {sorted(request.inputs)}, expected exactly ['{sig.input_name}']"
                 )
             unknown = set(request.output_filter) - {sig.output_name}
             if unknown:
                 raise InvalidArgument(
                     f"output_filter names {sorted(unknown)}; the only output is '{sig.output_name}'"
                 )
+            if signature_name == RAW_SIGNATURE:
+                return decode_tensors(request.inputs)
+            if set(request.inputs) != {sig.input_name}:
+                raise InvalidArgument(
+                    f"inputs has keys {sorted(request.inputs)}, expected exactly ['{sig.input_name}']"
+                )
             return to_ndarray(request.inputs[sig.input_name], sig.input_name)
 
-        scores, lv = await self.predictor.predict(name, version, label, decode, "GRPC")
+        request_id = None
+        if self.predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+            metadata = dict(context.invocation_metadata() or ())
+            request_id = request_id_from(metadata.get("x-request-id"))
+            context.set_trailing_metadata((("x-request-id", request_id),))
+        scores, lv = await self.predictor.predict(name, version, label, decode, "GRPC", request_id)
         response = protos.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = lv.version
@@ -84,19 +102,25 @@ class PredictionServicer:
 def _unary(
     method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], request_class: Any
 ) -> grpc.RpcMethodHandler:
-    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    # The handler gets the raw bytes and decodes them itself: a deserializer that raises would make grpcio
+    # answer UNKNOWN, while bytes that are not the request message are the client's error.
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = request_class.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode the request: {exc}")
         try:
             return await method(request, context)
         except ServingError as exc:
             await context.abort(exc.grpc_code, exc.message)
-        except Exception as exc:  # a bug: log it, answer INTERNAL instead of dropping the stream
-            log.exception("unhandled error in %s", method.__name__)
+        except Exception as exc:  # a bug: log it (rate-limited: clients can repeat it), answer INTERNAL
+            limited.log(
+                logging.ERROR, method.__name__, "unhandled error in %s", method.__name__, exc_info=True
+            )
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
     return grpc.unary_unary_rpc_method_handler(
-        handler,
-        request_deserializer=request_class.FromString,
-        response_serializer=lambda m: m.SerializeToString(),
+        handler, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
     )
 
 

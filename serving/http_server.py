@@ -1,8 +1,12 @@
-"""A small HTTP/1.1 server on asyncio + httptools for the REST API: keep-alive, pipelining, 100-continue.
+"""A small HTTP/1.1 server on asyncio + httptools for the REST API, hardened against slow and hostile clients.
 
-Why not uvicorn: its ASGI layer (scope dicts, receive/send coroutines, header validation) cost more CPU
-than the whole predict path of this model. Here a request is parsed by httptools' C parser, handed to
-`RestApp.handle(method, path, body)`, and answered with one `transport.write`.
+Why not uvicorn or granian: bench/http_layer.py ran all three with the same app under load and under attack
+(docs/serving-http.md). Only this one dropped slow clients, body holders and non-readers and gave the memory
+back: uvicorn has no header or body read timeout, granian no body read timeout and no output limit.
+
+Here a request is parsed by httptools' C parser, handed to `RestApp.handle(method, path, body)`, and answered
+with one `transport.write`. serving/http_connection.py is one connection; this module owns the listening
+socket, the limits, the timeouts (one sweep a `SWEEP_S`, not a timer per request) and memory hand-back.
 """
 
 from __future__ import annotations
@@ -11,48 +15,57 @@ import asyncio
 import logging
 import socket
 import time
-from collections import deque
+from dataclasses import dataclass
 from email.utils import formatdate
-from http import HTTPStatus
-from urllib.parse import unquote
 
-import httptools
-
-from serving.rest import JSON, RestApp, error_body
+from serving.http_connection import HttpConnection
+from serving.memory import release_freed_memory
+from serving.metrics import ServingMetrics
+from serving.rest import RestApp
 
 log = logging.getLogger(__name__)
 
-KEEP_ALIVE_TIMEOUT_S = 75.0  # idle keep-alive connections are closed after this (load balancers use 60 s)
-MAX_PIPELINED = 32  # complete requests queued on one connection before it stops reading
-DISCARD_FACTOR = 4  # an oversized body is read and dropped up to 4x the limit, so the client sees the 413
-MAX_URL_BYTES = 8192
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+SWEEP_S = 0.25  # how often deadlines are checked: a timeout fires at most this late
+TRIM_AFTER_BYTES = 16 << 20  # hand freed memory back to the OS once this much request data was dropped
 
 
-class _Request:
-    __slots__ = ("body", "keep_alive", "method", "path", "too_large")
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one client may hold: time, header size, body size, output buffer; and the connections per worker."""
 
-    def __init__(self, method: str, path: str, body: bytes, keep_alive: bool, too_large: int) -> None:
-        self.method, self.path, self.body, self.keep_alive, self.too_large = (
-            method,
-            path,
-            body,
-            keep_alive,
-            too_large,
-        )
+    max_body_bytes: int = 8 << 20
+    header_timeout_s: float = 10.0  # from the first byte of a request to the end of its headers
+    body_timeout_s: float = 30.0  # from the end of the headers to the end of the body; also the send timeout
+    keepalive_timeout_s: float = 75.0  # idle between requests (load balancers use 60 s, so keep it above)
+    max_header_bytes: int = 64 << 10  # request line + header section; over it: 431 and close
+    max_headers: int = 200  # header lines; over it: 431 and close
+    max_connections: int = 1024  # per worker; new connections beyond it get 503 and are closed at once
+    max_output_bytes: int = 1 << 20  # unsent response bytes: over it, stop reading and serving that client
+    max_buffered_bytes: int = 64 << 20  # request bodies held by all connections of this worker
 
 
 class HttpServer:
     """Owns the listening socket and the open connections; `close()` drains them."""
 
-    def __init__(self, app: RestApp, max_body_bytes: int, extra_headers: bytes = b"") -> None:
+    def __init__(
+        self,
+        app: RestApp,
+        limits: HttpLimits,
+        metrics: ServingMetrics | None = None,
+        extra_headers: bytes = b"",
+    ) -> None:
         """`extra_headers`: raw CRLF-terminated `name: value` lines added to every response."""
-        self.app, self.max_body_bytes, self.extra_headers = app, max_body_bytes, extra_headers
+        self.app, self.limits, self.extra_headers = app, limits, extra_headers
+        self.metrics = metrics or ServingMetrics()
         self.connections: set[HttpConnection] = set()
+        self.metrics.open_connections.track(lambda: float(len(self.connections)))
+        self.freed_bytes = 0  # request bytes dropped since the last trim
+        self.buffered_bytes = 0  # request body bytes held by all connections now
         self._server: asyncio.base_events.Server | None = None
         self._date = b""
         self._date_at = 0.0
         self._sweeper: asyncio.Task[None] | None = None
+        self._trimming = False
 
     def date_header(self) -> bytes:
         now = time.monotonic()
@@ -60,17 +73,33 @@ class HttpServer:
             self._date, self._date_at = formatdate(usegmt=True).encode(), now
         return self._date
 
+    def refused(self, kind: str) -> None:
+        """Count a request or connection refused for the limit `kind`."""
+        self.metrics.requests_refused.inc(kind)
+
+    def timed_out(self, kind: str) -> None:
+        """Count a connection closed for the timeout `kind` (header, body, keepalive, write)."""
+        self.metrics.connection_timeouts.inc(kind)
+
     async def start(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
-        self._sweeper = loop.create_task(self._close_idle_forever())
+        self._sweeper = loop.create_task(self._sweep_forever())
 
-    async def _close_idle_forever(self) -> None:
+    async def _sweep_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(5)
-            deadline = time.monotonic() - KEEP_ALIVE_TIMEOUT_S
-            for conn in [c for c in self.connections if c.idle_since is not None and c.idle_since < deadline]:
-                conn.close()
+            await asyncio.sleep(SWEEP_S)
+            now = time.monotonic()
+            for conn in [c for c in self.connections if c.deadline < now or c.write_deadline < now]:
+                conn.expire()
+            if self.freed_bytes >= TRIM_AFTER_BYTES and not self._trimming:
+                # glibc keeps freed heap pages; malloc_trim gives them back (in a thread: it walks the heap).
+                self.freed_bytes, self._trimming = 0, True
+                try:
+                    await loop.run_in_executor(None, release_freed_memory)
+                finally:
+                    self._trimming = False
 
     async def close(self, timeout_s: float) -> None:
         """Stop accepting, close idle connections, give busy ones `timeout_s` to answer, then close all."""
@@ -80,129 +109,10 @@ class HttpServer:
             self._sweeper.cancel()
         deadline = time.monotonic() + timeout_s
         while True:
-            for conn in [c for c in self.connections if c.idle_since is not None]:
+            for conn in [c for c in self.connections if c.is_idle()]:
                 conn.close()
             if not self.connections or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
         for conn in list(self.connections):
-            conn.close()
-
-
-class HttpConnection(asyncio.Protocol):
-    """One client connection: parse, queue (pipelining), answer in order."""
-
-    def __init__(self, server: HttpServer) -> None:
-        self.server, self.app, self.limit = server, server.app, server.max_body_bytes
-        self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
-        self.pending: deque[_Request] = deque()
-        self.busy = False
-        self.idle_since: float | None = time.monotonic()
-        self._task: asyncio.Task[None] | None = None  # held so the running task is not garbage-collected
-        self._url = b""
-        self._body: list[bytes] = []
-        self._size = 0
-
-    # --- asyncio.Protocol ----------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.server.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
-        self.transport = None
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reply_and_close(400, b"protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self._reply_and_close(400, f"malformed HTTP request: {exc}".encode())
-
-    # --- httptools callbacks -------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.idle_since = None
-        self._url, self._body, self._size = b"", [], 0
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        if len(self._url) > MAX_URL_BYTES:
-            self._reply_and_close(414, f"request URL is over {MAX_URL_BYTES} bytes".encode())
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"expect" and value.lower() == b"100-continue" and self.transport is not None:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for this before big bodies
-
-    def on_body(self, body: bytes) -> None:
-        self._size += len(body)
-        if self._size <= self.limit:
-            self._body.append(body)
-        elif self._size > self.limit * DISCARD_FACTOR:  # stop reading a body this far over the limit
-            self._reply_and_close(
-                413, f"request body is over the limit of {self.limit} (--max_body_bytes)".encode()
-            )
-
-    def on_message_complete(self) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        path = self._url.split(b"?", 1)[0].decode("latin-1")
-        if "%" in path:
-            path = unquote(path)
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        request = _Request(
-            self.parser.get_method().decode(),
-            path,
-            body,
-            self.parser.should_keep_alive(),
-            self._size if self._size > self.limit else 0,
-        )
-        self.pending.append(request)
-        if len(self.pending) >= MAX_PIPELINED and self.transport is not None:
-            self.transport.pause_reading()
-        if not self.busy:
-            self.busy = True
-            self._task = asyncio.get_running_loop().create_task(self._serve_pending())
-
-    # --- answering -----------------------------------------------------------------------------
-    async def _serve_pending(self) -> None:
-        while self.pending and self.transport is not None:
-            request = self.pending.popleft()
-            if request.too_large:
-                message = f"request body of {request.too_large} bytes is over the limit of {self.limit} (--max_body_bytes)"
-                status, body, content_type = 413, error_body(message), JSON
-            else:
-                status, body, content_type = await self.app.handle(request.method, request.path, request.body)
-            self._write(status, body, content_type, request.keep_alive)
-            if not request.keep_alive:
-                self.close()
-                return
-            if len(self.pending) < MAX_PIPELINED and self.transport is not None:
-                self.transport.resume_reading()
-        self.busy = False
-        self.idle_since = time.monotonic()
-
-    def _write(self, status: int, body: bytes, content_type: bytes, keep_alive: bool) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return  # the client went away while we computed its answer
-        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s\r\n" % (
-            status,
-            _REASONS.get(status, b""),
-            content_type,
-            len(body),
-            self.server.date_header(),
-            self.server.extra_headers,
-            b"" if keep_alive else b"connection: close\r\n",
-        )
-        self.transport.write(head + body)
-
-    def _reply_and_close(self, status: int, body: bytes) -> None:
-        self._write(
-            status, body if body.startswith(b"{") else error_body(body.decode()), JSON, keep_alive=False
-        )
-        self.close()
-
-    def close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+            conn.abort()

@@ -195,11 +195,41 @@ class ServingMetrics:
             "Model versions that failed to load or warm up.",
             ("model_name",),
         )
+        self.versions_rejected = self._counter(
+            "ctr_serving_versions_rejected_total",
+            "Model versions not loaded, by reason: hash_mismatch, not_ready, load_timeout, os_error, bad_manifest, "
+            "load_error.",
+            ("model_name", "reason"),
+        )
         self.predicted_ctr = self._histogram(
             "ctr_serving_predicted_ctr",
             "Predicted click probability per instance.",
             ("model_name",),
             CTR_BUCKETS,
+        )
+        # Sampled request logs (serving/request_log.py); the drift gauges are rendered by serving/drift.py.
+        self.request_log_lines = self._counter(
+            "ctr_serving_request_log_lines_total", "Request log lines written.", ("model_name",)
+        )
+        self.request_log_dropped = self._counter(
+            "ctr_serving_request_log_dropped_total",
+            "Sampled request log lines dropped: the queue was full (slow disk) or the write failed (full disk).",
+            ("model_name",),
+        )
+        # The REST connections (serving/http_server.py): what slow or hostile clients cost, and what stopped them.
+        self.open_connections = self._gauge(
+            "ctr_serving_open_connections", "Open REST connections.", (), "livesum"
+        )
+        self.connection_timeouts = self._counter(
+            "ctr_serving_connection_timeouts_total",
+            "REST connections closed for a timeout, by kind (header, body, keepalive, write).",
+            ("kind",),
+        )
+        self.requests_refused = self._counter(
+            "ctr_serving_requests_refused_total",
+            "REST requests or connections refused for a limit, by kind (connections, header_bytes, "
+            "header_count, url_bytes, body_bytes, buffered_bytes, instances).",
+            ("kind",),
         )
 
     def _counter(self, name: str, help_text: str, labelnames: Sequence[str]) -> Counter:

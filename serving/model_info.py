@@ -6,11 +6,14 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, RAW_FIELDS
 from serving import protos
-from serving.backends import Signature
-from serving.rest_codec import DEFAULT_SIGNATURE
+from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 from serving.tensors import DT_FLOAT
-from serving.versions import VersionState
+from serving.version_states import VersionState
+
+DT_DOUBLE = protos.enum_value("tensorflow.DataType", "DT_DOUBLE")
+DT_STRING = protos.enum_value("tensorflow.DataType", "DT_STRING")
 
 PREDICT_METHOD = "tensorflow/serving/predict"
 
@@ -35,14 +38,37 @@ def signature_def_map(sig: Signature) -> Any:
     sig_def.method_name = PREDICT_METHOD
     # The map key is the public name; `info.name` is the graph tensor name TF Serving reports.
     for info, width, tensor in (
-        (sig_def.inputs[sig.input_name], sig.n_features, f"serving_default_{sig.input_name}:0"),
-        (sig_def.outputs[sig.output_name], sig.output_width, "StatefulPartitionedCall:0"),
+        (sig_def.inputs[sig.input_name], sig.n_features, f"{DEFAULT_SIGNATURE}_{sig.input_name}:0"),
+        # TF numbers the signatures' calls by key: `raw` sorts first, so it takes the unsuffixed name.
+        (
+            sig_def.outputs[sig.output_name],
+            sig.output_width,
+            f"StatefulPartitionedCall{'_1' if sig.has_raw else ''}:0",
+        ),
     ):
         info.name = tensor
         info.dtype = DT_FLOAT
         info.tensor_shape.dim.add().size = -1
         info.tensor_shape.dim.add().size = width
+    if sig.has_raw:
+        add_raw_signature(sig_map, sig)
     return sig_map
+
+
+def add_raw_signature(sig_map: Any, sig: Signature) -> None:
+    """`raw`: I1..I13 double [-1] (NaN = missing), C1..C26 string [-1] ("" = missing) -> ctr float [-1, K]."""
+    raw = sig_map.signature_def[RAW_SIGNATURE]
+    raw.method_name = PREDICT_METHOD
+    for field in RAW_FIELDS:
+        info = raw.inputs[field]
+        info.name = f"{RAW_SIGNATURE}_{field}:0"
+        info.dtype = DT_STRING if field in CATEGORICAL_FIELDS else DT_DOUBLE
+        info.tensor_shape.dim.add().size = -1
+    out = raw.outputs[sig.output_name]
+    out.name = "StatefulPartitionedCall:0"
+    out.dtype = DT_FLOAT
+    out.tensor_shape.dim.add().size = -1
+    out.tensor_shape.dim.add().size = sig.output_width
 
 
 def metadata_response(model_name: str, version: int, sig: Signature) -> Any:

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import Any
 
 import numpy as np
 
-from serving.backends import Signature
 from serving.batching import INLINE_MAX_ROWS
+from serving.drift import DriftMonitor
 from serving.errors import ServingError, Unavailable
 from serving.metrics import ServingMetrics
+from serving.raw_codec import RawBatch, check_raw_batch
+from serving.request_log import RequestLog
+from serving.signatures import Signature
 from serving.validation import Limits, check_batch
 from serving.versions import LoadedVersion, ModelManager
+
+log = logging.getLogger(__name__)
 
 
 class Predictor:
@@ -27,14 +34,18 @@ class Predictor:
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
+        self.drift: DriftMonitor | None = None  # the server sets these two (serving/drift.py, request_log.py)
+        self.request_log: RequestLog | None = None
 
     async def predict(
         self,
         name: str,
         version: int | None,
         label: str | None,
-        decode: Callable[[Signature], np.ndarray],
+        decode: Callable[[Signature], np.ndarray | RawBatch],
         entrypoint: str,
+        request_id: str | None = None,
+        inputs: Callable[[], Any] | None = None,
     ) -> tuple[np.ndarray, LoadedVersion]:
         """Predict for one request.
 
@@ -42,6 +53,8 @@ class Predictor:
             name, version, label: the model spec of the request.
             decode: turns the request body into a float32 (N, F) batch for the version's signature.
             entrypoint: "REST" or "GRPC" (metric label).
+            request_id: the request's id, for the request log; None: not logged.
+            inputs: the request's inputs as the client sent them, for the request log (default: the batch).
         Returns:
             the (N, K) scores and the version that produced them.
         """
@@ -53,11 +66,15 @@ class Predictor:
                 raise Unavailable("the server is shutting down; retry on another replica")
             lv = self.manager.resolve(name, version, label)
             features = decode(lv.backend.signature)
-            check_batch(
-                features, lv.backend.signature, self.limits, "row" if entrypoint == "GRPC" else "instance"
-            )
+            unit = "row" if entrypoint == "GRPC" else "instance"
+            if isinstance(features, RawBatch):
+                check_raw_batch(features, self.limits, unit)
+            else:
+                check_batch(features, lv.backend.signature, self.limits, unit)
             scores = await self._run(lv, features)
             status = "OK"
+            if self.drift is not None or self.request_log is not None:
+                self._watch(lv, features, scores, request_id, inputs)
             return scores, lv
         except ServingError as exc:
             status = exc.code
@@ -70,20 +87,50 @@ class Predictor:
             elapsed_us = (time.perf_counter() - started) * 1e6
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
 
-    async def _run(self, lv: LoadedVersion, features: np.ndarray) -> np.ndarray:
+    def drift_text(self) -> str:
+        """The drift gauges (serving/drift.py) for the metrics page; empty with `--drift_window 0`."""
+        return self.drift.render() if self.drift is not None else ""
+
+    def _watch(
+        self,
+        lv: LoadedVersion,
+        features: np.ndarray | RawBatch,
+        scores: np.ndarray,
+        request_id: str | None,
+        inputs: Callable[[], Any] | None,
+    ) -> None:
+        """Feed the drift window and the request log; a failure here is logged and never fails the predict."""
+        try:
+            if self.drift is not None:  # feature vectors or a raw batch: serving/drift.py bins each kind
+                self.drift.observe(features, scores)
+            if self.request_log is not None and request_id is not None:
+                self.request_log.record(
+                    request_id,
+                    self.manager.name,
+                    lv.version,
+                    inputs or (lambda: _logged_inputs(features)),
+                    scores,
+                )
+        except Exception:
+            log.exception("drift tracking and request logging are off from now on: they failed on a request")
+            self.drift = self.request_log = None
+
+    async def _run(self, lv: LoadedVersion, features: np.ndarray | RawBatch) -> np.ndarray:
         self.manager.acquire(lv)
         self.inflight += 1
         try:
-            if lv.batcher is not None:
-                scores = await lv.batcher.submit(features)
+            batcher = lv.batcher if isinstance(features, np.ndarray) else lv.raw_batcher
+            if batcher is not None:
+                scores = await batcher.submit(features)
             else:
+                run: Callable[[Any], np.ndarray] = (
+                    lv.backend.predict if isinstance(features, np.ndarray) else raw_runner(lv)
+                )
                 started = time.perf_counter()
                 if len(features) <= INLINE_MAX_ROWS:
-                    scores = lv.backend.predict(features)
+                    scores = run(features)
                 else:
-                    scores = await asyncio.get_running_loop().run_in_executor(
-                        self._executor, lv.backend.predict, features
-                    )
+                    scores = await asyncio.get_running_loop().run_in_executor(self._executor, run, features)
                 elapsed_us = (time.perf_counter() - started) * 1e6
                 self.metrics.runtime_latency.observe(
                     elapsed_us, self.manager.name, "predict", lv.backend.runtime
@@ -104,3 +151,15 @@ class Predictor:
         while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)  # polling keeps the request path free of Event bookkeeping
         return self.inflight == 0
+
+
+def _logged_inputs(features: np.ndarray | RawBatch) -> dict[str, Any]:
+    """The decoded batch for the request log: `instances` (features) or columnar `inputs` (raw)."""
+    if isinstance(features, RawBatch):
+        return {"inputs": {k: v.tolist() for k, v in features.inputs.items()}}
+    return {"instances": features}
+
+
+def raw_runner(lv: LoadedVersion) -> Callable[[RawBatch], np.ndarray]:
+    """The version's `raw` signature as a function of a decoded RawBatch."""
+    return lambda batch: lv.backend.predict_raw(batch.inputs)

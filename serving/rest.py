@@ -17,6 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ctr_contract.repository import MAX_VERSION, parse_version_dir
 from serving.errors import (
     InvalidArgument,
     MethodNotAllowed,
@@ -25,11 +26,15 @@ from serving.errors import (
     Unavailable,
     Unimplemented,
 )
+from serving.log_limits import RateLimitedLog
 from serving.model_info import metadata_json, status_response, to_json
 from serving.predictor import Predictor
-from serving.rest_codec import encode_predictions, parse_body, to_features
+from serving.rest_body import BodyDecoder, BodyOverLimits
+from serving.rest_codec import encode_predictions
+from serving.signatures import Signature
 
 log = logging.getLogger(__name__)
+client_log = RateLimitedLog(log)  # lines a client can cause at will: at most a few a minute
 
 MODEL_ROUTE = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)"
@@ -48,20 +53,32 @@ def error_body(message: str) -> bytes:
 class RestApp:
     """The REST handlers; `predictor` holds the models, `metrics_text` renders the exposition."""
 
-    def __init__(self, predictor: Predictor, metrics_text: Callable[[], str]) -> None:
+    def __init__(
+        self, predictor: Predictor, metrics_text: Callable[[], str], decoder: BodyDecoder | None = None
+    ) -> None:
         self.predictor, self.manager, self._metrics_text = predictor, predictor.manager, metrics_text
+        self.decoder = decoder or BodyDecoder(predictor.limits.max_instances)
 
-    async def handle(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
-        """Answer one request; never raises. Returns (status, body, content type)."""
+    async def handle(
+        self, method: str, path: str, body: bytes | bytearray, request_id: str | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """Answer one request; never raises. Returns (status, body, content type).
+
+        `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
+        """
         try:
-            return await self._dispatch(method, path, body)
+            return await self._dispatch(method, path, body, request_id)
         except ServingError as exc:
             return exc.http_status, error_body(exc.message), JSON
         except Exception as exc:  # a bug, not a client mistake: log it with its traceback, answer 500
-            log.exception("unhandled error on %s %s", method, path)
+            client_log.log(
+                logging.ERROR, "rest-500", "unhandled error on %s %.200s", method, path, exc_info=True
+            )
             return 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), JSON
 
-    async def _dispatch(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bytes]:
+    async def _dispatch(
+        self, method: str, path: str, body: bytes | bytearray, request_id: str | None = None
+    ) -> tuple[int, bytes, bytes]:
         route = MODEL_ROUTE.match(path)
         if route is None:
             if path in METRICS_PATHS or path == "/healthz":
@@ -74,7 +91,7 @@ class RestApp:
         version = _parse_version(route["version"])
         if action == ":predict":
             _require(method, "POST")
-            return 200, await self._predict(body, name, version, label), JSON
+            return 200, await self._predict(body, name, version, label, request_id), JSON
         if action in (":classify", ":regress"):
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         _require(method, "GET")
@@ -87,17 +104,40 @@ class RestApp:
             )
         return self._status(name, version, label)
 
-    async def _predict(self, body: bytes, name: str, version: int | None, label: str | None) -> bytes:
-        request = None
+    async def _predict(
+        self,
+        body: bytes | bytearray,
+        name: str,
+        version: int | None,
+        label: str | None,
+        request_id: str | None = None,
+    ) -> bytes:
+        # Decoded before the predictor's (synchronous) decode step, which then hands the result over, so
+        # a large body is decoded off the event loop and its errors are still counted by the predictor.
+        decoded: tuple[Signature, bool, Any] | None = None
+        error: ServingError | None = None
+        try:
+            sig = self.manager.resolve(name, version, label).backend.signature
+            decoded = (sig, *await self.decoder.decode(body, sig))
+        except BodyOverLimits as exc:
+            self.predictor.metrics.requests_refused.inc("instances")
+            error = exc
+        except ServingError as exc:  # e.g. an unknown version: the predictor raises it again and counts it
+            error = exc
+        columnar = False
 
-        def decode(sig: Any) -> Any:
-            nonlocal request
-            request = parse_body(body)
-            return to_features(request, sig)
+        def decode(sig: Signature) -> Any:
+            nonlocal columnar
+            if decoded is None:
+                assert error is not None
+                raise error
+            if decoded[0] != sig:  # a new version with another signature was loaded meanwhile
+                raise Unavailable("the model version changed while decoding the request; retry it")
+            columnar = decoded[1]
+            return decoded[2]
 
-        scores, _ = await self.predictor.predict(name, version, label, decode, "REST")
-        assert request is not None
-        return encode_predictions(scores, request.columnar)
+        scores, _ = await self.predictor.predict(name, version, label, decode, "REST", request_id)
+        return encode_predictions(scores, columnar)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         if label is not None:
@@ -119,6 +159,13 @@ def _require(method: str, expected: str) -> None:
 def _parse_version(text: str | None) -> int | None:
     if text is None:
         return None
-    if not (text.isascii() and text.isdigit()):  # int() rejects some Unicode digits, e.g. '²'
-        raise InvalidArgument(f"version must be a positive integer, got '{text}'")
-    return int(text)
+    # The version-folder rule: 1..2**63-1 without leading zeros (and no int() of 5,000 digits).
+    version = parse_version_dir(text)
+    if version is None:
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        if not (text.isascii() and text.isdigit()):  # int() rejects some Unicode digits, e.g. '²'
+            raise InvalidArgument(f"version must be a positive integer, got '{shown}'")
+        raise InvalidArgument(
+            f"version must be an integer from 1 to {MAX_VERSION} without leading zeros, got '{shown}'"
+        )
+    return version

@@ -28,12 +28,15 @@ import grpc
 from serving.batching import DynamicBatcher
 from serving.config import ServerConfig
 from serving.curl_example import curl_example
+from serving.drift import DriftMonitor
 from serving.grpc_service import build_grpc_server
-from serving.http_server import HttpServer
+from serving.http_server import HttpLimits, HttpServer
 from serving.metrics import ServingMetrics
 from serving.metrics_shared import SharedServingMetrics
-from serving.predictor import Predictor
+from serving.predictor import Predictor, raw_runner
+from serving.request_log import RequestLog
 from serving.rest import RestApp
+from serving.rest_body import BodyDecoder
 from serving.validation import Limits
 from serving.versions import LoadedVersion, ModelManager
 
@@ -52,12 +55,13 @@ class WorkerRole:
 
 def _batcher_factory(
     cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor
-) -> Callable[[LoadedVersion], DynamicBatcher]:
+) -> Callable[..., DynamicBatcher]:
     """One DynamicBatcher per loaded version, all sharing the inference thread."""
 
-    def make(lv: LoadedVersion) -> DynamicBatcher:
+    def make(lv: LoadedVersion, raw: bool = False) -> DynamicBatcher:
+        """`raw`: the batcher of the version's `raw` signature (RawBatch in, predict_raw)."""
         return DynamicBatcher(
-            lv.backend.predict,
+            raw_runner(lv) if raw else lv.backend.predict,
             max_batch_size=cfg.max_batch_size,
             batch_timeout_s=cfg.batch_timeout_micros / 1e6,
             max_enqueued_batches=cfg.max_enqueued_batches,
@@ -103,10 +107,28 @@ async def _open_ports(
     if rest_socket is not None:
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
-        http_server = HttpServer(RestApp(predictor, metrics.render), cfg.max_body_bytes, served_by)
+        decoder = BodyDecoder(cfg.max_instances)
+        decoder.start()
+        app = RestApp(predictor, lambda: metrics.render() + predictor.drift_text(), decoder)
+        http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket)
         log.info("REST listening on %s:%d", cfg.host, cfg.rest_api_port)
     return grpc_server, http_server
+
+
+def http_limits(cfg: ServerConfig) -> HttpLimits:
+    """The REST connection limits of `cfg`."""
+    return HttpLimits(
+        max_body_bytes=cfg.max_body_bytes,
+        header_timeout_s=cfg.header_timeout_seconds,
+        body_timeout_s=cfg.body_timeout_seconds,
+        keepalive_timeout_s=cfg.keepalive_timeout_seconds,
+        max_header_bytes=cfg.max_header_bytes,
+        max_headers=cfg.max_headers,
+        max_connections=cfg.max_connections,
+        max_output_bytes=cfg.max_output_bytes,
+        max_buffered_bytes=cfg.max_buffered_bytes,
+    )
 
 
 async def _worker_chores(worker: WorkerRole, metrics: SharedServingMetrics, stop: asyncio.Event) -> None:
@@ -123,10 +145,10 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
     loop = asyncio.get_running_loop()
     metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
-    # One thread runs model batches (ORT has its own intra-op threads); another loads new versions so a
-    # slow load never delays inference.
+    # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
+    # a slow disk never delays inference. Each model load gets a thread of its own (serving/version_loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
-    load_executor = ThreadPoolExecutor(1, thread_name_prefix="model-load")
+    disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
     manager = ModelManager(
         cfg.model_name,
         cfg.model_base_path,
@@ -135,10 +157,13 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         cfg.model_version_policy,
         cfg.version_labels,
         metrics,
-        load_executor,
+        disk_executor,
         make_batcher=_batcher_factory(cfg, metrics, run_executor) if cfg.enable_batching else None,
+        manifest_wait_s=cfg.manifest_wait_timeout_seconds,
+        load_timeout_s=cfg.model_load_timeout_seconds,
     )
     predictor = Predictor(manager, Limits(cfg.max_instances, cfg.allow_nonfinite), metrics, run_executor)
+    _watch_traffic(cfg, predictor, metrics, worker)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -179,11 +204,39 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
             task.cancel()
     if http_server is not None:
         await http_server.close(timeout_s=1.0)
+        http_server.app.decoder.close()
     if grpc_server is not None:
         await grpc_server.stop(grace=1.0)
     run_executor.shutdown(wait=False, cancel_futures=True)
-    load_executor.shutdown(wait=False, cancel_futures=True)
+    disk_executor.shutdown(wait=False, cancel_futures=True)
+    if predictor.request_log is not None:
+        predictor.request_log.stop()
     log.info("stopped")
+
+
+def _watch_traffic(
+    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, worker: WorkerRole | None
+) -> None:
+    """The drift window and the sampled request log (docs/daily-loop.md), when the flags ask for them."""
+    if cfg.drift_window:
+
+        def newest_dir() -> Path | None:
+            latest = predictor.manager.latest
+            return None if latest is None else cfg.model_base_path / str(latest.version)
+
+        shared = worker.metrics_dir if worker is not None else None
+        predictor.drift = DriftMonitor(cfg.model_name, cfg.drift_window, newest_dir, shared, cfg.num_workers)
+    if cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None:
+        for counter in (metrics.request_log_lines, metrics.request_log_dropped):
+            counter.inc(cfg.model_name, amount=0)  # present from the start: alerts see 0, not no data
+        predictor.request_log = RequestLog(
+            cfg.request_log_dir,
+            cfg.request_log_sample_rate,
+            cfg.request_log_max_bytes,
+            on_drop=lambda n: metrics.request_log_dropped.inc(cfg.model_name, amount=n),
+            on_write=lambda n: metrics.request_log_lines.inc(cfg.model_name, amount=n),
+        )
+        predictor.request_log.start()
 
 
 def run_server(cfg: ServerConfig, worker: WorkerRole | None = None) -> int:

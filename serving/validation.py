@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.backends import Signature
 from serving.errors import InvalidArgument
+from serving.signatures import Signature
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ctr_contract.repository import parse_version_dir
+
 
 @dataclass(frozen=True)
 class VersionPolicy:
@@ -23,12 +25,14 @@ class VersionPolicy:
         if kind == "all" and not arg:
             return cls("all")
         numbers = [p.strip() for p in arg.split(",")] if arg else []
-        if not all(p.isascii() and p.isdigit() and int(p) > 0 for p in numbers):
+        parsed = [parse_version_dir(p) for p in numbers]  # the version-folder rule: 1..2**63-1, canonical
+        if None in parsed:
             raise error
-        if kind == "latest" and len(numbers) <= 1:
-            return cls("latest", num_versions=int(numbers[0]) if numbers else 1)
-        if kind == "specific" and numbers:
-            return cls("specific", versions=tuple(sorted(int(p) for p in numbers)))
+        values = [v for v in parsed if v is not None]
+        if kind == "latest" and len(values) <= 1:
+            return cls("latest", num_versions=values[0] if values else 1)
+        if kind == "specific" and values:
+            return cls("specific", versions=tuple(sorted(values)))
         raise error
 
     def select(self, available: list[int]) -> list[int]:

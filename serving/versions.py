@@ -1,29 +1,41 @@
-"""Model versions: poll `--model_base_path`, load + warm new versions, swap atomically, unload when idle.
+"""Model versions: poll `--model_base_path`, verify, load + warm new versions, swap atomically, unload when idle.
 
 TF Serving's availability-preserving policy: a version leaves service only once the versions the policy
 wants are loaded, and its memory is released only after its last in-flight request has finished.
-Everything here runs on the event-loop thread, except backend loading, which runs in an executor.
+
+Nothing in a version folder is trusted before it is checked (serving/manifest_check.py), and every fault
+stays with its own version: an incomplete folder waits (up to `--manifest_wait_timeout_seconds`), a corrupt,
+unreadable or hung one fails alone and is retried only once one of its files changes. docs/serving-versions.md
+has the rules. All state lives on the event-loop thread; folder scans run on `disk_executor`, and each load
+runs on its own thread (serving/version_loading.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from serving.backends import Backend, load_backend
 from serving.batching import DynamicBatcher
 from serving.errors import InvalidArgument, NotFound, Unavailable
+from serving.log_limits import RateLimitedLog
 from serving.metrics import ServingMetrics
+from serving.version_loading import load_in_thread
 from serving.version_policy import VersionPolicy
+from serving.version_scan import Scan, scan_base
+from serving.version_states import VersionState, VersionStates
 from serving.warmup import warm_up
 
 log = logging.getLogger(__name__)
+limited = RateLimitedLog(log)
+MAX_HUNG_LOADS = 4  # abandoned load threads still running; no new load starts beyond this
+MAX_NAMES_REPORTED = 1000  # odd folder names remembered so that each is logged once
 
 
 @dataclass
@@ -33,38 +45,14 @@ class LoadedVersion:
     version: int
     backend: Backend
     batcher: DynamicBatcher | None = None
+    raw_batcher: DynamicBatcher | None = None  # the `raw` signature's queue (serving/raw_codec.py)
     inflight: int = 0
     retired: bool = False
 
 
-@dataclass
-class VersionState:
-    """What the status endpoint reports for one version (TF Serving's ModelVersionStatus)."""
-
-    version: int
-    state: str = "START"  # START, LOADING, AVAILABLE, UNLOADING, END
-    error_code: str = "OK"
-    error_message: str = ""
-    failed_stamp: int | None = field(default=None, repr=False)  # mtime_ns of the folder that failed
-
-
-def _stamp(path: Path) -> int:
-    """Folder change stamp: a failed version is retried only when its files change."""
-    return max((e.stat().st_mtime_ns for e in os.scandir(path)), default=path.stat().st_mtime_ns)
-
-
 def versions_on_disk(base_path: Path) -> dict[int, Path]:
-    """Numeric subfolders of the model base path (temporary folders such as `.tmp-3` are ignored)."""
-    try:
-        entries = list(os.scandir(base_path))
-    except FileNotFoundError:
-        return {}
-    return {int(e.name): Path(e.path) for e in entries if _is_version(e.name) and e.is_dir()}
-
-
-def _is_version(name: str) -> bool:
-    # isdigit() alone accepts names such as '²' that int() rejects.
-    return name.isascii() and name.isdigit() and int(name) > 0
+    """Version folders under the model base path (by `ctr_contract.parse_version_dir`); {} when unreadable."""
+    return scan_base(base_path, set()).versions
 
 
 class ModelManager:
@@ -79,16 +67,22 @@ class ModelManager:
         policy: VersionPolicy,
         labels: dict[str, int],
         metrics: ServingMetrics,
-        load_executor: Executor,
-        make_batcher: Callable[[LoadedVersion], DynamicBatcher] | None = None,
+        disk_executor: Executor,
+        make_batcher: Callable[..., DynamicBatcher] | None = None,
+        manifest_wait_s: float = 600.0,
+        load_timeout_s: float = 600.0,
     ) -> None:
         self.name, self.base_path, self.backend_kind = name, base_path, backend_kind
         self.intra_op_threads, self.policy, self.labels = intra_op_threads, policy, labels
-        self.metrics, self._load_executor = metrics, load_executor
+        self.metrics, self._disk_executor = metrics, disk_executor
         self._make_batcher = make_batcher  # None: batching off
+        self.load_timeout_s = load_timeout_s  # 0: no limit
         self.loaded: dict[int, LoadedVersion] = {}
-        self.states: dict[int, VersionState] = {}
+        self.states = VersionStates(name, metrics, manifest_wait_s)
         self.latest: LoadedVersion | None = None
+        self._hung: list[threading.Thread] = []
+        self._base_condition = ""  # the last reported problem with the base path ("" = none)
+        self._names_reported: set[str] = set()
 
     # --- request path -------------------------------------------------------------------------
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> LoadedVersion:
@@ -130,74 +124,118 @@ class ModelManager:
 
     # --- polling ------------------------------------------------------------------------------
     async def poll_forever(self, interval_s: float) -> None:
-        """Re-scan every `interval_s`; one failed scan is logged and never stops the loop."""
+        """Re-scan every `interval_s`; a failed scan (a bug: faults are handled per version) never stops it."""
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await self.poll_once()
             except Exception:
-                log.exception("polling %s failed; will retry in %.1fs", self.base_path, interval_s)
+                limited.log(logging.ERROR, "poll", "polling %s failed", self.base_path, exc_info=True)
 
     async def poll_once(self) -> None:
         """Load what the policy wants (newest first), then retire what it no longer wants."""
-        on_disk = versions_on_disk(self.base_path)
-        if not on_disk:
-            # An empty or missing base path is more often a transient mount problem than an intent to
-            # stop serving: keep what is loaded (TF Serving would unload it) and say so.
-            log.warning(
-                "no version folders under %s; keeping loaded versions %s", self.base_path, sorted(self.loaded)
-            )
-            return
+        scan = await asyncio.get_running_loop().run_in_executor(
+            self._disk_executor,
+            scan_base,
+            self.base_path,
+            self.states.failed(),
+            self.states.due_for_content_check(),
+        )
+        self._report_scan(scan)
+        if scan.base_error or not scan.versions:
+            return  # keep what is loaded: a missing or unreadable base path is more often transient
+        skip = {
+            v for v in scan.versions if self.states.still_failed(v, scan.stamps.get(v), scan.digests.get(v))
+        }
         while True:
-            candidates = [v for v, p in on_disk.items() if not self._failed(v, p)]
-            aspired = self.policy.select(candidates)
+            aspired = self.policy.select([v for v in scan.versions if v not in skip])
             to_load = sorted(set(aspired) - set(self.loaded), reverse=True)
-            if not to_load:
+            if not to_load or self._too_many_hung():
                 break
-            await self._load(to_load[0], on_disk[to_load[0]])
+            if not await self._load(to_load[0], scan.versions[to_load[0]]):
+                skip.add(to_load[0])
         for v in sorted(set(self.loaded) - set(aspired)):
-            self._retire(self.loaded[v], reason="deleted" if v not in on_disk else "superseded")
-        for v, state in self.states.items():
-            if v not in on_disk and state.state == "END" and state.failed_stamp is not None:
-                state.failed_stamp = None  # the failed folder is gone; a new one with this number is retried
+            self._retire(self.loaded[v], reason="deleted" if v not in scan.versions else "superseded")
+        self.states.forget_gone(set(scan.versions) | set(scan.entry_errors) | set(self.loaded))
 
-    def _failed(self, version: int, path: Path) -> bool:
-        state = self.states.get(version)
-        if state is None or state.failed_stamp is None:
+    def _report_scan(self, scan: Scan) -> None:
+        """Log base-path problems when they change (not every poll), odd names once, entry errors once."""
+        condition = scan.base_error or ("" if scan.versions or scan.entry_errors else "empty")
+        if condition != self._base_condition:
+            if condition == "empty":
+                log.warning(
+                    "no version folders under %s; keeping loaded versions %s",
+                    self.base_path,
+                    sorted(self.loaded),
+                )
+            elif condition:
+                log.error("%s; keeping loaded versions %s", condition, sorted(self.loaded))
+            else:
+                log.info("%s lists version folders again", self.base_path)
+            self._base_condition = condition
+        for name in scan.odd_names:
+            if name not in self._names_reported and len(self._names_reported) < MAX_NAMES_REPORTED:
+                self._names_reported.add(name)
+                log.warning(
+                    "ignoring folder %s/%s: a version folder is named by a number from 1 to 2**63-1 with no "
+                    "leading zero",
+                    self.base_path,
+                    name,
+                )
+        for version, error in scan.entry_errors.items():
+            self.states.entry_error(version, error)
+
+    def _too_many_hung(self) -> bool:
+        self._hung = [t for t in self._hung if t.is_alive()]
+        if len(self._hung) < MAX_HUNG_LOADS:
             return False
-        try:
-            return state.failed_stamp == _stamp(path)
-        except FileNotFoundError:  # removed since the scan: not a candidate
-            return True
+        limited.log(
+            logging.ERROR,
+            "hung",
+            "%d model loads are hung; no new load starts until one returns",
+            len(self._hung),
+        )
+        return True
 
-    async def _load(self, version: int, path: Path) -> None:
-        state = self.states[version] = VersionState(version, state="LOADING")
-        log.info("loading %s version %d from %s (%s backend)", self.name, version, path, self.backend_kind)
-        started = time.perf_counter()
-        stamp = -1  # a folder that vanished before its stamp was read stays failed until it is back
-        loop = asyncio.get_running_loop()
-        try:
-            stamp = _stamp(path)  # inside the try: the folder may vanish between the scan and now
-            backend, n_warmup = await loop.run_in_executor(self._load_executor, self._load_and_warm, path)
-        except Exception as exc:  # any load/warm-up failure: the old versions keep serving
-            state.state, state.error_code, state.failed_stamp = "END", "UNKNOWN", stamp
-            state.error_message = f"failed to load version {version}: {exc}"
+    async def _load(self, version: int, path: Path) -> bool:
+        """One load attempt; True when the version became AVAILABLE."""
+        state = self.states.setdefault(version, VersionState(version))
+        if state.waiting_since is None:
+            log.info(
+                "loading %s version %d from %s (%s backend)", self.name, version, path, self.backend_kind
+            )
+        state.state, started = "LOADING", time.perf_counter()
+        attempt, thread = await load_in_thread(self.name, path, self._load_and_warm, self.load_timeout_s)
+        if attempt.timed_out:
+            self._hung.append(thread)
             self.metrics.load_failures.inc(self.name)
-            log.error("%s; previously loaded versions keep serving", state.error_message)
-            return
-        lv = LoadedVersion(version, backend)
+            self.states.fail(
+                state,
+                "load_timeout",
+                "DEADLINE_EXCEEDED",
+                f"not loaded within {self.load_timeout_s:g}s (--model_load_timeout_seconds); the load was abandoned",
+                attempt.stamp or "timed out",
+            )
+            return False
+        if attempt.error is not None or attempt.backend is None:
+            self.states.settle_failure(state, attempt.error, attempt.stamp, attempt.digest)
+            return False
+        lv = LoadedVersion(version, attempt.backend)
         if self._make_batcher is not None:
             lv.batcher = self._make_batcher(lv)
+            if lv.backend.signature.has_raw:  # raw rows queue apart: a batch holds one kind of input
+                lv.raw_batcher = self._make_batcher(lv, raw=True)
         self.loaded[version] = lv
-        state.state = "AVAILABLE"
+        self.states.available(state)
         self._refresh_latest()
         log.info(
             "%s version %d available (%d warm-up requests, %.2fs)",
             self.name,
             version,
-            n_warmup,
+            attempt.n_warmup,
             time.perf_counter() - started,
         )
+        return True
 
     def _load_and_warm(self, path: Path) -> tuple[Backend, int]:
         backend = load_backend(self.backend_kind, path, self.intra_op_threads)
@@ -217,6 +255,8 @@ class ModelManager:
     def _unload(self, lv: LoadedVersion) -> None:
         if lv.batcher is not None:
             lv.batcher.close()
+        if lv.raw_batcher is not None:
+            lv.raw_batcher.close()
         state = self.states.get(lv.version)
         if state is not None and state.state == "UNLOADING":
             state.state = "END"

@@ -10,36 +10,26 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 
+from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
 from serving.errors import ModelLoadError
 from serving.tensors import to_ndarray
 
-WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
+WARMUP_FILE = Path(WARMUP_PATH)
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit too
 
 
-def _crc32c_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
 def masked_crc32c(data: bytes) -> int:
-    """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 and offset by 0xa282ead8."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
+    """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 and offset by 0xa282ead8.
+
+    google-crc32c's C (SSE4.2) code: about 0.1-0.6 ms per MiB here, where a pure-Python table loop took 100-500 ms
+    per MiB holding the GIL (docs/serving-versions.md).
+    """
+    crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 

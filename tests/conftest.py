@@ -6,13 +6,51 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO_ROOT, free_port
+
+__all__ = ["REPO_ROOT", "free_port"]
+
 
 RunModule = Callable[..., subprocess.CompletedProcess]
+
+
+@dataclass(frozen=True)
+class Published:
+    """One session export: its run dir, model base path and version folder."""
+
+    run: Path
+    repo: Path
+    version_dir: Path
+
+
+@pytest.fixture(scope="session")
+def published(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Published]:
+    """Export (activation, target profile) once per session; returns a lookup function.
+
+    Exports are slow-ish (TF import, SavedModel write), so each case is exported once per session into its own
+    repository, and the export and bench tests read the published files.
+    """
+    from export.__main__ import main as export_main  # deferred: torch, onnx and TF load only when used
+    from tests.export.export_runs import make_run
+
+    cache: dict[tuple[str, str], Published] = {}
+
+    def get(activation: str, target: str = "standard") -> Published:
+        key = (activation, target)
+        if key not in cache:
+            root = tmp_path_factory.mktemp(f"export-{activation}-{target}")
+            run = make_run(root / "run", activation)
+            repo = root / "models" / "ctr"
+            assert export_main(["--run", str(run), "--repo", str(repo), "--target", target]) == 0
+            cache[key] = Published(run, repo, repo / "1")
+        return cache[key]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from training.config import TrainConfig
+from training.config import LOADERS, TrainConfig
 from training.criteo import MalformedRowError
 from training.distributed import DistributedSetupError
 from training.model import ACTIVATIONS
 from training.module import ADAM_IMPLS, NonFiniteLossError
+from training.tune_params import load_tuned_params
 
 _EPILOG = """examples:
   python -m training --data artifacts/data/train.txt --out artifacts/run
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=Path,
         default=d.data,
-        help=f"Criteo file: Kaggle TSV or CSV with header (default {d.data})",
+        help="Criteo data: a file, a directory or a quoted glob of Kaggle TSV / CSV-with-header files, "
+        f"or of Parquet files, read as one data set (default {d.data})",
     )
     g.add_argument("--out", type=Path, default=d.out, help=f"run directory to write (default {d.out})")
     g.add_argument(
@@ -49,6 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"validation share (default {d.val_fraction})",
     )
     g.add_argument("--width", type=int, default=d.width, help=f"feature vector width (default {d.width})")
+    g.add_argument(
+        "--loader",
+        choices=LOADERS,
+        default=d.loader,
+        help="stream: rows stream from Parquet through a shuffle buffer, memory flat in the row count; "
+        "memory: features held in each process (faster per epoch); auto (default): memory only when the "
+        "features take at most 1 GiB and a quarter of the available memory per process",
+    )
+    g.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=d.shuffle_buffer,
+        help=f"rows in each process's shuffle buffer when streaming (default {d.shuffle_buffer}, {d.shuffle_buffer * 512 // 2**20} MiB at width 128)",
+    )
     g = p.add_argument_group("model and optimiser")
     g.add_argument(
         "--activation",
@@ -58,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--batch-size", type=int, default=d.batch_size, help=f"per-rank batch size (default {d.batch_size})"
+    )
+    g.add_argument(
+        "--dropout1", type=float, default=d.dropout1, help=f"dropout after layer 1 (default {d.dropout1})"
+    )
+    g.add_argument(
+        "--dropout2", type=float, default=d.dropout2, help=f"dropout after layer 2 (default {d.dropout2})"
+    )
+    g.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="tuned hyperparameters: the best.json of `make tune` (options given here still win)",
     )
     g.add_argument(
         "--max-epochs", type=int, default=d.max_epochs, help=f"epoch limit (default {d.max_epochs})"
@@ -113,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run control")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.ckpt")
     g.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="warm start: weights and frozen feature spec from a checkpoint, run dir, published version "
+        "folder or model base path (its newest version); see training/warm_start.py",
+    )
+    g.add_argument(
         "--no-progress-bar", dest="progress_bar", action="store_false", help="disable the progress bar"
     )
     g.add_argument(
@@ -124,13 +159,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit 0 on success, 1 when the run fails (bad data, NaN loss, DDP setup), 2 on invalid options."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        cfg = TrainConfig(**vars(args))
-        from training.train import run_training  # heavy imports after argument checks (fast --help)
+        if args.config is not None:
+            # The file's values become defaults, so an option on the command line still overrides them.
+            parser.set_defaults(**load_tuned_params(args.config))
+            args = parser.parse_args(argv)
+        cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "config"})
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from training.train import run_training  # heavy imports after argument checks (fast --help)
 
+    try:
         run_training(cfg)
     except (MalformedRowError, NonFiniteLossError, DistributedSetupError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1
     return 0

@@ -8,6 +8,8 @@ from typing import Any
 
 from training.split import DEFAULT_VAL_FRACTION
 
+LOADERS = ("auto", "stream", "memory")
+
 
 @dataclass
 class TrainConfig:
@@ -19,7 +21,11 @@ class TrainConfig:
     max_rows: int | None = None
     val_fraction: float = DEFAULT_VAL_FRACTION
     width: int = 128
+    loader: str = "auto"
+    shuffle_buffer: int = 1 << 17
     activation: str = "relu"
+    dropout1: float = 0.3
+    dropout2: float = 0.2
     batch_size: int = 2048
     max_epochs: int = 3
     lr: float = 2e-3
@@ -35,11 +41,13 @@ class TrainConfig:
     precision: str = "32-true"
     ddp_timeout: float = 120.0
     resume: bool = False
+    init_from: Path | None = None
     progress_bar: bool = True
     sample_audit: bool = False
 
     def __post_init__(self) -> None:
         self.data, self.out = Path(self.data), Path(self.out)
+        self.init_from = Path(self.init_from) if self.init_from is not None else None
         checks = {
             "batch_size": self.batch_size >= 1,
             "max_epochs": self.max_epochs >= 1,
@@ -51,6 +59,10 @@ class TrainConfig:
             "patience": self.patience >= 0,
             "max_rows": self.max_rows is None or self.max_rows > 0,
             "threads": self.threads is None or self.threads >= 1,
+            "loader": self.loader in LOADERS,
+            "shuffle_buffer": self.shuffle_buffer >= 1,
+            "dropout1": 0 <= self.dropout1 < 1,
+            "dropout2": 0 <= self.dropout2 < 1,
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
@@ -63,4 +75,5 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["data"], d["out"] = str(self.data), str(self.out)
+        d["init_from"] = str(self.init_from) if self.init_from is not None else None
         return d

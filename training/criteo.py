@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from training.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS
 
 BLOCK_SIZE = 32 << 20  # bytes of text per batch: bounds memory for files of any size
 _COUNT_RE = r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"  # an integer count, also written as 260.0 or 1e3

@@ -1,21 +1,43 @@
-"""From the Parquet cache to model-ready arrays: split by row id, fit the FeatureSpec on train, transform."""
+"""From Parquet to model input: open the data set, fit the FeatureSpec once, and pick how training reads rows.
+
+`prepare_streaming` is what a run uses: one process opens the files and fits the spec by streaming the
+training rows (`training.spec_fit`), writes both to a small JSON beside the data, and every rank loads it.
+`choose_loader` then picks `stream` (bounded memory, `training.stream_batches`) or `memory` (transformed
+arrays held in each process, `load_in_memory`): `auto` takes memory only when the arrays are small.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from training.feature_cache import expand, iter_records, transform_chunk, write_split
 from training.features import FeatureSpec
-from training.hashing import StringColumn
+from training.once import build_once
 from training.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.split import validation_mask
+from training.sources import DataError
+from training.spec_fit import FitChunk, fit_streaming
+from training.stream import ParquetData, Split, numeric_matrix, string_column
 
-_TRANSFORM_ROWS = 1 << 18  # rows transformed at a time: bounds the temporary float64 arrays
+__all__ = [
+    "PreparedData",
+    "load_in_memory",
+    "numeric_matrix",
+    "prepare",
+    "prepare_streaming",
+    "string_column",
+]
+
+PREPARED_VERSION = 1
+# `--loader auto` holds the data in memory when its float32 features take at most this much per process
+# (about 2M rows at width 128) and at most a quarter of the memory available to the processes on this host.
+MEMORY_LOADER_MAX_BYTES = 1 << 30
 
 
 @dataclass
@@ -31,67 +53,161 @@ class PreparedData:
     val_ids: np.ndarray
 
 
-def string_column(arr: pa.Array | pa.ChunkedArray) -> StringColumn:
-    """Arrow strings -> (bytes, offsets) without a Python object per value; nulls become ''."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], pa.string())
-    arr = pc.fill_null(arr, "").cast(pa.large_string())
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return data, offsets
+def fit_chunks(data: ParquetData) -> Callable[[bool], Iterator[FitChunk]]:
+    """The training rows of `data` in file order, one row group at a time, for `fit_streaming`."""
+
+    def chunks(numeric_only: bool) -> Iterator[FitChunk]:
+        columns = (LABEL, *NUMERIC_FIELDS) if numeric_only else None
+        for piece in data.pieces:
+            if piece.train_rows:
+                t = data.read(piece, "train", columns).table
+                cats = None if numeric_only else [string_column(t.column(f)) for f in CATEGORICAL_FIELDS]
+                yield numeric_matrix(t), cats, t.column(LABEL).to_numpy().astype(np.float32)
+
+    return chunks
 
 
-def numeric_matrix(table: pa.Table) -> np.ndarray:
-    """I1..I13 as float64 [N, 13], NaN where missing."""
-    cols = [table.column(f).to_numpy(zero_copy_only=False) for f in NUMERIC_FIELDS]
-    return np.stack(cols, axis=1).astype(np.float64) if cols and len(table) else np.zeros((len(table), 13))
+def split_arrays(
+    data: ParquetData, spec: FeatureSpec, split: Split
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All rows of one split, transformed, in file order: (x float32 [N, width], y float32 [N], ids int64 [N])."""
+    n = data.rows(split)
+    x, y, ids = np.empty((n, spec.width), np.float32), np.empty(n, np.float32), np.empty(n, np.int64)
+    at = 0
+    for piece in data.pieces:
+        if piece.count(split):
+            chunk = data.read(piece, split)
+            k = len(chunk.ids)
+            x[at : at + k] = transform_chunk(spec, chunk.table)
+            y[at : at + k] = chunk.table.column(LABEL).to_numpy()
+            ids[at : at + k] = chunk.ids
+            at += k
+    return x, y, ids
 
 
-def transform_table(spec: FeatureSpec, table: pa.Table) -> np.ndarray:
-    """Apply the spec to a cache table in slices; float32 [N, width]."""
-    out = np.empty((len(table), spec.width), dtype=np.float32)
-    for start in range(0, len(table), _TRANSFORM_ROWS):
-        part = table.slice(start, _TRANSFORM_ROWS)
-        cats = [string_column(part.column(f)) for f in CATEGORICAL_FIELDS]
-        out[start : start + len(part)] = spec.transform(numeric_matrix(part), cats)
-    return out
+def load_in_memory(
+    data: ParquetData, spec: FeatureSpec, encoded: dict[Split, Path] | None = None
+) -> PreparedData:
+    """Both splits as preallocated arrays (no Arrow table of all rows is ever built).
+
+    With `encoded` (see `prepare_streaming`) the rows are expanded from the encoded files, not transformed again.
+    """
+    if encoded is None:
+        return PreparedData(spec, *split_arrays(data, spec, "train"), *split_arrays(data, spec, "val"))
+    parts = []
+    for split in ("train", "val"):
+        n = data.rows(split)  # type: ignore[arg-type]
+        x, y = np.empty((n, spec.width), np.float32), np.empty(n, np.float32)
+        at = 0
+        for rec in iter_records(encoded[split], n):  # type: ignore[index]
+            bx, by, _ = expand(rec, spec.width)
+            x[at : at + len(rec)], y[at : at + len(rec)] = bx.numpy(), by.reshape(-1).numpy()
+            at += len(rec)
+        ids = np.concatenate([data.read(p, split, (LABEL,)).ids for p in data.pieces if p.count(split)])  # type: ignore[arg-type]
+        parts += [x, y, ids]
+    return PreparedData(spec, *parts)
 
 
-def prepare(cache: Path, val_fraction: float, width: int, max_rows: int | None = None) -> PreparedData:
-    """Read the cache, split it, fit the spec on the training rows only, and transform both splits.
+def _check_splits(data: ParquetData, where: object) -> None:
+    train, val = data.rows("train"), data.rows("val")
+    if train == 0 or val == 0:
+        raise DataError(
+            f"{where}: {train + val} rows give {train} training and {val} validation rows; need both"
+        )
+
+
+def prepare(
+    cache: Path, val_fraction: float, width: int, max_rows: int | None = None, spec: FeatureSpec | None = None
+) -> PreparedData:
+    """One Parquet file split, fitted on its training rows and transformed, all in memory (benchmarks, tests).
 
     Args:
         cache: Parquet file written by `training.cache.ensure_cache`.
         val_fraction: validation share (see `training.split`).
         width: feature vector width.
         max_rows: use only the first rows of the file (quick experiments); None for all.
+        spec: a frozen spec to transform with (warm start) instead of fitting one.
     """
-    table = pq.read_table(cache)
-    if max_rows is not None:
-        table = table.slice(0, max_rows)
-    ids = table.column("row_id").to_numpy()
-    is_val = validation_mask(ids, val_fraction)
-    train, val = table.filter(pa.array(~is_val)), table.filter(pa.array(is_val))
-    if len(train) == 0 or len(val) == 0:
-        raise ValueError(
-            f"{cache}: {len(table)} rows give {len(train)} training and {len(val)} validation rows; need both"
+    data = ParquetData.open([Path(cache)], val_fraction, max_rows)
+    _check_splits(data, cache)
+    return load_in_memory(data, spec if spec is not None else fit_streaming(fit_chunks(data), width))
+
+
+def prepare_streaming(
+    files: list[Path],
+    val_fraction: float,
+    width: int,
+    max_rows: int | None,
+    say: Callable[[str], None],
+    frozen: FeatureSpec | None = None,
+) -> tuple[ParquetData, FeatureSpec, dict[Split, Path]]:
+    """Open `files` as one data set, fit the spec and encode both splits (`training.feature_cache`), once.
+
+    Done by one process while the others wait; later runs reuse the result, which is keyed by every file's
+    path, size and mtime and by the split and width settings. With a `frozen` spec (warm start) nothing is
+    fitted: the rows are encoded with that spec.
+
+    Returns:
+        The data set, the spec, and the encoded file of each split.
+    """
+    key_src = json.dumps(
+        [PREPARED_VERSION, val_fraction, width, max_rows, frozen.to_dict() if frozen else None,
+         [(str(f.resolve()), *_stat(f)) for f in files]]
+    )  # fmt: skip
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
+    target = files[0].with_name(f"{files[0].name}.prepared-{key}.json")
+    encoded: dict[Split, Path] = {
+        s: target.with_name(f"{files[0].name}.prepared-{key}.{s}.bin") for s in ("train", "val")
+    }
+
+    def build() -> None:
+        data = ParquetData.open(files, val_fraction, max_rows)
+        _check_splits(data, files[0] if len(files) == 1 else f"{len(files)} files")
+        spec = fit_streaming(fit_chunks(data), width) if frozen is None else frozen
+        for split, path in encoded.items():
+            write_split(data, spec, split, path)
+        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")  # written last: it marks the result ready
+        tmp.write_text(json.dumps({"data": data.to_json(), "spec": spec.to_dict()}, separators=(",", ":")))
+        os.replace(tmp, target)
+
+    lock = target.with_name(f"{files[0].name}.prepared-{key}.lock")
+    build_once(lock, lambda: target.is_file() and all(p.is_file() for p in encoded.values()), build, say)
+    d = json.loads(target.read_text())
+    data = ParquetData.from_json(d["data"])
+    if [tuple(s) for s in data.stamps] != [_stat(f) for f in files]:
+        raise DataError(
+            f"the data changed while it was being prepared ({files[0]} ...); re-run once it is complete"
         )
+    return data, frozen if frozen is not None else FeatureSpec.from_dict(d["spec"]), encoded
 
-    def labels(t: pa.Table) -> np.ndarray:
-        return t.column(LABEL).to_numpy().astype(np.float32)
 
-    train_y = labels(train)
-    train_cats = [string_column(train.column(f)) for f in CATEGORICAL_FIELDS]
-    spec = FeatureSpec.fit(numeric_matrix(train), train_cats, train_y, width=width)
-    del train_cats
+def _stat(f: Path) -> tuple[int, int]:
+    st = f.stat()
+    return st.st_size, st.st_mtime_ns
 
-    return PreparedData(
-        spec=spec,
-        train_x=transform_table(spec, train),
-        train_y=train_y,
-        train_ids=train.column("row_id").to_numpy(),
-        val_x=transform_table(spec, val),
-        val_y=labels(val),
-        val_ids=val.column("row_id").to_numpy(),
+
+def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: int) -> tuple[str, str]:
+    """`memory` or `stream`, and the reason, for `--loader requested` ("auto", "memory" or "stream")."""
+    need = (data.rows("train") + data.rows("val")) * width * 4
+    if requested != "auto":
+        return requested, f"--loader {requested}"
+    available = _available_memory()
+    budget = (
+        MEMORY_LOADER_MAX_BYTES
+        if available is None
+        else min(MEMORY_LOADER_MAX_BYTES, available // (4 * local_ranks))
     )
+    if need <= budget:
+        return "memory", f"features take {need / 2**20:.0f} MiB per process <= {budget / 2**20:.0f} MiB"
+    return "stream", f"features would take {need / 2**20:.0f} MiB per process > {budget / 2**20:.0f} MiB"
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,11 +1,15 @@
-"""FeatureSpec: raw Criteo fields -> float32 [N, width] vectors. Pure numpy, so export and serving can use it.
+"""FeatureSpec: raw Criteo fields -> float32 [N, width] vectors. Pure numpy: it needs no torch to run.
 
 Layout of one vector (width 128 by default; C = 26 categorical fields):
   [0, 13)         numeric z-scores: z = clip((sign(x)*log1p(|x|) - mean) / std, ±clip); 0 when missing
   [13, 26)        missing indicators for I1..I13 (1.0 = missing or non-finite)
-  [26, 52)        click-rate lift of each categorical value (see `training.rates`); 0 for rare/unseen
-  [52, width)     hashing trick: bucket = key % (width - 52), each field adds 1.0
-where key = fnv1a_32(utf8(field + ":" + value)), and a missing categorical is the empty value "".
+  [26, 52)        click-rate lift of each categorical value (see `training.vocabulary`); 0 for rare/unseen
+  [52, width-1)   hashed buckets: a value in its field's vocabulary adds 1.0 at
+                  52 + fnv1a_32(utf8(field + ":" + value)) % (width - 53)
+  width-1         out-of-vocabulary count: how many of the 26 values are not in their field's vocabulary
+A missing categorical is the empty value "". Each field's vocabulary is its most frequent training values
+(`vocab_size`, seen >= `vocab_min_count` times), so every table is a string -> number lookup that ONNX
+(`LabelEncoder`) and TF (`StaticHashTable`) run with standard ops; see docs/raw-features.md.
 The spec is data: `feature_spec.json` holds every number needed to reproduce the vectors bit for bit.
 """
 
@@ -19,15 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from training.hashing import StringColumn, encode_strings, fnv1a_column
-from training.rates import RateTable, fit_rate_table
-from training.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from training.hashing import StringColumn, encode_strings
+from training.vocabulary import FieldTable, fit_field_table, value_array, value_counts
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2  # 2: vocabularies + out-of-vocabulary column instead of hashing every value
 N_NUM = len(NUMERIC_FIELDS)
 N_CAT = len(CATEGORICAL_FIELDS)
 HASH_START = 2 * N_NUM + N_CAT  # 52: z-scores, indicators, rate lifts come first
 DEFAULT_WIDTH = 128
+VOCAB_SIZE = 10_000  # per field; bounds feature_spec.json and the serving graphs' lookup tables
+VOCAB_MIN_COUNT = 5
 
 
 def signed_log1p(x: np.ndarray) -> np.ndarray:
@@ -35,8 +41,8 @@ def signed_log1p(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.log1p(np.abs(x))
 
 
-def categorical_keys(categorical: np.ndarray | Sequence[StringColumn], n: int) -> np.ndarray:
-    """Stable per-field value hashes, uint32 [N, 26].
+def categorical_values(categorical: np.ndarray | Sequence[StringColumn], n: int) -> list[np.ndarray]:
+    """The 26 fields' values as sortable byte arrays (see `training.vocabulary.value_array`), missing = b''.
 
     Args:
         categorical: [N, 26] array of str/None, or 26 packed `StringColumn`s (one per field).
@@ -51,12 +57,10 @@ def categorical_keys(categorical: np.ndarray | Sequence[StringColumn], n: int) -
         columns = list(categorical)
         if len(columns) != N_CAT:
             raise ValueError(f"expected {N_CAT} categorical columns, got {len(columns)}")
-    keys = np.empty((n, N_CAT), dtype=np.uint32)
-    for j, (field, column) in enumerate(zip(CATEGORICAL_FIELDS, columns, strict=True)):
+    for field, column in zip(CATEGORICAL_FIELDS, columns, strict=True):
         if len(column[1]) != n + 1:
             raise ValueError(f"categorical column {field} has {len(column[1]) - 1} values, expected {n}")
-        keys[:, j] = fnv1a_column(column, prefix=f"{field}:")
-    return keys
+    return [value_array(column) for column in columns]
 
 
 @dataclass(frozen=True)
@@ -65,21 +69,24 @@ class FeatureSpec:
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    rates: tuple[RateTable, ...]
+    tables: tuple[FieldTable, ...]
     prior: float
     width: int = DEFAULT_WIDTH
     clip: float = 10.0
     min_count: int = 1000
     smoothing: float = 100.0
+    vocab_size: int = VOCAB_SIZE
+    vocab_min_count: int = VOCAB_MIN_COUNT
 
     def __post_init__(self) -> None:
-        if self.width <= HASH_START:
+        if self.width <= HASH_START + 1:
             raise ValueError(
-                f"width must exceed {HASH_START} (13 z-scores, 13 indicators, 26 rate lifts), got {self.width}"
+                f"width must exceed {HASH_START + 1} (13 z-scores, 13 indicators, 26 rate lifts, "
+                f"an out-of-vocabulary column), got {self.width}"
             )
-        if len(self.mean) != N_NUM or len(self.std) != N_NUM or len(self.rates) != N_CAT:
+        if len(self.mean) != N_NUM or len(self.std) != N_NUM or len(self.tables) != N_CAT:
             raise ValueError(
-                f"expected {N_NUM} means/stds and {N_CAT} rate tables, got {len(self.mean)}/{len(self.std)}/{len(self.rates)}"
+                f"expected {N_NUM} means/stds and {N_CAT} field tables, got {len(self.mean)}/{len(self.std)}/{len(self.tables)}"
             )
         if not all(np.isfinite(self.mean)) or not all(s > 0 and np.isfinite(s) for s in self.std):
             raise ValueError(
@@ -90,7 +97,12 @@ class FeatureSpec:
 
     @property
     def buckets(self) -> int:
-        return self.width - HASH_START
+        """Hashed buckets for vocabulary values (the last column counts out-of-vocabulary values)."""
+        return self.width - HASH_START - 1
+
+    @property
+    def oov_column(self) -> int:
+        return self.width - 1
 
     @classmethod
     def fit(
@@ -102,6 +114,8 @@ class FeatureSpec:
         min_count: int = 1000,
         smoothing: float = 100.0,
         max_entries: int = 10_000,
+        vocab_size: int = VOCAB_SIZE,
+        vocab_min_count: int = VOCAB_MIN_COUNT,
     ) -> FeatureSpec:
         """Fit on the training split only.
 
@@ -109,8 +123,9 @@ class FeatureSpec:
             numeric: float [N, 13], NaN where a cell is missing.
             categorical: [N, 26] strings or 26 `StringColumn`s.
             labels: 0/1 [N].
-            width: output width; columns beyond 52 are hashing-trick buckets.
-            min_count / smoothing / max_entries: rate table settings (see `training.rates`).
+            width: output width; columns from 52 on are vocabulary buckets and the out-of-vocabulary count.
+            min_count / smoothing / max_entries: rate table settings (see `training.vocabulary`).
+            vocab_size / vocab_min_count: per-field vocabulary bounds.
         """
         v = signed_log1p(_check_numeric(numeric).astype(np.float64))
         present = np.isfinite(v)
@@ -120,14 +135,27 @@ class FeatureSpec:
         std = np.sqrt(np.divide(sq, count, out=np.ones(N_NUM), where=count > 0))
         std = np.where(std > 1e-6, std, 1.0)  # constant or absent column: centre only
         y = np.asarray(labels, dtype=np.float64).reshape(-1)
-        keys = categorical_keys(categorical, y.size)
+        columns = categorical_values(categorical, y.size)
         prior = float(np.clip(y.mean(), 1e-4, 1 - 1e-4)) if y.size else 0.5
-        rates = tuple(
-            fit_rate_table(keys[:, j], y, prior, min_count, smoothing, max_entries) for j in range(N_CAT)
+        n_buckets = width - HASH_START - 1
+        tables = tuple(
+            fit_field_table(
+                field,
+                *value_counts(col, y),
+                prior,
+                n_buckets,
+                vocab_size,
+                vocab_min_count,
+                min_count,
+                smoothing,
+                max_entries,
+            )
+            for field, col in zip(CATEGORICAL_FIELDS, columns, strict=True)
         )
         return cls(
-            tuple(map(float, mean)), tuple(map(float, std)), rates, prior, width, 10.0, min_count, smoothing
-        )
+            tuple(map(float, mean)), tuple(map(float, std)), tables, prior, width, 10.0, min_count, smoothing,
+            vocab_size, vocab_min_count,
+        )  # fmt: skip
 
     def transform(self, numeric: np.ndarray, categorical: np.ndarray | Sequence[StringColumn]) -> np.ndarray:
         """Map raw rows to model input.
@@ -140,7 +168,7 @@ class FeatureSpec:
         """
         num = _check_numeric(numeric).astype(np.float64)
         n = num.shape[0]
-        keys = categorical_keys(categorical, n)
+        columns = categorical_values(categorical, n)
         out = np.zeros((n, self.width), dtype=np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
             v = signed_log1p(num)
@@ -149,9 +177,10 @@ class FeatureSpec:
         out[:, :N_NUM] = np.clip(np.where(missing, 0.0, z), -self.clip, self.clip)
         out[:, N_NUM : 2 * N_NUM] = missing
         rows = np.arange(n)
-        for j, table in enumerate(self.rates):
-            out[:, 2 * N_NUM + j] = table.lookup(keys[:, j])
-            out[rows, HASH_START + (keys[:, j] % np.uint32(self.buckets)).astype(np.int64)] += 1.0
+        for j, (table, col) in enumerate(zip(self.tables, columns, strict=True)):
+            bucket, lift = table.lookup(col)
+            out[:, 2 * N_NUM + j] = lift
+            out[rows, np.where(bucket >= 0, HASH_START + bucket, self.oov_column)] += 1.0
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,12 +196,15 @@ class FeatureSpec:
             },
             "categorical": {
                 "fields": list(CATEGORICAL_FIELDS),
-                "key": "fnv1a_32(utf8(field + ':' + value)), missing value = ''",
+                "bucket": "fnv1a_32(utf8(field + ':' + value)) % buckets for vocabulary values, missing value = ''",
                 "buckets": self.buckets,
+                "oov_column": self.oov_column,
                 "prior": self.prior,
                 "min_count": self.min_count,
                 "smoothing": self.smoothing,
-                "rates": {f: t.to_dict() for f, t in zip(CATEGORICAL_FIELDS, self.rates, strict=True)},
+                "vocab_size": self.vocab_size,
+                "vocab_min_count": self.vocab_min_count,
+                "tables": {t.field: t.to_dict() for t in self.tables},
             },
         }
 
@@ -186,10 +218,13 @@ class FeatureSpec:
             num, cat = d["numeric"], d["categorical"]
             if list(num["fields"]) != list(NUMERIC_FIELDS) or list(cat["fields"]) != list(CATEGORICAL_FIELDS):
                 raise ValueError("fields differ from the Criteo layout I1..I13, C1..C26")
-            rates = tuple(RateTable.from_dict(cat["rates"][f]) for f in CATEGORICAL_FIELDS)
+            width = int(d["width"])
+            n_buckets = width - HASH_START - 1
+            tables = tuple(FieldTable.from_dict(f, cat["tables"][f], n_buckets) for f in CATEGORICAL_FIELDS)
             return cls(
-                tuple(num["mean"]), tuple(num["std"]), rates, float(cat["prior"]), int(d["width"]),
+                tuple(num["mean"]), tuple(num["std"]), tables, float(cat["prior"]), width,
                 float(num["clip"]), int(cat["min_count"]), float(cat["smoothing"]),
+                int(cat["vocab_size"]), int(cat["vocab_min_count"]),
             )  # fmt: skip
         except KeyError as e:
             raise ValueError(f"feature spec is missing key {e}") from e

@@ -64,16 +64,17 @@ class CTRNet(nn.Module):
         return self.layers(x)
 
     def predict_proba(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, 128) -> (B, 1) click probability
-        return torch.sigmoid(self.forward(x))
+        # (B, 128) -> (B, 1) click probability: the very module export traces
+        return CTRProbability(self)(x)
 
 
 class CTRProbability(nn.Module):
-    """Inference wrapper: features -> sigmoid(logits). This is what export traces."""
+    """features -> sigmoid(logits) of a logits network: a CTRNet, or the op-patched copy that export traces."""
 
-    def __init__(self, net: CTRNet) -> None:
+    def __init__(self, net: nn.Module) -> None:
         super().__init__()
         self.net = net
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        # (B, F) -> (B, 1)
         return torch.sigmoid(self.net(features))

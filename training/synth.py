@@ -2,7 +2,11 @@
 
 Writes FILE (Kaggle train.txt form: tab-separated, no header), FILE.oracle.npy (float32 [N] true click
 probability per row) and FILE.oracle.json (oracle AUC/logloss on the validation split training uses).
-Rows are generated in fixed-size chunks, each from its own seeded stream, so output depends only on the seed.
+Rows are generated in fixed-size chunks, each from its own seeded stream, so output depends only on the seed
+and the day.
+
+`--day N` writes day N of a drifting world (training/truth.py says what drifts and how fast); day 0, the
+default, is today's world. Without `--out`, day N goes to artifacts/data/dayN.txt.
 """
 
 from __future__ import annotations
@@ -16,20 +20,31 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.metrics import log_loss, roc_auc
-from training.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.split import DEFAULT_VAL_FRACTION, fmix32, validation_mask
-from training.truth import CATEGORICAL_SHAPE, NUMERIC_SHAPE, WORLD_SEED, GroundTruth
+from training.truth import (
+    CATEGORICAL_SHAPE,
+    NUMERIC_SHAPE,
+    WORLD_SEED,
+    GroundTruth,
+    numeric_shift,
+    value_ids,
+)
 
 CHUNK_ROWS = 1 << 20
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _CDFS = [np.cumsum(1.0 / np.arange(1, v + 1) ** a) for v, a, _ in CATEGORICAL_SHAPE]
 
 
-def sample_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Draw raw rows: counts float64 [n, 13] (NaN = missing) and categorical Zipf ranks int64 [n, 26] (-1 = missing)."""
+def sample_rows(rng: np.random.Generator, n: int, day: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Draw raw rows of `day`: counts float64 [n, 13] (NaN = missing) and categorical value ids int64 [n, 26].
+
+    A value id is the value's Zipf rank on day 0 (-1 = missing); on later days the drifting fields have new
+    values on top of their ranking (`training.truth.value_ids`).
+    """
     activity = rng.normal(size=(n, 1))  # a shared "how active is this user" factor correlates the counts
-    med = np.array([m for m, _, _ in NUMERIC_SHAPE])
+    med = np.array([m for m, _, _ in NUMERIC_SHAPE]) + numeric_shift(day)
     spread = np.array([s for _, s, _ in NUMERIC_SHAPE])
     latent = med + spread * (0.5 * activity + np.sqrt(0.75) * rng.normal(size=(n, 13)))
     counts = np.floor(np.expm1(np.maximum(latent, 0.0)) * rng.random((n, 13)) ** 0.3)
@@ -39,13 +54,13 @@ def sample_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarra
     for j, (cdf, (_, _, missing_rate)) in enumerate(zip(_CDFS, CATEGORICAL_SHAPE, strict=True)):
         ranks[:, j] = np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right")
         ranks[rng.random(n) < missing_rate, j] = -1
-    return counts, ranks
+    return counts, value_ids(ranks, day)
 
 
-def make_world() -> GroundTruth:
-    """The ground truth, calibrated once on a fixed sample to a ~25% positive rate."""
-    truth = GroundTruth()
-    truth.calibrate(*sample_rows(np.random.default_rng(WORLD_SEED + 1), 200_000))
+def make_world(day: int = 0) -> GroundTruth:
+    """The ground truth of `day`, its bias calibrated on a fixed sample of that day to a ~25% positive rate."""
+    truth = GroundTruth(day)
+    truth.calibrate(*sample_rows(np.random.default_rng(WORLD_SEED + 1), 200_000, day))
     return truth
 
 
@@ -66,12 +81,14 @@ def hex_values(field_index: int, ranks: np.ndarray) -> pa.Array:
 
 
 def generate(
-    out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_FRACTION
+    out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_FRACTION, day: int = 0
 ) -> dict[str, float | int]:
-    """Write `rows` rows to `out` plus the oracle files; returns the oracle summary."""
+    """Write `rows` rows of world day `day` to `out` plus the oracle files; returns the oracle summary."""
     if rows < 100:
         raise ValueError(f"--rows must be at least 100 to score the oracle, got {rows}")
-    truth = make_world()
+    if day < 0:
+        raise ValueError(f"--day must be >= 0, got {day}")
+    truth = make_world(day)
     out.parent.mkdir(parents=True, exist_ok=True)
     probs = np.empty(rows, dtype=np.float32)
     labels = np.empty(rows, dtype=np.int8)
@@ -80,8 +97,10 @@ def generate(
         with pa.OSFile(str(tmp), "wb") as sink:
             for start in range(0, rows, CHUNK_ROWS):
                 n = min(CHUNK_ROWS, rows - start)
-                rng = np.random.default_rng([seed, start // CHUNK_ROWS])
-                counts, ranks = sample_rows(rng, n)
+                # Day 0 keeps the stream it always had; every other day gets streams of its own.
+                key = [seed, start // CHUNK_ROWS] + ([day] if day else [])
+                rng = np.random.default_rng(key)
+                counts, ranks = sample_rows(rng, n, day)
                 p = 1.0 / (1.0 + np.exp(-truth.logit(counts, ranks)))
                 y = (rng.random(n) < p).astype(np.int8)
                 probs[start : start + n], labels[start : start + n] = p, y
@@ -100,6 +119,7 @@ def generate(
     summary: dict[str, float | int] = {
         "rows": rows,
         "seed": seed,
+        "day": day,
         "val_fraction": val_fraction,
         "val_rows": int(val.sum()),
         "positive_rate": float(labels.mean()),
@@ -118,7 +138,12 @@ def oracle_paths(data: Path) -> tuple[Path, Path]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m training.synth", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output file (Kaggle train.txt form)")
+    parser.add_argument(
+        "--out", type=Path, help="output file, Kaggle train.txt form (default: artifacts/data/dayN.txt)"
+    )
+    parser.add_argument(
+        "--day", type=int, default=0, help="day of the drifting world; 0 (default) is today's distribution"
+    )
     parser.add_argument("--rows", type=int, default=1_000_000, help="number of rows (default 1000000)")
     parser.add_argument("--seed", type=int, default=7, help="sampling seed; the click model itself is fixed")
     parser.add_argument(
@@ -128,10 +153,13 @@ def main(argv: list[str] | None = None) -> None:
         help="validation share scored by the oracle",
     )
     args = parser.parse_args(argv)
+    if args.day < 0:
+        parser.error(f"--day must be >= 0, got {args.day}")
+    out = args.out or Path(f"artifacts/data/day{args.day}.txt")
     t0 = time.perf_counter()
-    s = generate(args.out, args.rows, args.seed, args.val_fraction)
+    s = generate(out, args.rows, args.seed, args.val_fraction, args.day)
     print(
-        f"wrote {s['rows']} rows to {args.out} in {time.perf_counter() - t0:.1f}s: positive rate {s['positive_rate']:.3f}, "
+        f"wrote {s['rows']} rows of day {args.day} to {out} in {time.perf_counter() - t0:.1f}s: positive rate {s['positive_rate']:.3f}, "
         f"oracle val AUC {s['oracle_auc']:.4f} logloss {s['oracle_logloss']:.4f}"
     )
 

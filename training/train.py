@@ -1,4 +1,4 @@
-"""One training run end to end: cache -> features -> Lightning fit -> run directory (the export contract)."""
+"""One training run end to end: data -> Parquet -> spec -> Lightning fit -> run directory (the export contract)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,19 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from training.cache import ensure_cache
+from ctr_contract import run_dir
 from training.callbacks import SampleAudit, TrainThroughput
 from training.checkpoint import load_net
 from training.config import TrainConfig
 from training.datamodule import CTRDataModule
-from training.dataset import PreparedData, prepare
 from training.distributed import build_strategy, explain_rendezvous_failures, launch_rank
+from training.inputs import RunInputs, load_inputs
 from training.metrics import log_loss, roc_auc
 from training.model import ModelConfig
 from training.module import CTRModule
 from training.synth import oracle_paths
+from training.val_raw import first_val_rows, save_val_raw
+from training.warm_start import load_warm_start
 
 VAL_FEATURES_ROWS = 10_000
 
@@ -65,21 +67,24 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         threads = max(1, (os.cpu_count() or 1) // cfg.devices)  # N CPU ranks must not each take every core
     if threads:
         torch.set_num_threads(threads)
-    ckpt_dir = cfg.out / "checkpoints"
+    ckpt_dir = cfg.out / run_dir.CHECKPOINTS_DIR
     resume_from = _resume_checkpoint(cfg, ckpt_dir)
-    cache, report = ensure_cache(cfg.data, skip_bad_rows=cfg.skip_bad_rows)
-    say(f"data: {cfg.data}: {report.summary()}")
     t0 = time.perf_counter()
-    data = prepare(cache, cfg.val_fraction, cfg.width, cfg.max_rows)
+    warm = load_warm_start(cfg.init_from) if cfg.init_from is not None and resume_from is None else None
+    if warm is not None:
+        say(
+            f"warm start from {warm.source}: its weights and its frozen feature spec (width {warm.spec.width})"
+        )
+    data = load_inputs(cfg, warm.spec if warm else None, say)
     say(
-        f"features: {len(data.train_y)} train / {len(data.val_y)} val rows -> float32 [N, {cfg.width}] in {time.perf_counter() - t0:.1f}s"
+        f"features: {data.rows('train')} train / {data.rows('val')} val rows -> float32 [N, {data.spec.width}] in {time.perf_counter() - t0:.1f}s"
     )
     if launch_rank() == 0:
         if resume_from is None:
-            for stale in (ckpt_dir, cfg.out / "logs", cfg.out / "sample_audit"):
+            for stale in (ckpt_dir, cfg.out / run_dir.LOGS_DIR, cfg.out / "sample_audit"):
                 shutil.rmtree(stale, ignore_errors=True)  # a fresh run must not mix with an old one
         cfg.out.mkdir(parents=True, exist_ok=True)
-        data.spec.save(cfg.out / "feature_spec.json")
+        data.spec.save(cfg.out / run_dir.FEATURE_SPEC)
 
     throughput = TrainThroughput()
     best = ModelCheckpoint(
@@ -106,7 +111,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
             *extra,
             *callbacks,
         ],
-        logger=CSVLogger(cfg.out, name="logs", version=""),
+        logger=CSVLogger(cfg.out, name=run_dir.LOGS_DIR, version=""),
         enable_progress_bar=cfg.progress_bar,
         num_sanity_val_steps=0,
         log_every_n_steps=50,
@@ -114,14 +119,22 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         default_root_dir=cfg.out,
     )
     module = CTRModule(
-        ModelConfig(in_features=cfg.width, activation=cfg.activation).to_dict(),
+        warm.model.to_dict()
+        if warm is not None
+        else ModelConfig(
+            in_features=cfg.width, activation=cfg.activation, dropout1=cfg.dropout1, dropout2=cfg.dropout2
+        ).to_dict(),
         cfg.lr,
         cfg.weight_decay,
         cfg.adam_impl,
     )
-    datamodule = CTRDataModule(data, cfg.batch_size, cfg.seed)
+    if warm is not None:
+        warm.apply(module.net)
+    datamodule = CTRDataModule(
+        data.batches_source(), cfg.batch_size, cfg.seed, buffer_rows=cfg.shuffle_buffer
+    )
     with warnings.catch_warnings():
-        # Batches come from memory; worker processes would only add IPC copies.
+        # Batches come from memory or from a prefetching thread; worker processes would only add IPC copies.
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*IterableDataset. has .__len__. defined.*")
         warnings.filterwarnings(
@@ -131,10 +144,20 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not trainer.is_global_zero:
         return None
-    metrics = _final_metrics(cfg, data, trainer, throughput, best, report.skipped_total)
+    metrics = _final_metrics(cfg, data, trainer, throughput, best)
     metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
-    (cfg.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    np.save(cfg.out / "val_features.npy", data.val_x[:VAL_FEATURES_ROWS])
+    # Capped samples for export: parity and the quality gate (first validation rows), drift (spread training rows).
+    val_x, val_y, train_sample = data.samples(VAL_FEATURES_ROWS)
+    np.save(cfg.out / run_dir.VAL_FEATURES, val_x)
+    save_val_raw(
+        cfg.out / run_dir.VAL_RAW,
+        *first_val_rows(data.data.files, cfg.val_fraction, cfg.max_rows, VAL_FEATURES_ROWS),
+    )
+    np.save(cfg.out / run_dir.VAL_LABELS, val_y)
+    np.save(cfg.out / run_dir.TRAIN_FEATURES_SAMPLE, train_sample)
+    (cfg.out / run_dir.METRICS).write_text(
+        json.dumps(metrics, indent=2) + "\n"
+    )  # last: marks the run complete
     _print_summary(metrics)
     return metrics
 
@@ -142,7 +165,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
 def _resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> str | None:
     if not cfg.resume:
         return None
-    last = ckpt_dir / "last.ckpt"
+    last = cfg.out / run_dir.LAST_CHECKPOINT
     if not last.is_file():
         raise FileNotFoundError(
             f"--resume needs {last}, which does not exist; run without --resume to start fresh"
@@ -151,21 +174,15 @@ def _resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> str | None:
 
 
 def _final_metrics(
-    cfg: TrainConfig,
-    data: PreparedData,
-    trainer: L.Trainer,
-    throughput: TrainThroughput,
-    best: ModelCheckpoint,
-    skipped: int,
+    cfg: TrainConfig, data: RunInputs, trainer: L.Trainer, throughput: TrainThroughput, best: ModelCheckpoint
 ) -> dict[str, Any]:
     """Score the best checkpoint as export will load it (via `load_net`), beside the oracle."""
     net, ckpt = load_net(best.best_model_path)
-    with torch.no_grad():
-        probs = net.predict_proba(torch.from_numpy(data.val_x)).squeeze(1).numpy()
-    oracle_auc, oracle_logloss = _oracle(cfg, data)
+    probs, val_y, val_ids = data.score_val(net)
+    oracle_auc, oracle_logloss = _oracle(cfg, val_y, val_ids)
     return {
-        "val_auc": roc_auc(data.val_y, probs),
-        "val_logloss": log_loss(data.val_y, probs),
+        "val_auc": roc_auc(val_y, probs),
+        "val_logloss": log_loss(val_y, probs),
         "oracle_auc": oracle_auc,
         "oracle_logloss": oracle_logloss,
         "samples_per_sec": round(throughput.samples_per_sec, 1),
@@ -173,25 +190,28 @@ def _final_metrics(
         "epochs": int(trainer.current_epoch),
         "best_epoch": int(ckpt["epoch"]),
         "best_checkpoint": f"checkpoints/{Path(best.best_model_path).name}",  # relative: the run dir can move
-        "train_rows": len(data.train_y),
-        "val_rows": len(data.val_y),
-        "skipped_bad_rows": skipped,
+        "train_rows": data.rows("train"),
+        "val_rows": data.rows("val"),
+        "skipped_bad_rows": data.report.skipped_total,
+        "loader": data.loader,
         "world_size": trainer.world_size,
         "config": cfg.to_dict(),
     }
 
 
-def _oracle(cfg: TrainConfig, data: PreparedData) -> tuple[float | None, float | None]:
-    """Ground-truth probabilities scored on this run's validation rows, when the data is synthetic."""
+def _oracle(cfg: TrainConfig, val_y: np.ndarray, val_ids: np.ndarray) -> tuple[float | None, float | None]:
+    """Ground-truth probabilities scored on this run's validation rows, when the data is one synthetic file."""
+    if not cfg.data.is_file():
+        return None, None
     probs_file, summary_file = oracle_paths(cfg.data)
     if probs_file.is_file():
         truth = np.load(probs_file, mmap_mode="r")
-        if data.val_ids.size and int(data.val_ids.max()) < truth.shape[0]:
-            p = np.asarray(truth[data.val_ids], dtype=np.float64)
-            return roc_auc(data.val_y, p), log_loss(data.val_y, p)
+        if val_ids.size and int(val_ids.max()) < truth.shape[0]:
+            p = np.asarray(truth[val_ids], dtype=np.float64)
+            return roc_auc(val_y, p), log_loss(val_y, p)
     if summary_file.is_file():
         s = json.loads(summary_file.read_text())
-        if s.get("val_fraction") == cfg.val_fraction and s.get("val_rows") == len(data.val_y):
+        if s.get("val_fraction") == cfg.val_fraction and s.get("val_rows") == len(val_y):
             return s["oracle_auc"], s["oracle_logloss"]
     return None, None
 

@@ -4,6 +4,14 @@ The logit mixes main effects of log counts, missingness, a few informative categ
 numeric×numeric interaction, a threshold effect and categorical×numeric and categorical×categorical
 interactions, so a linear model falls short of it and an MLP can get close. Coefficients come from a
 fixed world seed: every data seed samples rows from the same world.
+
+The world drifts day by day (`GroundTruth(day=N)`; day 0 is today's world, unchanged by the drift):
+- the click model: every coefficient turns from its day-0 value towards an independent second draw,
+  w(d) = cos(a d) w0 + sin(a d) w1 with a = CLICK_DRIFT_RAD_PER_DAY, so the coefficients' spread stays put
+  and their correlation with day 0 is cos(a d) (0.83 on day 5);
+- the inputs (applied by `training.synth.sample_rows`): NUMERIC_DRIFT moves the log-scale median of a few
+  counts; CATEGORICAL_DRIFT brings new values to the top of some categorical fields every day, so values
+  never seen before appear and the values that were popular fade.
 """
 
 from __future__ import annotations
@@ -29,18 +37,63 @@ CATEGORICAL_SHAPE = (
 # Fields whose values move the click rate: (0-based categorical index, effect spread, values with an effect).
 INFORMATIVE = ((8, 0.6, 3), (19, 0.5, 4), (16, 0.5, 10), (5, 0.45, 14), (13, 0.35, 25), (22, 0.35, 15))
 TARGET_POSITIVE_RATE = 0.25
+CLICK_DRIFT_RAD_PER_DAY = 0.12
+# 0-based numeric index -> shift of its log-scale median per day, in units of its log-scale spread (I3, I5, I7).
+NUMERIC_DRIFT = {2: 0.12, 4: -0.12, 6: 0.12}
+# 0-based categorical index -> new values per day (C2, C3, C4, C7, C10, C12, C16, C21, C24, C26). Each day k
+# values never seen before arrive at the top of the field's popularity ranking, and every older value moves
+# k ranks down: on day d the k*d most popular values are new ones and day 0's favourites fade.
+CATEGORICAL_DRIFT = {1: 1, 2: 1, 3: 1, 6: 1, 9: 1, 11: 1, 15: 1, 20: 1, 23: 1, 25: 1}
+
+
+def numeric_shift(day: int) -> np.ndarray:
+    """Shift of each numeric field's log-scale median on `day`, in log units: float [13]."""
+    shift = np.zeros(len(NUMERIC_SHAPE))
+    for j, per_day in NUMERIC_DRIFT.items():
+        shift[j] = per_day * NUMERIC_SHAPE[j][1] * day
+    return shift
+
+
+def value_ids(ranks: np.ndarray, day: int) -> np.ndarray:
+    """Day `day`'s popularity ranks [N, 26] (-1 = missing) -> value ids, the identity hashed into a string.
+
+    On day 0 a value's id is its rank. Of a drifting field with k new values a day, rank r < k*day is a value
+    that arrived on day `day - r // k` (ids from the vocabulary size upwards, so never seen on day 0), and
+    rank r >= k*day is the day-0 value of rank r - k*day.
+    """
+    ids = ranks.copy()
+    for j, k in CATEGORICAL_DRIFT.items():
+        r, fresh = ranks[:, j], k * day
+        if fresh == 0:
+            continue
+        arrived = day - r // k  # 1..day for the new values
+        new_id = CATEGORICAL_SHAPE[j][0] + (arrived - 1) * k + r % k
+        ids[:, j] = np.where(r < 0, -1, np.where(r >= fresh, r - fresh, new_id))
+    return ids
 
 
 class GroundTruth:
-    """Deterministic click model; `logit(numeric, cat_index)` scores generated rows."""
+    """Deterministic click model of one day; `logit(numeric, cat_index)` scores generated rows."""
 
-    def __init__(self) -> None:
+    def __init__(self, day: int = 0) -> None:
+        if day < 0:
+            raise ValueError(f"day must be >= 0, got {day}")
+        self.day = day
         rng = np.random.default_rng(WORLD_SEED)
         self.w_num = rng.normal(0.0, 0.35, size=13)
         self.w_missing = rng.normal(0.0, 0.3, size=13)
         self.cat_effects = {f: rng.normal(0.0, s, size=k) for f, s, k in INFORMATIVE}
         self.c9_slope = rng.normal(0.0, 0.4, size=3)  # C9 value changes the slope of I7
         self.bias = 0.0
+        if day:  # day 0 draws nothing more, so today's world is exactly the undrifted one
+            far = np.random.default_rng(WORLD_SEED + 2)  # where the coefficients drift to
+            c, s_ = np.cos(CLICK_DRIFT_RAD_PER_DAY * day), np.sin(CLICK_DRIFT_RAD_PER_DAY * day)
+            self.w_num = c * self.w_num + s_ * far.normal(0.0, 0.35, size=13)
+            self.w_missing = c * self.w_missing + s_ * far.normal(0.0, 0.3, size=13)
+            self.cat_effects = {
+                f: c * self.cat_effects[f] + s_ * far.normal(0.0, s, size=k) for f, s, k in INFORMATIVE
+            }
+            self.c9_slope = c * self.c9_slope + s_ * far.normal(0.0, 0.4, size=3)
 
     def logit(self, numeric: np.ndarray, cat_index: np.ndarray) -> np.ndarray:
         """Ground-truth logit.

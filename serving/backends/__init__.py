@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from ctr_contract.repository import ONNX_MODEL
+from serving.signatures import Signature
+
 BACKENDS = ("onnx", "tf")
-
-
-@dataclass(frozen=True)
-class Signature:
-    """The `serving_default` signature: one float input [-1, n_features] and one float output [-1, 1]."""
-
-    input_name: str
-    output_name: str
-    n_features: int
-    output_width: int
 
 
 class Backend(Protocol):
@@ -28,6 +20,10 @@ class Backend(Protocol):
     runtime: str  # label value of `:tensorflow:serving:runtime_latency`
 
     def predict(self, features: np.ndarray) -> np.ndarray: ...
+
+    def predict_raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The `raw` signature: I* float64 (N,), C* str (N,) -> (N, 1); only when `signature.has_raw`."""
+        ...
 
 
 def load_backend(kind: str, version_dir: Path, intra_op_threads: int) -> Backend:
@@ -43,7 +39,7 @@ def load_backend(kind: str, version_dir: Path, intra_op_threads: int) -> Backend
     if kind == "onnx":
         from serving.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(version_dir / "model.onnx", intra_op_threads)
+        return OnnxRuntimeBackend(version_dir / ONNX_MODEL, intra_op_threads)
     if kind == "tf":
         from serving.backends.tf_saved_model import SavedModelBackend
 

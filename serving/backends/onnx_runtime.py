@@ -7,8 +7,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serving.backends import Signature
+from ctr_contract.repository import RAW_ONNX_MODEL
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
 from serving.errors import ModelLoadError
+from serving.signatures import Signature
 
 
 def _static_dim(dim: object) -> int | None:
@@ -45,9 +47,39 @@ class OnnxRuntimeBackend:
             raise ModelLoadError(
                 f"{model_path} must map float [N, F] to [N, K]; got {inp.type} {inp.shape} -> {out.shape}"
             )
-        self.signature = Signature(inp.name, out.name, n_features, width)
         self._outputs = [out.name]
+        # The `raw` signature: model_raw.onnx beside model.onnx (versions exported before it have none).
+        raw_path = model_path.with_name(RAW_ONNX_MODEL)
+        self._raw_session = None
+        if raw_path.is_file():
+            try:
+                self._raw_session = ort.InferenceSession(
+                    str(raw_path), opts, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:  # as above: ORT's own exception types
+                raise ModelLoadError(f"ONNX Runtime cannot load {raw_path}: {exc}") from exc
+            names = sorted(i.name for i in self._raw_session.get_inputs())
+            if names != sorted(RAW_FIELDS):
+                raise ModelLoadError(
+                    f"{raw_path} takes inputs {names}; expected the Criteo fields I1..I13, C1..C26"
+                )
+            # One all-missing row: a graph that cannot run fails the load, and the first request is warm.
+            row = {f: np.full(1, np.nan) for f in NUMERIC_FIELDS} | {
+                f: np.array([""], object) for f in CATEGORICAL_FIELDS
+            }
+            try:
+                self._raw_session.run(self._outputs, row)
+            except Exception as exc:  # ORT's own exception types
+                raise ModelLoadError(
+                    f"ONNX Runtime cannot run {raw_path} on an all-missing row: {exc}"
+                ) from exc
+        self.signature = Signature(inp.name, out.name, n_features, width, self._raw_session is not None)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(N, F) float32 -> (N, K) float32."""
         return self._session.run(self._outputs, {self.signature.input_name: features})[0]
+
+    def predict_raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The 39 raw fields, each (N,) -> (N, K) float32."""
+        assert self._raw_session is not None, "predict_raw needs model_raw.onnx (signature.has_raw)"
+        return self._raw_session.run(self._outputs, inputs)[0]

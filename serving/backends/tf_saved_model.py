@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends import Signature
+from ctr_contract.repository import SAVED_MODEL
 from serving.errors import ModelLoadError
+from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
-SIGNATURE = "serving_default"
+SIGNATURE = DEFAULT_SIGNATURE
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +34,7 @@ class SavedModelBackend:
     runtime = "TF2"
 
     def __init__(self, version_dir: Path, intra_op_threads: int) -> None:
-        if not (version_dir / "saved_model.pb").is_file():
+        if not (version_dir / SAVED_MODEL).is_file():
             raise ModelLoadError(f"{version_dir / 'saved_model.pb'} does not exist")
         self._tf = tf = _import_tensorflow(intra_op_threads)
         try:
@@ -53,10 +54,20 @@ class SavedModelBackend:
             raise ModelLoadError(
                 f"{SIGNATURE} must map float32 [N, F] to [N, K]; got {in_spec} -> {out_spec}"
             )
-        self.signature = Signature(in_name, out_name, int(in_shape[1]), int(out_shape[1] or 1))
         self._fn = fn
+        self._raw_fn = self._loaded.signatures.get(RAW_SIGNATURE)  # None for versions exported before it
+        self.signature = Signature(
+            in_name, out_name, int(in_shape[1]), int(out_shape[1] or 1), self._raw_fn is not None
+        )
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(N, F) float32 -> (N, K) float32."""
         result = self._fn(**{self.signature.input_name: self._tf.constant(features)})
         return result[self.signature.output_name].numpy()
+
+    def predict_raw(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The 39 raw fields, each (N,) -> (N, K) float32, through the `raw` signature."""
+        assert self._raw_fn is not None, "predict_raw needs a SavedModel with a raw signature"
+        tf = self._tf
+        feed = {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in inputs.items()}
+        return self._raw_fn(**feed)[self.signature.output_name].numpy()

@@ -16,6 +16,7 @@ def test_report_holds_machine_inputs_and_every_section(results: dict[str, Any]) 
     sections = read_sections(render_report(results, ALL_PLOTS))
 
     assert list(sections) == [
+        "Frameworks",
         "Summary",
         "Headlines",
         "Machine",

@@ -17,8 +17,7 @@ from bench import suite
 from bench.modes import BenchMode
 from bench.procs import StepError
 from bench.suite import exit_code, run_bench
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -96,7 +95,7 @@ def test_ctrl_c_stops_every_child_and_still_writes_the_report(tmp_path: Path) ->
     out = tmp_path / "run"
     bench = subprocess.Popen(
         [sys.executable, "-m", "bench", "--mode", "tiny", "--sections", "training", "--out", str(out)],
-        cwd=PROJECT_ROOT,
+        cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

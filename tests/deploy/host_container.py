@@ -22,10 +22,10 @@ import pytest
 import yaml
 from dockerfiles import env, exec_form, final_stage, healthcheck, single
 from k8s_render import container, find
-from tiny_model import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "docker" / "Dockerfile.serving"
+from tests.helpers import REPO_ROOT, free_port
+
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile.serving"
 VENV = Path(sys.executable).parent.parent
 # Installed here for training/export/bench, absent from the serving image (the `serve` extra only).
 NOT_IN_SERVING_IMAGE = (
@@ -51,7 +51,7 @@ def host_path(value: str, model_base: Path) -> str:
     return (
         value.replace("/opt/venv", str(VENV))
         .replace("/models/ctr", str(model_base))
-        .replace("/app", str(ROOT))
+        .replace("/app", str(REPO_ROOT))
     )
 
 
@@ -171,4 +171,6 @@ def deployment_args(builds: dict) -> list[str]:
 
 def compose_command() -> list[str]:
     """The command compose appends to the image's entrypoint."""
-    return list(yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["serving"].get("command", []))
+    return list(
+        yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())["services"]["serving"].get("command", [])
+    )

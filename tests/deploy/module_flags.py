@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
+
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 
 
@@ -16,7 +17,7 @@ _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 def accepted_flags(module: str) -> frozenset[str]:
     """The long options `python -m MODULE --help` documents (argparse lists every one)."""
     proc = subprocess.run(
-        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", module, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180
     )
     if proc.returncode != 0:
         raise AssertionError(f"`python -m {module} --help` exited {proc.returncode}:\n{proc.stderr[-2000:]}")

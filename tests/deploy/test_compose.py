@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +12,9 @@ import yaml
 from dockerfiles import exec_form, final_stage, healthcheck, single
 from module_flags import accepted_flags, flags, script_module_calls
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+from tests.helpers import REPO_ROOT
+
+COMPOSE = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 LONG_RUNNING = ("serving", "tfserving", "prometheus", "grafana")
 
@@ -43,7 +43,7 @@ def test_compose_file_validates_with_the_compose_cli():
     for profile in ([], ["--profile", "monitoring", "--profile", "tfserving"]):
         proc = subprocess.run(
             [*cli, "-f", "compose.yaml", *profile, "config", "--quiet"],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
 
@@ -80,7 +80,7 @@ def test_every_service_has_health_restart_and_resource_limits(name: str):
 
 
 def test_serving_healthcheck_is_the_images_and_stop_grace_outlasts_the_drain():
-    _, image_check = healthcheck(final_stage(ROOT / "docker" / "Dockerfile.serving"))
+    _, image_check = healthcheck(final_stage(REPO_ROOT / "docker" / "Dockerfile.serving"))
     serving = SERVICES["serving"]
     assert serving["healthcheck"]["test"] == ["CMD", *image_check]
     drain = next(
@@ -107,7 +107,7 @@ def test_built_services_name_dockerfiles_that_exist():
     built = {name: s["build"] for name, s in SERVICES.items() if "build" in s}
     assert sorted(built) == ["model", "serving"]
     for build in built.values():
-        assert (ROOT / build["context"] / build["dockerfile"]).is_file()
+        assert (REPO_ROOT / build["context"] / build["dockerfile"]).is_file()
 
 
 def test_bind_mounted_files_exist():
@@ -115,11 +115,13 @@ def test_bind_mounted_files_exist():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
             if source.startswith("."):
-                assert (ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
+                assert (REPO_ROOT / source).exists(), f"{name} mounts {source}, which does not exist"
 
 
 def test_serving_command_flags_are_server_flags():
-    entrypoint = exec_form(single(final_stage(ROOT / "docker" / "Dockerfile.serving"), "ENTRYPOINT").args)
+    entrypoint = exec_form(
+        single(final_stage(REPO_ROOT / "docker" / "Dockerfile.serving"), "ENTRYPOINT").args
+    )
     used = flags(entrypoint + SERVICES["serving"]["command"])
     assert set(used) <= accepted_flags("serving")
 
@@ -127,7 +129,7 @@ def test_serving_command_flags_are_server_flags():
 def test_model_service_script_calls_modules_with_flags_they_accept():
     entrypoint = SERVICES["model"]["entrypoint"]
     assert entrypoint[0] == "sh"
-    script = ROOT / entrypoint[1]
+    script = REPO_ROOT / entrypoint[1]
     assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
     calls = script_module_calls(script)
     assert [module for module, _ in calls] == ["training.synth", "training", "export"]

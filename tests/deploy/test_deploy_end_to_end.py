@@ -20,7 +20,6 @@ import pytest
 import yaml
 from host_container import (
     NOT_IN_TRAINER_IMAGE,
-    ROOT,
     compose_command,
     deployment_args,
     import_blocker,
@@ -29,7 +28,9 @@ from host_container import (
     wait_until,
 )
 from k8s_render import container, find
-from tiny_model import N_FEATURES, free_port
+from tiny_model import N_FEATURES
+
+from tests.helpers import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.slow
 ROWS = 3000
@@ -55,7 +56,7 @@ def _serve_and_predict(model_base: Path, tmp: Path, args: list[str]) -> np.ndarr
 
 
 def test_compose_model_service_bootstraps_once_then_serving_answers(tmp_path):
-    service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["model"]
+    service = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())["services"]["model"]
     env = {**os.environ, **service["environment"]}
     env.update(
         MODEL_BASE_PATH=str(tmp_path / "models" / "ctr"),
@@ -66,7 +67,7 @@ def test_compose_model_service_bootstraps_once_then_serving_answers(tmp_path):
         PYTHONPATH=str(import_blocker(tmp_path / "trainer-site", NOT_IN_TRAINER_IMAGE)),
     )
     script = [*service["entrypoint"]]
-    first = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    first = subprocess.run(script, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     versions = sorted(p.name for p in (tmp_path / "models" / "ctr").iterdir() if p.name.isdigit())
     assert versions == ["1"]
@@ -74,7 +75,7 @@ def test_compose_model_service_bootstraps_once_then_serving_answers(tmp_path):
         tmp_path / "models/ctr/1/saved_model.pb"
     ).is_file()
 
-    again = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(script, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert (
         again.stdout.strip()
@@ -101,7 +102,7 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
     paths = {"/data": tmp_path / "data", "/runs": tmp_path / "runs", "/models": tmp_path / "models"}
     synth = subprocess.run(
         [sys.executable, "-m", "training.synth", "--out", str(paths["/data"] / "train.txt"), "--rows", str(ROWS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert synth.returncode == 0, synth.stderr
 
@@ -121,7 +122,7 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
         log = tmp_path / f"{role}-{rank}.log"
         with log.open("w") as out:
             procs.append(
-                (log, subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
+                (log, subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
             )
     try:
         for log, proc in procs:
@@ -138,7 +139,7 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
     argv = _k8s_argv(export, paths, {})
     export_run = subprocess.run(
         [sys.executable, *argv[1:]],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": trainer_site},
         capture_output=True,
         text=True,

@@ -12,18 +12,19 @@ from pathlib import Path
 import pytest
 from dockerfiles import env, exec_form, final_stage, healthcheck, instructions, single
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILES = sorted((ROOT / "docker").glob("Dockerfile*"))
+from tests.helpers import REPO_ROOT
+
+DOCKERFILES = sorted((REPO_ROOT / "docker").glob("Dockerfile*"))
 HADOLINT = Path(sys.executable).parent / "hadolint"
-SERVING = ROOT / "docker" / "Dockerfile.serving"
-TRAINER = ROOT / "docker" / "Dockerfile.trainer"
+SERVING = REPO_ROOT / "docker" / "Dockerfile.serving"
+TRAINER = REPO_ROOT / "docker" / "Dockerfile.trainer"
 
 
 def image_requirements(*extras: str) -> list[str]:
     """What an image's deps stage installs: docker/pyproject_requirements.py's output for these extras."""
     proc = subprocess.run(
         [sys.executable, "docker/pyproject_requirements.py", "pyproject.toml", *extras],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return [re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower() for line in proc.stdout.splitlines()]
 
@@ -66,7 +67,7 @@ def test_serving_image_installs_only_the_serve_extra():
 
 
 def test_serving_entrypoint_is_the_make_serve_command():
-    recipe = re.search(r"^serve:.*\n\t(.+)$", (ROOT / "Makefile").read_text(), re.M)
+    recipe = re.search(r"^serve:.*\n\t(.+)$", (REPO_ROOT / "Makefile").read_text(), re.M)
     assert recipe, "Makefile has no serve recipe"
     make_serve = shlex.split(recipe.group(1).replace("$(PY)", "python").replace("$(ARGS)", ""))
     make_serve = [a.replace("$(REPO)", "/models/ctr") for a in make_serve]
@@ -100,8 +101,15 @@ def test_trainer_image_copies_every_package_its_commands_import():
     copied = {
         i.args.split()[0] for i in final_stage(TRAINER) if i.keyword == "COPY" and "--from" not in i.args
     }
-    assert copied == {"training", "export", "docker/bootstrap-model.sh"}
+    assert copied == {"ctr_contract", "training", "export", "docker/bootstrap-model.sh"}
     assert exec_form(single(final_stage(TRAINER), "ENTRYPOINT").args) == ["python", "-m", "training"]
+
+
+def test_serving_image_copies_the_server_and_the_contract_only():
+    copied = {
+        i.args.split()[0] for i in final_stage(SERVING) if i.keyword == "COPY" and "--from" not in i.args
+    }
+    assert copied == {"ctr_contract", "serving"}
 
 
 def _ignored(path: str, rules: list[str]) -> bool:
@@ -123,7 +131,7 @@ def _ignored(path: str, rules: list[str]) -> bool:
 def test_dockerignore_keeps_exactly_what_the_images_copy():
     rules = [
         r.strip()
-        for r in (ROOT / ".dockerignore").read_text().splitlines()
+        for r in (REPO_ROOT / ".dockerignore").read_text().splitlines()
         if r.strip() and not r.startswith("#")
     ]
     sources = {
@@ -134,7 +142,7 @@ def test_dockerignore_keeps_exactly_what_the_images_copy():
         for source in i.args.split()[:-1]  # the last word is the destination
     }
     for source in sorted(sources):
-        assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+        assert (REPO_ROOT / source).exists(), f"COPY {source}: not in the repository"
         assert not _ignored(source, rules), f"COPY {source} is excluded by .dockerignore"
     for heavy in (
         ".venv/bin/python",

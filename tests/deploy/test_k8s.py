@@ -12,7 +12,11 @@ from module_flags import accepted_flags, flags, module_calls
 
 # The oldest Kubernetes the manifests target, and the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
-CRDS = {("kubeflow.org/v1", "PyTorchJob"), ("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRDS = {
+    ("kubeflow.org/v1", "PyTorchJob"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 OVERLAYS = [k for k in KUSTOMIZATIONS if "/overlays/" in k]
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKER = ROOT / "docker"
+from tests.helpers import REPO_ROOT
+
+DOCKER = REPO_ROOT / "docker"
 DASHBOARD = json.loads((DOCKER / "grafana/dashboards/ctr-serving.json").read_text())
-COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+COMPOSE = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
 # Grafana's own variables, replaced by plain values so that promtool can parse the queries.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$job": "serving", "$model": "ctr"}
 
@@ -94,3 +95,12 @@ def test_grafana_loads_dashboards_from_where_compose_mounts_them():
     assert mounts["./docker/grafana/provisioning"] == "/etc/grafana/provisioning"
     home = COMPOSE["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == providers[0]["options"]["path"] + "/ctr-serving.json"
+
+
+def test_dashboard_has_the_drift_panel():
+    drift = _panel("Drift (PSI)")
+    exprs = [t["expr"] for t in drift["targets"]]
+    assert exprs[0].startswith("topk(10, max by (feature) (ctr_serving_feature_drift_psi{")
+    assert exprs[1].startswith("max(ctr_serving_score_drift_psi{")
+    steps = drift["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, 0.1, 0.2]  # the alert fires above the last one

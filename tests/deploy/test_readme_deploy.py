@@ -1,21 +1,20 @@
-"""The README's Deploy section: it covers compose, stock TF Serving, Kubernetes and multi-node training,
+"""The deploy page (docs/deploy.md): it covers compose, stock TF Serving, Kubernetes and multi-node training,
 and the paths and flags it shows exist."""
 
 from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 from module_flags import accepted_flags, flags, module_calls
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-SECTION = README[README.index("<!-- section:deploy -->") : README.index("<!-- /section:deploy -->")]
+from tests.helpers import REPO_ROOT
+
+SECTION = (REPO_ROOT / "docs" / "deploy.md").read_text()
 
 
 def test_deploy_section_covers_each_way_to_run():
-    headings = re.findall(r"^### (.+)$", SECTION, re.M)
+    headings = re.findall(r"^## (.+)$", SECTION, re.M)
     assert headings == [
         "Docker Compose (one host)",
         "The stock TensorFlow Serving on the same repository",
@@ -35,7 +34,9 @@ def test_deploy_section_covers_each_way_to_run():
 
 def test_paths_the_section_names_exist():
     for path in set(re.findall(r"(?:docker|k8s)/[\w./-]+\w", SECTION)):
-        assert (ROOT / path).exists() or (ROOT / "k8s/base" / path).exists(), f"README names missing {path}"
+        assert (REPO_ROOT / path).exists() or (REPO_ROOT / "k8s/base" / path).exists(), (
+            f"docs/deploy.md names missing {path}"
+        )
 
 
 def test_torchrun_example_uses_flags_the_trainer_accepts():

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from host_container import (
-    ROOT,
     HostContainer,
     compose_command,
     deployment_args,
@@ -23,6 +22,8 @@ from host_container import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_model import N_FEATURES, expected_ctr
+
+from tests.helpers import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_dashboard_queries_only_metrics_the_server_exports(served):
     """Every metric a Grafana panel queries is in the server's exposition (names drift otherwise)."""
     _, text = http_get(served.rest + "/monitoring/prometheus/metrics")
     exported = {m.group(1) for m in re.finditer(r"^# TYPE (\S+) ", text.decode(), re.M)}
-    dashboard = json.loads((ROOT / "docker/grafana/dashboards/ctr-serving.json").read_text())
+    dashboard = json.loads((REPO_ROOT / "docker/grafana/dashboards/ctr-serving.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     queried = {m.group(1) for e in exprs for m in re.finditer(r"([:a-zA-Z_][:\w]*)\{", e)}
     suffixes = ("_bucket", "_sum", "_count")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import socket
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,13 +11,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 N_FEATURES = 128
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_logistic_model(version_dir: Path, weights: np.ndarray, bias: float) -> None:
@@ -39,6 +33,10 @@ def write_logistic_model(version_dir: Path, weights: np.ndarray, bias: float) ->
     onnx.checker.check_model(model)
     version_dir.mkdir(parents=True)
     onnx.save(model, str(version_dir / "model.onnx"))
+    # The server loads a version only once its manifest lists the sha256 of its files (as export writes it).
+    digest = hashlib.sha256((version_dir / "model.onnx").read_bytes()).hexdigest()
+    (version_dir / "assets.extra").mkdir()
+    (version_dir / "assets.extra" / "manifest.json").write_text(json.dumps({"files": {"model.onnx": digest}}))
 
 
 def expected_ctr(features: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:

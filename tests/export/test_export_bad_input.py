@@ -13,8 +13,7 @@ import torch
 from export_runs import make_run
 
 from export.__main__ import main as export_main
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
 
 
 def _fails(capsys: pytest.CaptureFixture[str], argv: list[str], repo: Path) -> str:

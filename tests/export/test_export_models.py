@@ -40,7 +40,7 @@ SIGNATURE = """signature_def['serving_default']:
     outputs['ctr'] tensor_info:
         dtype: DT_FLOAT
         shape: (-1, 1)
-        name: StatefulPartitionedCall:0
+        name: StatefulPartitionedCall_1:0
   Method name is: tensorflow/serving/predict"""
 
 
@@ -67,7 +67,7 @@ def test_onnx_graph_has_contract_io_opset_and_target_ops(published, activation: 
     assert [n.op_type for n in model.graph.node] == EXPECTED_OPS[(activation, target)]
     assert all(t.data_location == onnx.TensorProto.DEFAULT for t in model.graph.initializer)
     assert sorted(p.name for p in path.parent.iterdir() if p.is_file()) == [
-        "fingerprint.pb", "model.onnx", "model.pt", "saved_model.pb",
+        "fingerprint.pb", "model.onnx", "model.pt", "model_raw.onnx", "saved_model.pb",
     ]  # fmt: skip
 
 

@@ -16,8 +16,7 @@ from export_runs import make_run
 from export.__main__ import main as export_main
 from export.errors import PublishError
 from export.repository import ModelRepository
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT
 
 
 def _entries(repo: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Builds a small model repository (DESIGN.md layout) from numpy weights, without the export stage.
+"""Builds a small model repository (docs/design.md layout) from numpy weights, without the export stage.
 
 The same weights go to model.onnx (onnx.helper, opset 17) and to a SavedModel (tf.Module), so both
 backends can be checked against `reference_predict`, the numpy forward pass.
@@ -6,6 +6,7 @@ backends can be checked against `reference_predict`, the numpy forward pass.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import shutil
@@ -97,6 +98,20 @@ def write_warmup(path: Path, batches: list[np.ndarray], model_name: str = "ctr")
             writer.write(log.SerializeToString())
 
 
+def write_manifest(version_dir: Path, version: int) -> dict[str, str]:
+    """Write `assets.extra/manifest.json` listing the sha256 of every other file, as export does; returns them."""
+    manifest_path = version_dir / "assets.extra" / "manifest.json"
+    files = {
+        p.relative_to(version_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(version_dir.rglob("*"))
+        if p.is_file() and p != manifest_path
+    }
+    manifest = {"version": version, "inputs": {"features": [-1, N_FEATURES]}, "outputs": {"ctr": [-1, 1]}}
+    manifest_path.parent.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps({**manifest, "files": files}))
+    return files
+
+
 def write_version(
     base: Path, version: int, weights: list[np.ndarray], saved_model_from: Path | None = None
 ) -> Path:
@@ -113,13 +128,12 @@ def write_version(
     write_onnx(weights, tmp / "model.onnx")
     extra = tmp / "assets.extra"
     extra.mkdir(exist_ok=True)
-    manifest = {"version": version, "inputs": {"features": [-1, N_FEATURES]}, "outputs": {"ctr": [-1, 1]}}
-    (extra / "manifest.json").write_text(json.dumps(manifest))
     (extra / "feature_spec.json").write_text(json.dumps({"n_features": N_FEATURES, "fields": []}))
     rng = np.random.default_rng(version)
     write_warmup(
         extra / "tf_serving_warmup_requests", [rng.random((n, N_FEATURES), np.float32) for n in (1, 4)]
     )
+    write_manifest(tmp, version)
     final = base / str(version)
     tmp.rename(final)
     return final

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.helpers import REPO_ROOT, free_port
 
 
 class ServerProcess:
@@ -35,7 +28,7 @@ class ServerProcess:
             f"--model_name={model_name}", f"--model_base_path={base_path}", *flags,
         ]  # fmt: skip
         self._log = log_path.open("w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
 
     def url(self, path: str) -> str:

@@ -8,8 +8,9 @@ import sys
 
 import numpy as np
 
+from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import reference_predict
-from tests.serving.server_process import ROOT, http
+from tests.serving.server_process import http
 
 ROWS = np.random.default_rng(4).random((64, 128), dtype=np.float32)
 
@@ -34,7 +35,7 @@ def test_serving_imports_no_torch_lightning_training_or_tensorflow() -> None:
     )
     out = subprocess.run(
         [sys.executable, "-c", "import json;" + code],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=True,

@@ -11,7 +11,8 @@ import pytest
 
 from serving.config import parse_config
 from serving.version_policy import VersionPolicy
-from tests.serving.server_process import ROOT, ServerProcess
+from tests.helpers import REPO_ROOT
+from tests.serving.server_process import ServerProcess
 
 
 def test_classic_tf_serving_line_parses_as_written() -> None:
@@ -52,7 +53,7 @@ def test_gflags_style_booleans(flag: str, expected: bool) -> None:
 def test_bad_flag_values_exit_2_with_a_message(flag: str, message: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "serving", "--model_base_path=/m", flag],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving.server_process import free_port, http
+from tests.helpers import free_port
+from tests.serving.server_process import http
 
 # promtool's lint rules that TF Serving's own metric names break by design (they are kept for dashboards).
 TF_SERVING_LINT = (

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.serving.model_repo import make_weights, reference_predict, write_version
+from tests.serving.model_repo import make_weights, reference_predict, write_manifest, write_version
 from tests.serving.server_process import ServerProcess, http
 
 ROW = np.random.default_rng(3).random((1, 128), dtype=np.float32)
@@ -83,6 +83,7 @@ def test_corrupt_version_is_rejected_and_old_keeps_serving(
     tmp = writable_base / ".tmp-2"
     tmp.mkdir()
     (tmp / "model.onnx").write_bytes(b"this is not an onnx model")
+    write_manifest(tmp, 2)  # the bytes are as published: the load itself must fail
     tmp.rename(writable_base / "2")
     _wait_for(lambda: _states(server).get("2") == "END")
     status, body = http(server.url("/v1/models/ctr/versions/2"))
@@ -113,7 +114,8 @@ def test_latest_two_policy_serves_both_versions(start_server, writable_base: Pat
     server = start_server(
         writable_base, "--model_version_policy=latest:2", "--version_labels=stable=1,canary=2"
     )
-    assert _states(server) == {"2": "AVAILABLE", "1": "AVAILABLE"}
+    # Ready once version 2 is AVAILABLE; version 1 loads right after it.
+    _wait_for(lambda: _states(server) == {"2": "AVAILABLE", "1": "AVAILABLE"})
     for version, path in (
         (1, "/v1/models/ctr/labels/stable:predict"),
         (2, "/v1/models/ctr/versions/2:predict"),

@@ -19,8 +19,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from tests.helpers import REPO_ROOT, free_port
 from tests.serving.model_repo import reference_predict
-from tests.serving.server_process import ROOT, ServerProcess, free_port, http, wait_for_inflight
+from tests.serving.server_process import ServerProcess, http, wait_for_inflight
 
 ROW = [0.5] * 128
 
@@ -174,7 +175,7 @@ def test_sigterm_drains_every_worker_and_exits_0_without_orphans(start_server, m
 def test_num_workers_below_1_exits_2_with_a_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "serving", "--model_base_path=/m", "--num_workers=0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
     assert "--num_workers must be >= 1, got 0" in result.stderr
@@ -188,7 +189,7 @@ def test_busy_rest_port_fails_at_once_with_exit_1(model_repo) -> None:
         result = subprocess.run(
             [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}",
              f"--rest_api_port={port}", f"--model_base_path={model_repo}", "--num_workers=2"],
-            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert result.returncode == 1
     assert f"cannot bind REST to 127.0.0.1:{port}: Address already in use" in result.stderr

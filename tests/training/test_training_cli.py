@@ -11,12 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from train_runs import TINY_RUN
 
 from training.batches import ShuffledBatches
+from training.cache import cache_path
 from training.checkpoint import load_net
 from training.config import TrainConfig
+from training.dataset import prepare_streaming
+from training.features import FeatureSpec
+from training.stream_batches import StreamedBatches
 
 
 def test_tiny_run_writes_checkpoints_spec_metrics_and_val_features(
@@ -38,10 +43,28 @@ def test_tiny_run_writes_checkpoints_spec_metrics_and_val_features(
     assert val.dtype == np.float32 and val.shape == (m["val_rows"], 128) and np.isfinite(val).all()
     with torch.no_grad():
         assert net.predict_proba(torch.from_numpy(val)).shape == (m["val_rows"], 1)
+    # The same validation rows, raw (export's raw-signature parity rows): the spec maps them to val_features.
+    with np.load(out / "val_raw.npz") as raw:
+        numeric, categorical = raw["numeric"], raw["categorical"].astype(object)
+    spec = FeatureSpec.load(out / "feature_spec.json")
+    assert spec.transform(numeric, categorical).tobytes() == val.tobytes()
 
 
+def expected_order(data: Path, loader: str, epoch: int, n: int) -> list[int]:
+    """The training-row order an uninterrupted run visits in `epoch` (a function of seed and epoch only)."""
+    if loader == "memory":
+        batches = ShuffledBatches(torch.zeros(n, 1), torch.zeros(n), 256, seed=42)
+        batches.set_epoch(epoch)
+        return batches.shard().tolist()
+    pq_data, spec, _ = prepare_streaming([cache_path(data)], 0.1, 128, None, print)
+    streamed = StreamedBatches(pq_data, spec, "train", 256, seed=42, buffer_rows=1000)
+    streamed.set_epoch(epoch)
+    return torch.cat([b[2] for b in streamed]).tolist()
+
+
+@pytest.mark.parametrize("loader", ["memory", "stream"])
 def test_resume_after_kill_ends_with_the_same_optimizer_steps(
-    data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
+    data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess], loader: str
 ) -> None:
     out = tmp_path / "run"
     # A real SIGKILL in the middle of epoch 2 (of 3): only the epoch-1 checkpoints survive.
@@ -56,7 +79,8 @@ def test_resume_after_kill_ends_with_the_same_optimizer_steps(
                 if trainer.current_epoch == 1 and trainer.global_step >= 20:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-        cfg = TrainConfig(data={str(data_copy)!r}, out={str(out)!r}, batch_size=256, max_epochs=3, patience=5, progress_bar=False)
+        cfg = TrainConfig(data={str(data_copy)!r}, out={str(out)!r}, batch_size=256, max_epochs=3, patience=5,
+                          progress_bar=False, loader={loader!r}, shuffle_buffer=1000)
         run_training(cfg, callbacks=[KillMidEpoch()])
     """)
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -65,23 +89,24 @@ def test_resume_after_kill_ends_with_the_same_optimizer_steps(
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0
 
     resumed = run_module("training", "--data", data_copy, "--out", out, "--batch-size", "256", "--max-epochs", "3",
-                         "--patience", "5", "--no-progress-bar", "--resume", "--sample-audit", check=True)  # fmt: skip
+                         "--patience", "5", "--no-progress-bar", "--resume", "--sample-audit", "--loader", loader,
+                         "--shuffle-buffer", "1000", check=True)  # fmt: skip
     assert "Restoring states from the checkpoint path" in resumed.stdout + resumed.stderr
+    assert f"loader: {loader} (--loader {loader})" in resumed.stdout
     m = json.loads((out / "metrics.json").read_text())
     assert m["epochs"] == 3 and m["global_step"] == 3 * math.ceil(m["train_rows"] / 256)
-    # The resumed epochs replay exactly the sample order of an uninterrupted run (a function of seed and epoch).
-    n = m["train_rows"]
+    assert m["loader"] == loader
+    # The resumed epochs replay exactly the sample order of an uninterrupted run.
     for epoch in (1, 2):
-        expected = ShuffledBatches(torch.zeros(n, 1), torch.zeros(n), 256, seed=42)
-        expected.set_epoch(epoch)
-        assert np.load(out / "sample_audit" / f"epoch{epoch}_rank0.npy").tolist() == expected.shard().tolist()
+        seen = np.load(out / "sample_audit" / f"epoch{epoch}_rank0.npy").tolist()
+        assert seen == expected_order(data_copy, loader, epoch, m["train_rows"])
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:
     proc = run_module("training", "--data", data_copy, "--out", tmp_path / "none", "--resume")
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert (
         f"--resume needs {tmp_path / 'none' / 'checkpoints' / 'last.ckpt'}, which does not exist"
         in proc.stderr
@@ -93,7 +118,7 @@ def test_nan_loss_stops_the_run_naming_the_step(
 ) -> None:
     out = tmp_path / "run"
     proc = run_module("training", "--data", data_copy, "--out", out, *TINY_RUN, "--lr", "1e30")
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert "error: training loss is nan at global step 1 (epoch 0, batch 1)" in proc.stderr
     assert not (out / "checkpoints").exists() and not (out / "metrics.json").exists()
 
@@ -104,7 +129,7 @@ def test_malformed_data_fails_naming_file_line_and_field(
     data = tmp_path / "train.txt"
     data.write_text("1\t" + "\t".join(["1"] * 13 + ["ab"] * 26) + "\n" + "0\tx" + "\t" * 38 + "\n")
     proc = run_module("training", "--data", data, "--out", tmp_path / "run")
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert f"error: {data}:2: field I1 is 'x', expected an integer count or an empty cell" in proc.stderr
     assert "--skip-bad-rows" in proc.stderr
 

@@ -34,7 +34,7 @@ def raw_rows(seed: int, n: int = N) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def test_spec_round_trips_through_json_with_identical_vectors(tmp_path: Path) -> None:
     numeric, cats, labels = raw_rows(1)
     spec = FeatureSpec.fit(numeric, cats, labels, min_count=50)
-    assert any(t.keys.size for t in spec.rates)  # the rate tables are exercised, not empty
+    assert any(t.rate_values.size for t in spec.tables)  # the rate tables are exercised, not empty
     spec.save(tmp_path / "feature_spec.json")
     loaded = FeatureSpec.load(tmp_path / "feature_spec.json")
     new_numeric, new_cats, _ = raw_rows(2)
@@ -66,6 +66,19 @@ def test_string_arrays_and_packed_columns_give_the_same_vectors() -> None:
     spec = FeatureSpec.fit(numeric, cats, labels, min_count=50)
     packed = [encode_strings(cats[:, j].tolist()) for j in range(26)]
     assert spec.transform(numeric, cats).tobytes() == spec.transform(numeric, packed).tobytes()
+
+
+def test_vocabulary_values_take_their_fnv_bucket_and_others_the_oov_column() -> None:
+    numeric, cats, labels = raw_rows(1)
+    spec = FeatureSpec.fit(numeric, cats, labels, vocab_min_count=1)
+    seen = cats[0, 5] or ""
+    assert seen.encode() in set(spec.tables[5].vocab.tolist())
+    row = np.array([["never-seen-é"] * 5 + list(cats[0, 5:])], dtype=object)  # C6..C26: training values
+    out = spec.transform(numeric[:1], row)
+    expected = HASH_START + fnv1a_32("C6:" + seen) % spec.buckets
+    assert out[0, expected] >= 1.0
+    assert out[0, spec.oov_column] == 5.0  # C1..C5 hold a value no vocabulary has
+    assert spec.buckets == 128 - HASH_START - 1
 
 
 def test_vectorised_fnv1a_matches_the_scalar_definition() -> None:

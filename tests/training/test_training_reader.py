@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, NUMERIC_FIELDS
 from training.cache import cache_path, ensure_cache
 from training.criteo import SCHEMA, MalformedRowError, ReadReport, read_batches
-from training.schema import CATEGORICAL_FIELDS, FIELDS, NUMERIC_FIELDS
 
 GOOD = [
     ["1", "5", "-1", "", "260.0", *[str(i) for i in range(9)], *[f"{i:08x}" for i in range(26)]],

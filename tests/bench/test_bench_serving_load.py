@@ -9,10 +9,19 @@ from pathlib import Path
 import pytest
 
 from bench import procs, serving_load
+from tests.serving.model_repo import make_weights, write_version
 
 pytestmark = pytest.mark.skipif(
     shutil.which("wrk") is None, reason="wrk is not installed (run `make sysdeps`)"
 )
+
+
+@pytest.fixture(scope="module")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`<repo>/ctr/1/` with a small ONNX MLP (tests/serving/model_repo.py), the server's default backend."""
+    base = tmp_path_factory.mktemp("repo") / "ctr"
+    write_version(base, 1, make_weights(seed=1))
+    return base
 
 
 def test_measure_reports_qps_and_percentiles_for_our_server(model_repo: Path, tmp_path: Path) -> None:

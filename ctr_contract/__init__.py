@@ -1,0 +1,88 @@
+"""The contract between the stages: every name, path and rule that training, export and serving must agree on.
+
+Standard library only (no numpy, no torch, no TensorFlow), so every stage and every client can import it:
+the serving image ships it beside `serving/`. The stages meet only through files on disk; this package names
+those files. docs/design.md describes the same contract in prose.
+
+- `ctr_contract.schema`: the Criteo record (field names and types).
+- `ctr_contract.run_dir`: what `python -m training --out RUN` writes and `python -m export --run RUN` reads.
+- `ctr_contract.repository`: the versioned model repository that export writes and serving polls.
+- `ctr_contract.signatures`: signature keys and tensor names of every served version.
+"""
+
+from ctr_contract.repository import (
+    ASSETS_EXTRA,
+    DRIFT_REFERENCE_PATH,
+    FEATURE_SPEC_PATH,
+    MANIFEST_PATH,
+    MAX_VERSION,
+    ONNX_MODEL,
+    RAW_ONNX_MODEL,
+    SAVED_MODEL,
+    SAVED_MODEL_VARIABLES,
+    STAGING_PREFIX,
+    TORCHSCRIPT_MODEL,
+    TRITON_CONFIG,
+    WARMUP_PATH,
+    parse_version_dir,
+    version_dirs,
+)
+from ctr_contract.run_dir import (
+    BEST_CHECKPOINT,
+    CHECKPOINTS_DIR,
+    FEATURE_SPEC,
+    LAST_CHECKPOINT,
+    LOGS_DIR,
+    METRICS,
+    TRAIN_FEATURES_SAMPLE,
+    VAL_FEATURES,
+    VAL_LABELS,
+    VAL_RAW,
+)
+from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
+from ctr_contract.signatures import (
+    DEFAULT_SIGNATURE,
+    DEFAULT_WIDTH,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    RAW_SIGNATURE,
+)
+
+__all__ = [
+    "ASSETS_EXTRA",
+    "BEST_CHECKPOINT",
+    "CATEGORICAL_FIELDS",
+    "CHECKPOINTS_DIR",
+    "DEFAULT_SIGNATURE",
+    "DEFAULT_WIDTH",
+    "DRIFT_REFERENCE_PATH",
+    "FEATURE_SPEC",
+    "FEATURE_SPEC_PATH",
+    "FIELDS",
+    "INPUT_NAME",
+    "LABEL",
+    "LAST_CHECKPOINT",
+    "LOGS_DIR",
+    "MANIFEST_PATH",
+    "MAX_VERSION",
+    "METRICS",
+    "NUMERIC_FIELDS",
+    "N_FIELDS",
+    "ONNX_MODEL",
+    "OUTPUT_NAME",
+    "RAW_FIELDS",
+    "RAW_ONNX_MODEL",
+    "RAW_SIGNATURE",
+    "SAVED_MODEL",
+    "SAVED_MODEL_VARIABLES",
+    "STAGING_PREFIX",
+    "TORCHSCRIPT_MODEL",
+    "TRAIN_FEATURES_SAMPLE",
+    "TRITON_CONFIG",
+    "VAL_FEATURES",
+    "VAL_LABELS",
+    "VAL_RAW",
+    "WARMUP_PATH",
+    "parse_version_dir",
+    "version_dirs",
+]

@@ -1,0 +1,173 @@
+"""The raw-signature parity gate: the Python path, the ONNX raw graph and the SavedModel's `raw` signature
+must agree within the tolerance on >= 10,000 raw Criteo rows.
+
+The Python path is what training does: `FeatureSpec.transform` then the PyTorch model. Rows are the run's
+validation rows (`val_raw.npz`) and generated groups that stress every branch of the transform: values from
+the vocabularies and rate tables, unseen values, all-missing rows, negative and huge counts (Criteo has -1
+and counts over 1e6; ±Inf and NaN are missing), empty and non-ASCII strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.signatures import OUTPUT_NAME, RAW_SIGNATURE
+from export.errors import InputError, ParityError
+from export.parity import MIN_ROWS, ParityRows, compare
+from training.features import FeatureSpec
+
+RawRows = tuple[np.ndarray, np.ndarray]  # numeric float64 (N, 13), NaN = missing; categorical str (N, 26)
+RawPredictor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+EXTREME_COUNTS = np.array([-1.0, 0.0, 1.0, -2.0, 999_999.0, 1e6 + 1, 2**31, -(2**31), 1e12, -1e12, 2.0**53])
+ODD_STRINGS = ["", "héllo", "日本語", "😀", "Ω" * 40, " ", "68FD1E64", "a" * 300, "\t", "C1:x"]
+
+
+def load_val_raw(path: Path | None) -> RawRows | None:
+    """Read `val_raw.npz` (numeric float64 [V, 13], categorical str [V, 26]); None when there is none."""
+    if path is None:
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            numeric, categorical = z["numeric"].astype(np.float64), z["categorical"]
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"cannot read raw validation rows {path}: {e}") from e
+    n = len(numeric)
+    if numeric.shape != (n, len(NUMERIC_FIELDS)) or categorical.shape != (n, len(CATEGORICAL_FIELDS)):
+        raise InputError(
+            f"raw validation rows {path} have shapes {list(numeric.shape)} and {list(categorical.shape)}; "
+            f"expected [N, {len(NUMERIC_FIELDS)}] and [N, {len(CATEGORICAL_FIELDS)}]"
+        )
+    if categorical.dtype.kind != "U":
+        raise InputError(
+            f"raw validation rows {path}: categorical has dtype {categorical.dtype}, expected str"
+        )
+    return numeric, categorical.astype(object)
+
+
+def _known(spec: FeatureSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+    """(n, 26) values drawn from each field's vocabulary and rate table (the lookups that hit)."""
+    out = np.empty((n, len(CATEGORICAL_FIELDS)), dtype=object)
+    for j, t in enumerate(spec.tables):
+        pool = [v.decode("utf-8") for v in np.concatenate([t.vocab, t.rate_values])] or [""]
+        out[:, j] = [pool[i] for i in rng.integers(0, len(pool), n)]
+    return out
+
+
+def _counts(rng: np.random.Generator, n: int, missing: float) -> np.ndarray:
+    """(n, 13) log-uniform counts up to 1e7 with random signs near zero, and `missing` NaN share."""
+    x = np.floor(np.expm1(rng.uniform(0, np.log1p(1e7), (n, len(NUMERIC_FIELDS)))))
+    x[rng.random(x.shape) < 0.05] = -1.0
+    x[rng.random(x.shape) < missing] = np.nan
+    return x
+
+
+def build_raw_rows(
+    spec: FeatureSpec, n_rows: int, validation: RawRows | None, seed: int = 0
+) -> tuple[RawRows, dict[str, slice]]:
+    """Validation rows first, then the stress groups, then mixed rows up to `n_rows` (>= MIN_ROWS)."""
+    rng = np.random.default_rng(seed)
+    n_num, n_cat = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
+    groups: list[tuple[str, np.ndarray, np.ndarray]] = []
+    if validation is not None and len(validation[0]):
+        groups.append(("validation", validation[0][:n_rows], validation[1][:n_rows]))
+    k = 256
+    groups.append(("vocabulary", _counts(rng, k, 0.1), _known(spec, rng, k)))
+    unseen = np.array([[f"unseen-{i}-{j}" for j in range(n_cat)] for i in range(k)], dtype=object)
+    groups.append(("unseen", _counts(rng, k, 0.1), unseen))
+    groups.append(("all_missing", np.full((16, n_num), np.nan), np.full((16, n_cat), "", dtype=object)))
+    extreme = rng.choice(
+        np.concatenate([EXTREME_COUNTS, -EXTREME_COUNTS, [np.nan, np.inf, -np.inf]]), (k, n_num)
+    )
+    groups.append(("extreme_counts", extreme, _known(spec, rng, k)))
+    odd = np.array(ODD_STRINGS, dtype=object)[rng.integers(0, len(ODD_STRINGS), (k, n_cat))]
+    groups.append(("odd_strings", _counts(rng, k, 0.3), odd))
+    used = sum(len(g[1]) for g in groups)
+    fill = max(0, n_rows - used)
+    if fill:
+        # Each cell independently: a known value, an unseen one, or missing.
+        cats = _known(spec, rng, fill)
+        pick = rng.random((fill, n_cat))
+        cats[pick < 0.2] = "never-seen"
+        cats[pick > 0.9] = ""
+        groups.append(("random", _counts(rng, fill, 0.2), cats))
+    slices, start = {}, 0
+    for name, num, _ in groups:
+        slices[name] = slice(start, start + len(num))
+        start += len(num)
+    numeric = np.concatenate([g[1] for g in groups]).astype(np.float64)
+    categorical = np.concatenate([np.asarray(g[2], dtype=object) for g in groups])
+    return (numeric, categorical), slices
+
+
+def raw_feed(numeric: np.ndarray, categorical: np.ndarray) -> dict[str, np.ndarray]:
+    """The raw signature's inputs: I* float64 (N,), C* object str (N,)."""
+    feed = {f: np.ascontiguousarray(numeric[:, i], dtype=np.float64) for i, f in enumerate(NUMERIC_FIELDS)}
+    feed.update({f: np.asarray(categorical[:, j], dtype=object) for j, f in enumerate(CATEGORICAL_FIELDS)})
+    return feed
+
+
+def python_predictor(
+    spec: FeatureSpec, features_predictor: Callable[[np.ndarray], np.ndarray]
+) -> RawPredictor:
+    """FeatureSpec.transform followed by the (PyTorch) features predictor."""
+    return lambda numeric, categorical: features_predictor(spec.transform(numeric, categorical))
+
+
+def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPredictor:
+    """`model_raw.onnx` in an ONNX Runtime CPU session."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda numeric, categorical: session.run([OUTPUT_NAME], raw_feed(numeric, categorical))[0]
+
+
+def savedmodel_raw_predictor(directory: Path) -> RawPredictor:
+    """The SavedModel reloaded with `tf.saved_model.load`, called through its `raw` signature."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(directory))
+    signature = loaded.signatures[RAW_SIGNATURE]
+
+    def predict(numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+        feed = raw_feed(numeric, categorical)
+        tensors = {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in feed.items()}
+        return signature(**tensors)[OUTPUT_NAME].numpy()
+
+    predict.loaded = loaded  # type: ignore[attr-defined]  # keep the restored tables alive
+    return predict
+
+
+def run_raw_gate(
+    spec: FeatureSpec,
+    rows: RawRows,
+    groups: dict[str, slice],
+    backends: dict[str, RawPredictor],
+    tolerance: float,
+) -> dict[str, Any]:
+    """Run every raw backend on the rows; raise ParityError if they disagree.
+
+    Returns:
+        the report from `export.parity.compare`, over the rows' transformed features.
+    """
+    if len(rows[0]) < MIN_ROWS:
+        raise ParityError(f"raw parity needs >= {MIN_ROWS} rows, got {len(rows[0])}")
+    outputs = {name: np.asarray(fn(*rows)).reshape(-1, 1) for name, fn in backends.items()}
+    report = compare(
+        ParityRows(spec.transform(*rows), groups), outputs, tolerance, reference=next(iter(backends))
+    )
+    if not report["passed"]:
+        raise ParityError(
+            f"raw-signature parity failed: max abs difference {report['max_abs_diff']:.3g} > tolerance "
+            f"{tolerance:.3g} (by pair: {report['max_abs_diff_by_pair']}, by group: "
+            f"{report['max_abs_diff_by_group']}, non-finite outputs: {report['non_finite_outputs']}); "
+            "nothing was published"
+        )
+    return report

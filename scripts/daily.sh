@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One day of the daily loop (docs/daily-loop.md): `scripts/daily.sh N` or `make day N=1`.
+#   1. data: take $DATA, or generate day N of the drifting synthetic world (python -m training.synth --day N);
+#   2. train: warm-start from the newest published version (what the server serves) for $EPOCHS epoch(s),
+#      or train from scratch when the repository holds no version yet;
+#   3. export through the quality gate (scored on day N's validation rows against the newest version);
+#      a refused candidate ends the day here with `export: error: ...` and exit code 1;
+#   4. serving: every server polling $REPO loads the new version and swaps to it without dropping a request.
+# Settings come from the environment (defaults in brackets).
+set -euo pipefail
+
+N="${1:?usage: scripts/daily.sh DAY   (DAY = 0, 1, 2, ...)}"
+PY="${PY:-.venv/bin/python}"              # [.venv/bin/python]
+REPO="${REPO:-artifacts/models/ctr}"      # the model base path the servers poll
+WORK="${WORK:-artifacts/daily}"           # data and run directories, one per day
+ROWS="${ROWS:-500000}"                    # rows generated per day (~500k new log rows a day)
+EPOCHS="${EPOCHS:-1}"                     # warm-start epochs
+DATA="${DATA:-}"                          # a day's Criteo file (e.g. from serving.request_log_to_criteo)
+TRAIN_ARGS="${TRAIN_ARGS:-}"              # extra flags for python -m training (split into words)
+EXPORT_ARGS="${EXPORT_ARGS:-}"            # extra flags for python -m export, e.g. --force
+
+data="${DATA:-$WORK/data/day$N.txt}"
+run="$WORK/runs/day$N"
+if [ -z "$DATA" ] && [ ! -f "$data" ]; then
+    echo "day $N: generating $ROWS rows into $data"
+    "$PY" -m training.synth --day "$N" --rows "$ROWS" --out "$data"
+fi
+
+newest=$(find "$REPO" -mindepth 1 -maxdepth 1 -type d -regex '.*/[1-9][0-9]*' -printf '%f\n' 2>/dev/null \
+    | sort -n | tail -n 1)
+if [ -n "$newest" ]; then
+    echo "day $N: warm start from $REPO/$newest ($EPOCHS epoch(s), feature spec frozen)"
+    # shellcheck disable=SC2086  # TRAIN_ARGS is split into flags on purpose
+    "$PY" -m training --data "$data" --out "$run" --init-from "$REPO/$newest" --max-epochs "$EPOCHS" \
+        --no-progress-bar $TRAIN_ARGS
+else
+    echo "day $N: $REPO holds no version yet: training from scratch"
+    # shellcheck disable=SC2086
+    "$PY" -m training --data "$data" --out "$run" --no-progress-bar $TRAIN_ARGS
+fi
+
+echo "day $N: export through the quality gate"
+# shellcheck disable=SC2086
+"$PY" -m export --run "$run" --repo "$REPO" $EXPORT_ARGS
+echo "day $N: published; servers polling $REPO load it at their next scan"

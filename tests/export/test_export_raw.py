@@ -1,0 +1,161 @@
+"""The `raw` signature of an exported version: Criteo fields in, the FeatureSpec applied inside the graph.
+
+Three-way parity (FeatureSpec.transform + PyTorch, ONNX Runtime on model_raw.onnx, the SavedModel's `raw`
+signature) on a published version, the gate refusing a disagreeing backend, and the SavedModel called with
+exactly the tensors TF Serving's REST layer builds from the documented JSON (stock TF Serving cannot run here).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
+from export.errors import ExportError, ParityError
+from export.parity import MIN_ROWS
+from export.raw_onnx import build_raw_model
+from export.raw_parity import (
+    build_raw_rows,
+    load_val_raw,
+    onnxruntime_raw_predictor,
+    python_predictor,
+    run_raw_gate,
+    savedmodel_raw_predictor,
+)
+from export.runtimes import torch_predictor
+from training.checkpoint import load_net
+from training.features import FeatureSpec
+
+STRESS_GROUPS = (
+    "validation",
+    "vocabulary",
+    "unseen",
+    "all_missing",
+    "extreme_counts",
+    "odd_strings",
+    "random",
+)
+
+
+@pytest.fixture(scope="module")
+def version(published: Callable[[str, str], Any]) -> Any:
+    """The session's (relu, standard) export: `.run`, `.repo`, `.version_dir`."""
+    return published("relu", "standard")
+
+
+def test_published_version_has_the_raw_graph_and_its_gate_report(version: Any) -> None:
+    manifest = json.loads((version.version_dir / "assets.extra" / "manifest.json").read_text())
+    raw = manifest["parity"]["raw"]
+    assert raw["passed"] is True and raw["rows"] >= MIN_ROWS and raw["max_abs_diff"] <= 1e-5
+    assert tuple(raw["groups"]) == STRESS_GROUPS
+    assert raw["groups"]["validation"] == 2_000  # every row of the run's val_raw.npz
+    assert set(raw["max_abs_diff_by_pair"]) == {
+        "python_vs_onnxruntime_raw",
+        "python_vs_savedmodel_raw",
+        "onnxruntime_raw_vs_savedmodel_raw",
+    }
+    assert manifest["io"]["raw"]["onnx_file"] == "model_raw.onnx"
+    assert "model_raw.onnx" in manifest["files"]
+    proto = onnx.load(str(version.version_dir / "model_raw.onnx"))
+    assert [i.name for i in proto.graph.input] == list(RAW_FIELDS)
+    types = {i.name: i.type.tensor_type.elem_type for i in proto.graph.input}
+    assert {types[f] for f in NUMERIC_FIELDS} == {onnx.TensorProto.DOUBLE}
+    assert {types[f] for f in CATEGORICAL_FIELDS} == {onnx.TensorProto.STRING}
+    assert {n.domain for n in proto.graph.node} == {"", "ai.onnx.ml"}  # standard domains, no custom op
+    assert "ai.onnx.ml::LabelEncoder" in manifest["io"]["raw"]["onnx_ops"]
+
+
+def test_three_way_parity_on_the_published_version(version: Any) -> None:
+    spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
+    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
+    rows, groups = build_raw_rows(spec, MIN_ROWS, load_val_raw(version.run / "val_raw.npz"), seed=7)
+    backends = {
+        "python": python_predictor(spec, torch_predictor(net)),
+        "onnxruntime_raw": onnxruntime_raw_predictor(version.version_dir / "model_raw.onnx"),
+        "savedmodel_raw": savedmodel_raw_predictor(version.version_dir),
+    }
+    report = run_raw_gate(spec, rows, groups, backends, 1e-5)
+    assert report["rows"] == MIN_ROWS and report["passed"]
+    assert report["max_abs_diff"] <= 1e-5
+    # Every stress group moves the prediction: the rows reach different parts of the graph.
+    ctr = backends["python"](*rows).ravel()
+    assert len({round(float(ctr[groups[g]].mean()), 6) for g in STRESS_GROUPS}) == len(STRESS_GROUPS)
+
+
+def test_gate_refuses_a_raw_backend_that_disagrees(version: Any) -> None:
+    spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
+    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
+    rows, groups = build_raw_rows(spec, MIN_ROWS, None)
+    python = python_predictor(spec, torch_predictor(net))
+
+    def off_on_missing(numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+        out = python(numeric, categorical).copy()
+        out[groups["all_missing"]] += 2e-5  # e.g. a graph that forgot that NaN counts are missing
+        return out
+
+    with pytest.raises(
+        ParityError, match=r"raw-signature parity failed: max abs difference 2e-05 > tolerance 1e-05"
+    ):
+        run_raw_gate(spec, rows, groups, {"python": python, "broken": off_on_missing}, 1e-5)
+
+
+# The documented stock-TF-Serving request: every field in every instance; a missing count is the NaN token
+# (TF Serving's JSON parser accepts NaN; there is no null for numbers) and a missing categorical is "".
+TF_SERVING_BODY = """{"signature_name": "raw", "instances": [
+ {"I1": 3, "I2": -1, "I3": 1234567, "I4": NaN, "I5": 0, "I6": 12, "I7": 1, "I8": 2, "I9": 40, "I10": NaN,
+  "I11": 1, "I12": NaN, "I13": 4, "C1": "68fd1e64", "C2": "80e26c9b", "C3": "fb936136", "C4": "7b4723c4",
+  "C5": "25c83c98", "C6": "7e0ccccf", "C7": "de7995b8", "C8": "1f89b562", "C9": "a73ee510", "C10": "a8cd5504",
+  "C11": "b2cb9c98", "C12": "37c9c164", "C13": "2824a5f6", "C14": "1adce6ef", "C15": "8ba8b39a",
+  "C16": "891b62e7", "C17": "e5ba7672", "C18": "f54016b9", "C19": "21ddcdc9", "C20": "b1252a9d",
+  "C21": "07b5194c", "C22": "", "C23": "3a171ecb", "C24": "c5c50484", "C25": "e8b83407", "C26": "9727dd16"},
+ {"I1": NaN, "I2": NaN, "I3": NaN, "I4": NaN, "I5": NaN, "I6": NaN, "I7": NaN, "I8": NaN, "I9": NaN,
+  "I10": NaN, "I11": NaN, "I12": NaN, "I13": NaN, "C1": "", "C2": "", "C3": "", "C4": "", "C5": "", "C6": "",
+  "C7": "", "C8": "", "C9": "", "C10": "", "C11": "", "C12": "", "C13": "", "C14": "", "C15": "", "C16": "",
+  "C17": "", "C18": "", "C19": "", "C20": "", "C21": "", "C22": "", "C23": "", "C24": "", "C25": "", "C26": ""}
+]}"""
+
+
+def test_savedmodel_raw_signature_takes_the_tensors_tf_serving_builds_from_json(version: Any) -> None:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(version.version_dir))
+    signature = loaded.signatures["raw"]
+    specs = signature.structured_input_signature[1]
+    assert sorted(specs) == sorted(RAW_FIELDS)
+    assert {specs[f].dtype for f in NUMERIC_FIELDS} == {tf.float64}
+    assert {specs[f].dtype for f in CATEGORICAL_FIELDS} == {tf.string}
+    assert set(loaded.signatures) == {"serving_default", "raw"}
+    instances = json.loads(TF_SERVING_BODY)["instances"]
+    # TF Serving's row format: one tensor per input, the instances' values stacked along the batch dimension,
+    # typed by the signature (numbers -> DT_DOUBLE, strings -> DT_STRING).
+    tensors = {f: tf.constant([row[f] for row in instances], dtype=specs[f].dtype) for f in RAW_FIELDS}
+    got = signature(**tensors)["ctr"].numpy()
+
+    spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
+    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
+    numeric = np.array([[row[f] for f in NUMERIC_FIELDS] for row in instances], dtype=np.float64)
+    categorical = np.array([[row[f] for f in CATEGORICAL_FIELDS] for row in instances], dtype=object)
+    want = torch_predictor(net)(spec.transform(numeric, categorical))
+    assert got.shape == (2, 1)
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+def test_raw_graph_refuses_a_model_below_opset_13(version: Any) -> None:
+    spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["features"], ["ctr"])],
+        "old",
+        [onnx.helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, ["batch", 128])],
+        [onnx.helper.make_tensor_value_info("ctr", onnx.TensorProto.FLOAT, ["batch", 128])],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 12)])
+    with pytest.raises(
+        ExportError,
+        match=r"^the raw graph needs ai.onnx opset >= 13 .* the model has 12; export with --opset 13 or newer$",
+    ):
+        build_raw_model(model, spec)

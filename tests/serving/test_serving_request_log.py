@@ -1,0 +1,217 @@
+"""Sampled request logs: the sample rate, the x-request-id round trip, size rotation, and lines dropped
+(and counted) instead of failing or slowing a predict when the disk is full, unwritable or slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from serving.request_log import RequestLog, sampled
+from tests.serving.model_repo import N_FEATURES
+from tests.serving.server_process import ServerProcess, http
+from training.criteo import read_batches
+
+ROWS = np.random.default_rng(7).random((3, N_FEATURES)).round(4).astype(np.float32)
+
+
+def predict(server: ServerProcess, request_id: str | None = None) -> tuple[int, str | None, list]:
+    """One REST predict of ROWS; returns (status, x-request-id of the answer, predictions)."""
+    body = json.dumps({"instances": ROWS.tolist()}).encode()
+    headers = {"x-request-id": request_id} if request_id else {}
+    request = urllib.request.Request(server.url("/v1/models/ctr:predict"), body, headers, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return (
+            response.status,
+            response.headers.get("x-request-id"),
+            json.loads(response.read())["predictions"],
+        )
+
+
+def counter(server: ServerProcess, name: str) -> float:
+    _, text = http(server.url("/metrics"))
+    prefix = f'{name}{{model_name="ctr"}} '
+    values = [float(line[len(prefix) :]) for line in str(text).splitlines() if line.startswith(prefix)]
+    assert len(values) == 1, f"no {name} in the metrics"
+    return values[0]
+
+
+def wait_for(read, expected: float, timeout_s: float = 10.0) -> float:
+    """Poll `read()` until it returns `expected` (the writer thread is asynchronous); returns the last value."""
+    deadline = time.monotonic() + timeout_s
+    while (value := read()) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def log_lines(directory: Path) -> list[dict]:
+    return [
+        json.loads(line)
+        for f in sorted(directory.glob("requests-*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
+
+
+def test_sampled_lines_follow_the_rate_and_hold_the_request(model_repo: Path, start_server, tmp_path: Path):
+    logs = tmp_path / "logs"
+    server = start_server(model_repo, f"--request_log_dir={logs}", "--request_log_sample_rate=0.25")
+    ids = [f"req-{i}" for i in range(200)]
+    answers = {}
+    for request_id in ids:
+        status, echoed, predictions = predict(server, request_id)
+        assert (status, echoed) == (200, request_id)  # the client's id comes back
+        answers[request_id] = predictions
+    expected = [i for i in ids if sampled(i, 0.25)]
+    assert 30 < len(expected) < 70  # the hash spreads ids evenly
+    assert wait_for(lambda: counter(server, "ctr_serving_request_log_lines_total"), len(expected)) == len(
+        expected
+    )
+    lines = log_lines(logs)
+    assert sorted(line["request_id"] for line in lines) == sorted(expected)
+    line = lines[0]
+    assert line["model"] == {"name": "ctr", "version": 1}
+    assert np.allclose(line["inputs"]["instances"], ROWS)
+    assert np.allclose(line["outputs"], answers[line["request_id"]])
+    assert line["time"].endswith("Z") and len(line["time"]) == len("2026-11-30T08:00:00.123Z")
+    assert counter(server, "ctr_serving_request_log_dropped_total") == 0
+
+    status, generated, _ = predict(server)  # no id sent: the server makes one
+    assert status == 200 and generated and generated != predict(server)[1]
+
+
+def test_rate_0_writes_nothing_and_ids_are_still_returned(model_repo: Path, start_server, tmp_path: Path):
+    logs = tmp_path / "logs"
+    server = start_server(model_repo, f"--request_log_dir={logs}")
+    assert predict(server, "abc-1")[1] == "abc-1"
+    assert predict(server, "bad id with spaces")[1] != "bad id with spaces"  # not a sane token: replaced
+    assert not logs.exists()
+
+
+def test_files_rotate_by_size(model_repo: Path, start_server, tmp_path: Path):
+    logs = tmp_path / "logs"
+    server = start_server(
+        model_repo, f"--request_log_dir={logs}", "--request_log_sample_rate=1", "--request_log_max_bytes=1000"
+    )
+    for i in range(12):
+        predict(server, f"rot-{i}")
+    assert wait_for(lambda: counter(server, "ctr_serving_request_log_lines_total"), 12) == 12
+    files = sorted(logs.glob("requests-*.jsonl"))
+    # Every line (3 rows of 128 floats) is over 1,000 bytes, so each file holds exactly one.
+    assert len(files) == 12
+    assert [len(f.read_text().splitlines()) for f in files] == [1] * 12
+
+
+def test_unwritable_directory_drops_and_counts_lines_and_predicts_succeed(
+    model_repo: Path, start_server, tmp_path: Path
+):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the log directory should be")
+    server = start_server(model_repo, f"--request_log_dir={blocker}/logs", "--request_log_sample_rate=1")
+    for i in range(20):
+        assert predict(server, f"u-{i}")[0] == 200
+    assert wait_for(lambda: counter(server, "ctr_serving_request_log_dropped_total"), 20) == 20
+    assert counter(server, "ctr_serving_request_log_lines_total") == 0
+
+
+def test_full_disk_drops_and_counts_lines_and_predicts_succeed(
+    model_repo: Path, start_server, tmp_path: Path
+):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server = start_server(model_repo, f"--request_log_dir={logs}", "--request_log_sample_rate=1")
+    for seq in range(1, 4):  # every file the writer opens is /dev/full: each write fails with ENOSPC
+        (logs / f"requests-{server.proc.pid}-{seq}.jsonl").symlink_to("/dev/full")
+    for i in range(20):
+        assert predict(server, f"f-{i}")[0] == 200
+    assert wait_for(lambda: counter(server, "ctr_serving_request_log_dropped_total"), 20) == 20
+    assert counter(server, "ctr_serving_request_log_lines_total") == 0
+    assert "request log: dropping lines" in server.log()
+
+
+def test_a_stuck_writer_never_blocks_record_and_counts_the_overflow(tmp_path: Path):
+    """A disk that hangs: the writer thread is stuck on its first line, the queue (3 lines) fills up."""
+    dropped: list[int] = []
+    stuck = threading.Event()
+
+    async def scenario() -> list[float]:
+        log = RequestLog(tmp_path, 1.0, 1 << 20, on_drop=dropped.append, queue_lines=3)
+        log._append = lambda line: stuck.wait(10)  # type: ignore[method-assign]
+        log.start()
+        outputs = np.zeros((1, 1), np.float32)
+        log.record("first", "ctr", 1, lambda: {"instances": []}, outputs)
+        while not log._queue.empty():  # the writer took the first line and hangs on it
+            await asyncio.sleep(0.01)
+        took = []
+        for i in range(9):
+            started = time.perf_counter()
+            log.record(f"r{i}", "ctr", 1, lambda: {"instances": []}, outputs)
+            took.append(time.perf_counter() - started)
+        stuck.set()
+        log.stop()
+        return took
+
+    took = asyncio.run(scenario())
+    assert dropped == [1] * 6  # 3 lines fit in the queue, the other 6 are dropped and counted
+    assert max(took) < 0.05
+
+
+def test_logs_joined_with_clicks_become_a_criteo_file(tmp_path: Path, run_module):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    row = {f"I{i}": i for i in range(1, 14)} | {f"C{i}": f"{i:08x}" for i in range(1, 27)}
+    sparse = {"I1": None, "I2": -1, "C1": "", "C3": "68fd1e64"}  # missing cells: null, "" or absent
+    entries = [
+        {"request_id": "a", "inputs": {"instances": [row, sparse]}, "outputs": [[0.3], [0.1]]},
+        {
+            "request_id": "b",
+            "inputs": {"inputs": {"I5": [7, None], "C2": ["x", "y"]}},
+            "outputs": [[0.2], [0.4]],
+        },
+        {"request_id": "c", "inputs": {"instances": [[0.1] * 128]}, "outputs": [[0.5]]},  # features: skipped
+        {"request_id": "a", "inputs": {"instances": [row]}, "outputs": [[0.3]]},  # a retry: counted once
+    ]
+    text = "".join(json.dumps(e) + "\n" for e in entries) + '{"request_id": "d", "inp'  # cut by a full disk
+    (logs / "requests-1-1.jsonl").write_text(text)
+    clicks = tmp_path / "clicks.tsv"
+    clicks.write_text("a\nb\t1\n")
+    out = tmp_path / "day.txt"
+    proc = run_module(
+        "serving.request_log_to_criteo", "--logs", logs, "--clicks", clicks, "--out", out, check=True
+    )
+    assert proc.stdout.strip() == (
+        f"wrote 4 rows (2 clicked) from 2 requests in 1 files to {out}; skipped 1 repeated request id, "
+        "1 request without raw fields, 1 unreadable line"
+    )
+    lines = out.read_text().splitlines()
+    assert lines[0] == "\t".join(["1", *map(str, range(1, 14)), *(f"{i:08x}" for i in range(1, 27))])
+    assert lines[1] == "\t".join(["0", "", "-1", *[""] * 11, "", "", "68fd1e64", *[""] * 23])
+    assert lines[2] == "\t".join(["0", *[""] * 4, "7", *[""] * 8, "", "x", *[""] * 24])
+    assert lines[3] == "\t".join(["1", *[""] * 13, "", "y", *[""] * 24])
+    assert sum(len(b) for b in read_batches(out)) == 4  # the strict training reader takes the file
+
+
+def test_grpc_requests_are_logged_with_the_clients_id_in_the_trailing_metadata(
+    model_repo: Path, start_server, tmp_path: Path
+):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    logs = tmp_path / "logs"
+    server = start_server(model_repo, f"--request_log_dir={logs}", "--request_log_sample_rate=1")
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "ctr"
+    request.inputs["features"].CopyFrom(tf.make_tensor_proto(ROWS))
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        _, call = stub.Predict.with_call(request, timeout=10, metadata=(("x-request-id", "grpc-7"),))
+    assert dict(call.trailing_metadata())["x-request-id"] == "grpc-7"
+    assert wait_for(lambda: counter(server, "ctr_serving_request_log_lines_total"), 1) == 1
+    [line] = log_lines(logs)
+    assert line["request_id"] == "grpc-7" and np.allclose(line["inputs"]["instances"], ROWS)
