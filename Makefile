@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train tune day export serve test test-slow test-gpu lint fmt bench bench-compare clean
+.PHONY: help install sysdeps run data train tune day export serve test test-slow test-gpu lint fmt bench bench-http bench-compare clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -35,7 +35,7 @@ install: $(STAMP) ## Create .venv and install every stage (skipped when done)
 sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, java for TorchServe)
 	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v java >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose openjdk-17-jre-headless >/dev/null; \
-	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus and wrk"; fi; fi
+	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus, wrk, docker-compose and java (TorchServe)"; fi; fi
 
 $(DATA): | $(STAMP)
 	$(PY) -m training.synth --out $(DATA) --rows $(ROWS) --seed 7
@@ -83,6 +83,9 @@ test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP), then N
 
 bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a ~10 min run
 	$(PY) -m bench --mode $(or $(BENCH),full) $(ARGS)
+
+bench-http: $(STAMP) sysdeps ## HTTP layer: ours vs uvicorn vs granian under load and attack (needs REPO)
+	$(PY) -m bench.http_layer --model_base_path $(REPO) $(ARGS)
 
 bench-compare: $(STAMP) ## Compare two bench runs: make bench-compare A=dir B=dir
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make bench-compare A=bench/results/<run1> B=bench/results/<run2>" >&2; exit 2; }

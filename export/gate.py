@@ -173,7 +173,13 @@ def check_quality(
     if served_dir is None or served is None:
         return report  # the first version has nothing to be compared with
     version = int(served_dir.name)
-    old = figures(rows.labels, served(rows.features_for(served_dir / repository.FEATURE_SPEC_PATH)))
+    try:
+        old_probs = served(rows.features_for(served_dir / repository.FEATURE_SPEC_PATH))
+    except InputError:
+        raise
+    except Exception as e:  # ONNX Runtime raises its own types for a model it cannot run on these rows
+        raise InputError(f"the quality gate cannot score version {version} ({served_dir}): {e}") from e
+    old = figures(rows.labels, old_probs)
     report["served"] = {"version": version, **old}
     reasons = []
     if cand["auc"] < old["auc"] - max_auc_drop:
@@ -215,7 +221,12 @@ def gate_export(req: ExportRequest, net: torch.nn.Module, metrics: dict[str, Any
     if rows is None:
         log.warning("quality gate skipped: %s", why_not)
         return {"skipped": why_not, "passed": None, "forced": False, "candidate": None, "served": None}
-    served = onnxruntime_predictor(served_dir / repository.ONNX_MODEL) if served_dir is not None else None
+    served = None
+    if served_dir is not None:
+        try:
+            served = onnxruntime_predictor(served_dir / repository.ONNX_MODEL)
+        except Exception as e:  # a missing or corrupt model.onnx: ONNX Runtime's own exception types
+            raise InputError(f"the quality gate cannot load version {served_dir.name}'s model: {e}") from e
     return check_quality(
         torch_predictor(net),
         req.feature_spec,

@@ -184,7 +184,7 @@ def export_version(req: ExportRequest) -> ExportResult:
         shutil.copyfile(req.feature_spec, stage / FEATURE_SPEC_PATH)
         write_reference(stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw)
         warm_rows = val if val is not None and len(val) >= 64 else rows.features
-        write_warmup(stage / WARMUP_PATH, warm_rows, repo.name, INPUT_NAME, DEFAULT_SIGNATURE)
+        write_warmup(stage / WARMUP_PATH, warm_rows, repo.name, INPUT_NAME, DEFAULT_SIGNATURE, raw_rows)
         io = {
             "signature": DEFAULT_SIGNATURE,
             "inputs": {

@@ -8,11 +8,22 @@ import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.signatures import RAW_SIGNATURE
+
 WARMUP_BATCHES = (1, 8, 64)  # a few batch sizes so the first real requests hit warm kernels
 
 
-def write_warmup(path: Path, features: np.ndarray, model_name: str, input_name: str, signature: str) -> int:
-    """Write one PredictLog per batch size, taking rows from `features` (N, width).
+def write_warmup(
+    path: Path,
+    features: np.ndarray,
+    model_name: str,
+    input_name: str,
+    signature: str,
+    raw: tuple[np.ndarray, np.ndarray] | None = None,
+) -> int:
+    """Write one PredictLog per batch size, taking rows from `features` (N, width); then, when `raw` rows
+    (numeric float64 (N, 13), categorical str (N, 26)) are given, one per batch size for the `raw` signature.
 
     Returns:
         the number of records written.
@@ -26,7 +37,20 @@ def write_warmup(path: Path, features: np.ndarray, model_name: str, input_name: 
             request.inputs[input_name].CopyFrom(tf.make_tensor_proto(features[:batch].astype(np.float32)))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
-    return len(WARMUP_BATCHES)
+        for batch in WARMUP_BATCHES if raw is not None else ():
+            assert raw is not None
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=RAW_SIGNATURE)
+            )
+            for field, column in zip(NUMERIC_FIELDS, raw[0][:batch].T, strict=True):
+                request.inputs[field].CopyFrom(tf.make_tensor_proto(column.astype(np.float64)))
+            for field, column in zip(CATEGORICAL_FIELDS, raw[1][:batch].T, strict=True):
+                request.inputs[field].CopyFrom(
+                    tf.make_tensor_proto([str(v).encode() for v in column], dtype=tf.string)
+                )
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+    return len(WARMUP_BATCHES) * (2 if raw is not None else 1)
 
 
 def read_warmup(path: Path) -> list[prediction_log_pb2.PredictionLog]:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ctr_contract.repository import DRIFT_REFERENCE_PATH
 from serving.drift_window import RingBuffer, shared_windows
+from serving.raw_codec import RawBatch
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,11 @@ class DriftMonitor:
             self.features.append(np.hstack([block, np.concatenate(scores)]))
         ref = self.reference() if raw else None
         if raw and ref is not None and ref.raw_numeric:
-            self.raw.append(np.concatenate([np.hstack([ref.raw_codes(b.inputs, len(b)), s]) for b, s in raw]))
+            # One RawBatch of every pending request, binned at once: binning each request's 39 columns apart
+            # paused the event loop at every flush (raw p99 55 ms at 1 connection, 2026-11-30).
+            merged = RawBatch.concat([b for b, _ in raw])
+            codes = ref.raw_codes(merged.inputs, len(merged))
+            self.raw.append(np.hstack([codes, np.concatenate([s for _, s in raw])]))
 
     def _tick(self) -> None:
         self._tick_scheduled = False

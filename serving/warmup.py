@@ -17,6 +17,8 @@ from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
 from serving.errors import ModelLoadError
+from serving.raw_codec import RawBatch, decode_tensors
+from serving.signatures import RAW_SIGNATURE
 from serving.tensors import to_ndarray
 
 WARMUP_FILE = Path(WARMUP_PATH)
@@ -56,8 +58,11 @@ def read_tfrecords(path: Path) -> Iterator[bytes]:
         pos = end + 4
 
 
-def warmup_batches(version_dir: Path, input_name: str) -> list[np.ndarray]:
-    """Decode the predict requests of the version's warm-up file; [] when the file is absent."""
+def warmup_batches(version_dir: Path, input_name: str, raw: list[RawBatch] | None = None) -> list[np.ndarray]:
+    """Decode the predict requests of the version's warm-up file; [] when the file is absent.
+
+    Records for the `raw` signature are decoded into `raw` when a list is given, else skipped.
+    """
     path = version_dir / WARMUP_FILE
     if not path.is_file():
         return []
@@ -69,6 +74,10 @@ def warmup_batches(version_dir: Path, input_name: str) -> list[np.ndarray]:
         if log.WhichOneof("log_type") != "predict_log":
             raise ModelLoadError(f"{path}: record {i} is not a predict_log (only Predict is served)")
         inputs = log.predict_log.request.inputs
+        if log.predict_log.request.model_spec.signature_name == RAW_SIGNATURE:
+            if raw is not None:
+                raw.append(decode_tensors(inputs))
+            continue
         if input_name not in inputs:
             raise ModelLoadError(f"{path}: record {i} has inputs {sorted(inputs)}, expected '{input_name}'")
         batches.append(to_ndarray(inputs[input_name], input_name))
@@ -82,8 +91,9 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         the number of requests replayed.
     """
     sig = backend.signature
+    raw: list[RawBatch] = []
     try:
-        batches = warmup_batches(version_dir, sig.input_name)
+        batches = warmup_batches(version_dir, sig.input_name, raw)
     except ModelLoadError:
         raise
     except Exception as exc:  # a protobuf DecodeError, or InvalidArgument from a bad tensor
@@ -96,4 +106,8 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         out = backend.predict(batch)
         if out.shape != (batch.shape[0], sig.output_width) or not np.isfinite(out).all():
             raise ModelLoadError(f"warm-up output has shape {list(out.shape)} or non-finite values")
-    return len(batches)
+    for raw_batch in raw if sig.has_raw else []:
+        out = backend.predict_raw(raw_batch.inputs)
+        if out.shape != (len(raw_batch), sig.output_width) or not np.isfinite(out).all():
+            raise ModelLoadError(f"raw warm-up output has shape {list(out.shape)} or non-finite values")
+    return len(batches) + (len(raw) if sig.has_raw else 0)

@@ -6,11 +6,13 @@ Also the run's read-only passes over the validation rows and the export samples,
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from training.cache import ensure_cache
@@ -84,6 +86,21 @@ class RunInputs:
         return val_x.numpy(), val_y.reshape(-1).numpy(), train_x.numpy()
 
 
+def pin_malloc_mmap_threshold(nbytes: int = 1 << 20) -> bool:
+    """Fix glibc's mmap threshold so that buffers of 1 MiB and more always go back to the system when freed.
+
+    glibc raises the threshold (up to 32 MiB) each time it frees an mmapped block; the stream's row slices and
+    buffer copies are such blocks, so without this the heap keeps their freed space and fragments: measured,
+    an epoch over 10M rows peaked at 1.28 GB instead of 0.72 GB. Returns False where there is no glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_mmap_threshold = -3  # from <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, nbytes))
+
+
 def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str], None]) -> RunInputs:
     """Resolve `--data`, parse text files once into Parquet caches, open the data set and fit (or take) the spec.
 
@@ -92,6 +109,7 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
         frozen: a spec to use as is (warm start) instead of fitting one.
         say: prints progress once per job.
     """
+    pin_malloc_mmap_threshold()
     files = resolve_data(cfg.data)
     report = ReadReport()
     if files[0].parquet:
@@ -105,6 +123,7 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
             for kind, k in r.skipped.items():
                 report.skipped[kind] = report.skipped.get(kind, 0) + k
             report.examples.extend(r.examples[: max(0, 5 - len(report.examples))])
+    pa.default_memory_pool().release_unused()  # the parse's buffers: do not carry them into training
     width = frozen.width if frozen is not None else cfg.width
     data, spec, encoded = prepare_streaming(parquet, cfg.val_fraction, width, cfg.max_rows, say, frozen)
     if files[0].parquet:
@@ -121,5 +140,6 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
         f"loader: {loader} ({why})"
         + (f", shuffle buffer {cfg.shuffle_buffer} rows" if loader == "stream" else "")
     )
+    pa.default_memory_pool().release_unused()
     memory = load_in_memory(data, spec, encoded) if loader == "memory" else None
     return RunInputs(data, spec, loader, memory, report, encoded)

@@ -158,8 +158,10 @@ def test_warmup_requests_are_prediction_logs_the_savedmodel_answers(published) -
     logs = read_warmup(p.version_dir / "assets.extra" / "tf_serving_warmup_requests")
     val = np.load(p.run / "val_features.npy")
     predict = savedmodel_predictor(p.version_dir)
-    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log"] * 3
-    for log, batch in zip(logs, (1, 8, 64), strict=True):
+    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log"] * 6
+    # Three for serving_default, then three for the raw signature (tests/export/test_export_raw.py).
+    assert [log.predict_log.request.model_spec.signature_name for log in logs[3:]] == ["raw"] * 3
+    for log, batch in zip(logs[:3], (1, 8, 64), strict=True):
         request = log.predict_log.request
         assert (request.model_spec.name, request.model_spec.signature_name) == ("ctr", "serving_default")
         features = tf.make_ndarray(request.inputs["features"])

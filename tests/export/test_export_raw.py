@@ -159,3 +159,22 @@ def test_raw_graph_refuses_a_model_below_opset_13(version: Any) -> None:
         match=r"^the raw graph needs ai.onnx opset >= 13 .* the model has 12; export with --opset 13 or newer$",
     ):
         build_raw_model(model, spec)
+
+
+def test_warmup_file_holds_raw_requests_the_savedmodel_answers(version: Any) -> None:
+    import tensorflow as tf
+
+    from export.warmup import read_warmup
+
+    logs = read_warmup(version.version_dir / "assets.extra" / "tf_serving_warmup_requests")[3:]
+    signature = tf.saved_model.load(str(version.version_dir)).signatures["raw"]
+    with np.load(version.run / "val_raw.npz") as z:
+        numeric, categorical = z["numeric"], z["categorical"]
+    for log, batch in zip(logs, (1, 8, 64), strict=True):
+        request = log.predict_log.request
+        assert (request.model_spec.name, request.model_spec.signature_name) == ("ctr", "raw")
+        assert sorted(request.inputs) == sorted(RAW_FIELDS)
+        np.testing.assert_array_equal(tf.make_ndarray(request.inputs["I1"]), numeric[:batch, 0])
+        assert [v.decode() for v in tf.make_ndarray(request.inputs["C3"])] == categorical[:batch, 2].tolist()
+        tensors = {k: tf.constant(tf.make_ndarray(t)) for k, t in request.inputs.items()}
+        assert signature(**tensors)["ctr"].shape == (batch, 1)

@@ -239,3 +239,21 @@ def test_streaming_peak_memory_does_not_grow_with_the_row_count(sized_files: dic
     # 200k more rows are ~100 MiB of float32 features: the in-memory path grows by that, streaming does not.
     assert big_mem - small_mem > 80, (small_mem, big_mem)
     assert big - small < 24, (small, big)
+
+
+def test_a_lock_left_by_a_killed_builder_is_taken_over_at_once(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    from training.once import build_once
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    lock, result = tmp_path / "x.lock", tmp_path / "x"
+    lock.write_text(f"{socket.gethostname()} {dead.stdout.strip()}\n")  # its holder was killed mid-build
+    said: list[str] = []
+    t0 = time.monotonic()
+    assert build_once(lock, result.is_file, result.touch, said.append) is True
+    assert time.monotonic() - t0 < 5 and result.is_file() and not lock.exists()
+    assert said == [f"warning: taking over {lock} from a builder that stopped"]
