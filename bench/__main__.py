@@ -12,9 +12,9 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.figures import flatten
+from bench.inputs import PROJECT_ROOT
+from bench.measurements import flatten
 from bench.modes import MODES, SECTIONS, get_mode
-from bench.pipeline import PROJECT_ROOT
 from bench.procs import install_cleanup
 from bench.suite import run_bench
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.figures import flatten, higher_is_better
+from bench.measurements import flatten, higher_is_better
 
 NOISE = 0.05  # relative change below which two runs count as the same
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.inputs import PROJECT_ROOT
 
 
 def _train(
@@ -38,7 +38,7 @@ def _train(
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout_s)
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, timeout=timeout_s)
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"exit code {proc.returncode}: {shlex.join(cmd)}\n{tail}")
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rows", type=int, default=None)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=2048, help="per process")
-    p.add_argument("--workdir", type=Path, default=ROOT / "artifacts" / "ddp_scaling")
+    p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / "artifacts" / "ddp_scaling")
     args = p.parse_args(argv)
     if args.accelerator in ("gpu", "cuda"):
         import torch

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import procs
+from bench.inputs import PROJECT_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SETUP_FILE = "foreign_setup.json"  # {venv name: setup error}, in the section's workdir
 INSTALL_TIMEOUT_S = 900
 
@@ -81,18 +81,22 @@ class ForeignVenv:
 
 JAX = ForeignVenv(
     "jax",
-    ROOT / ".venv-jax",
+    PROJECT_ROOT / ".venv-jax",
     ("jax", "flax", "optax", "numpy"),
     "import jax, flax, optax",
     ("jax", "flax", "optax"),
 )
 MLX = ForeignVenv(
-    "mlx", ROOT / ".venv-mlx", ("mlx[cpu]", "numpy"), "import mlx.core, mlx.nn, mlx.optimizers", ("mlx",)
+    "mlx",
+    PROJECT_ROOT / ".venv-mlx",
+    ("mlx[cpu]", "numpy"),
+    "import mlx.core, mlx.nn, mlx.optimizers",
+    ("mlx",),
 )
 # torch==2.13.0 pinned as in the Makefile: a bare `torch` would pull a multi-GB CUDA build.
 TORCHSERVE = ForeignVenv(
     "torchserve",
-    ROOT / ".venv-torchserve",
+    PROJECT_ROOT / ".venv-torchserve",
     ("torch==2.13.0", "torchserve", "torch-model-archiver", "numpy", "pyyaml"),
     "import ts, model_archiver, torch, yaml",
     ("torchserve", "torch-model-archiver", "torch"),

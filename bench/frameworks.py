@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.figures import ddp_figures, ok_rows
 from bench.jax_forward import BACKEND as JAX_INFERENCE
+from bench.measurements import ddp_figures, ok_rows
 from bench.serving_load import KSERVE, NAIVE, OURS_ON, TORCHSERVE
 from bench.tables import fmt, table
 from bench.training_throughput import FOREIGN, WORKERS

@@ -31,7 +31,7 @@ def export_weights(checkpoint: Path, out: Path) -> None:
     net, _ = load_net(checkpoint)
     net.eval()
     linears = [m for m in net.layers if isinstance(m, torch.nn.Linear)]
-    probe = np.random.default_rng(0).standard_normal((PROBE_ROWS, net.cfg.in_features)).astype(np.float32)
+    probe = np.random.default_rng(0).standard_normal((PROBE_ROWS, net.cfg.width)).astype(np.float32)
     with torch.no_grad():
         expected = net.predict_proba(torch.from_numpy(probe)).numpy()
     arrays = {f"w{i}": m.weight.detach().numpy() for i, m in enumerate(linears)}

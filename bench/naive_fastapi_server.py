@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from training.checkpoint import load_net
-from training.model import CTRProbability
+from training.net import CTRProbability
 
 
 class PredictRequest(BaseModel):

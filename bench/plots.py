@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # before pyplot: headless machines and CI have no display
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from bench.figures import ok_rows, spread
+from bench.measurements import ok_rows, spread
 
 
 def training_figure(rows: list[dict[str, Any]]) -> Figure:

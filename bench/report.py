@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from bench.figures import baseline_label, ok_rows
 from bench.frameworks import framework_lines
+from bench.measurements import baseline_label, ok_rows
 from bench.modes import SECTION_TITLES, SECTIONS
 from bench.tables import (
     TABLES,

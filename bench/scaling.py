@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.inputs import PROJECT_ROOT
+
 # rows measured, the largest row count the in-memory loader is also measured at, the DDP point's rows
 SIZES: dict[str, tuple[tuple[int, ...], int, int]] = {
     "full": ((250_000, 1_000_000, 3_000_000), 1_000_000, 1_000_000),
@@ -43,7 +44,9 @@ def _train(data: Path, out: Path, rows: int, loader: str, devices: int, timeout_
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, start_new_session=True
+        )
     deadline = time.monotonic() + timeout_s
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -116,7 +119,7 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
     from training.batches import ShuffledBatches
     from training.cache import ensure_cache
     from training.dataset import load_in_memory, prepare_streaming
-    from training.model import CTRNet, ModelConfig
+    from training.net import CTRNet, ModelConfig
     from training.stream_batches import StreamedBatches
 
     pq_data, spec, encoded = prepare_streaming([ensure_cache(data)[0]], 0.1, 128, rows, print)
@@ -183,7 +186,7 @@ def primitives(data: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
     p.add_argument("--mode", default="quick", choices=sorted(SIZES))
-    p.add_argument("--workdir", type=Path, default=ROOT / "artifacts" / "scaling")
+    p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / "artifacts" / "scaling")
     p.add_argument("--out", type=Path, default=None, help="write the result JSON here too")
     p.add_argument("--ab", type=Path, default=None, help="instead: loader A/B throughput on this Criteo file")
     p.add_argument("--ab-rows", type=int, default=None, help="--max-rows for --ab")

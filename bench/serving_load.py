@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
-from bench.pipeline import PROJECT_ROOT
-from bench.pipeline import latest_version as latest_version_dir
+from bench.inputs import PROJECT_ROOT
+from bench.inputs import latest_version as latest_version_dir
 from bench.torchserve_server import REQUEST_API as TS_REQUEST_API
 from ctr_contract.repository import RAW_ONNX_MODEL, version_dirs
 

@@ -19,9 +19,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.inputs import PROJECT_ROOT, build_inputs, child_env
 from bench.machine import collect_machine
 from bench.modes import SECTIONS_WITH_SETUP, STANDALONE_SECTIONS, BenchMode
-from bench.pipeline import PROJECT_ROOT, build_inputs, child_env
 from bench.plots import write_plots
 from bench.procs import StepError, log_tail, run_bounded, start, stop, stop_all
 from bench.report import render_report

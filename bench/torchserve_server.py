@@ -15,9 +15,9 @@ from pathlib import Path
 
 from bench import procs
 from bench.foreign_venvs import TORCHSERVE
+from bench.inputs import PROJECT_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-HANDLER = ROOT / "bench" / "torchserve_handler.py"
+HANDLER = PROJECT_ROOT / "bench" / "torchserve_handler.py"
 PREDICT_PATH = "/predictions/ctr"
 REQUEST_API = "TorchServe predictions API (POST /predictions/ctr), TF-Serving-style body via a custom handler"
 # The JVM's heap cap: TorchServe's default (1/4 of RAM) lets one bench server grow past the machine's share.

@@ -142,7 +142,7 @@ def _bare(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tu
     import torch.nn.functional as F
 
     from training.batches import ShuffledBatches
-    from training.model import CTRNet
+    from training.net import CTRNet
 
     net = CTRNet()
     opt = torch.optim.Adam(
@@ -177,8 +177,8 @@ def _lightning(
     from torch.utils.data import DataLoader, TensorDataset
 
     from training.batches import ShuffledBatches
-    from training.model import ModelConfig
-    from training.module import CTRModule
+    from training.lightning_module import CTRModule
+    from training.net import ModelConfig
 
     x, y = torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"])
     if naive:

@@ -52,7 +52,7 @@ from export.runtimes import (
 )
 from training.checkpoint import CheckpointError, load_net
 from training.features import FeatureSpec
-from training.model import CTRNet
+from training.net import CTRNet
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,10 @@ def load_inputs(req: ExportRequest) -> tuple[CTRNet, dict[str, Any], int, np.nda
     except CheckpointError as e:
         raise InputError(str(e)) from e
     width = spec_width(req.feature_spec)
-    in_features = net.cfg.in_features
-    if in_features != width:
+    net_width = net.cfg.width
+    if net_width != width:
         raise InputError(
-            f"checkpoint {req.checkpoint} takes {in_features} features but feature spec {req.feature_spec} "
+            f"checkpoint {req.checkpoint} takes {net_width} features but feature spec {req.feature_spec} "
             f"produces {width}; export a checkpoint trained with this spec"
         )
     val = None

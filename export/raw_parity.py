@@ -22,7 +22,7 @@ from export.parity import MIN_ROWS, ParityRows, compare
 from training.features import FeatureSpec
 
 RawRows = tuple[np.ndarray, np.ndarray]  # numeric float64 (N, 13), NaN = missing; categorical str (N, 26)
-RawPredictor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+RawPredictFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 EXTREME_COUNTS = np.array([-1.0, 0.0, 1.0, -2.0, 999_999.0, 1e6 + 1, 2**31, -(2**31), 1e12, -1e12, 2.0**53])
 ODD_STRINGS = ["", "héllo", "日本語", "😀", "Ω" * 40, " ", "68FD1E64", "a" * 300, "\t", "C1:x"]
 
@@ -113,12 +113,12 @@ def raw_feed(numeric: np.ndarray, categorical: np.ndarray) -> dict[str, np.ndarr
 
 def python_predictor(
     spec: FeatureSpec, features_predictor: Callable[[np.ndarray], np.ndarray]
-) -> RawPredictor:
+) -> RawPredictFn:
     """FeatureSpec.transform followed by the (PyTorch) features predictor."""
     return lambda numeric, categorical: features_predictor(spec.transform(numeric, categorical))
 
 
-def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPredictor:
+def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPredictFn:
     """`model_raw.onnx` in an ONNX Runtime CPU session."""
     import onnxruntime as ort
 
@@ -129,7 +129,7 @@ def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPred
     return lambda numeric, categorical: session.run([OUTPUT_NAME], raw_feed(numeric, categorical))[0]
 
 
-def savedmodel_raw_predictor(directory: Path) -> RawPredictor:
+def savedmodel_raw_predictor(directory: Path) -> RawPredictFn:
     """The SavedModel reloaded with `tf.saved_model.load`, called through its `raw` signature."""
     import tensorflow as tf
 
@@ -149,7 +149,7 @@ def run_raw_gate(
     spec: FeatureSpec,
     rows: RawRows,
     groups: dict[str, slice],
-    backends: dict[str, RawPredictor],
+    backends: dict[str, RawPredictFn],
     tolerance: float,
 ) -> dict[str, Any]:
     """Run every raw backend on the rows; raise ParityError if they disagree.

@@ -14,12 +14,12 @@ import torch
 from torch import nn
 
 from ctr_contract.signatures import DEFAULT_SIGNATURE, INPUT_NAME, OUTPUT_NAME
-from training.model import CTRProbability
+from training.net import CTRProbability
 
-Predictor = Callable[[np.ndarray], np.ndarray]
+PredictFn = Callable[[np.ndarray], np.ndarray]
 
 
-def torch_predictor(net: nn.Module) -> Predictor:
+def torch_predictor(net: nn.Module) -> PredictFn:
     """PyTorch eager: sigmoid(net(x)) under no_grad."""
     model = CTRProbability(net).eval()
 
@@ -39,7 +39,7 @@ def write_torchscript(net: nn.Module, width: int, path: Path) -> None:
         traced.save(str(path))
 
 
-def torchscript_predictor(path: Path) -> Predictor:
+def torchscript_predictor(path: Path) -> PredictFn:
     """The traced `model.pt`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # see write_torchscript
@@ -54,7 +54,7 @@ def torchscript_predictor(path: Path) -> Predictor:
 
 def onnxruntime_predictor(
     path: Path, input_name: str = INPUT_NAME, output_name: str = OUTPUT_NAME, threads: int | None = None
-) -> Predictor:
+) -> PredictFn:
     """`model.onnx` in an ONNX Runtime CPU session (`threads` intra-op threads; None: ORT's default)."""
     import onnxruntime as ort
 
@@ -71,7 +71,7 @@ def onnxruntime_predictor(
 
 def savedmodel_predictor(
     directory: Path, input_name: str = INPUT_NAME, output_name: str = OUTPUT_NAME
-) -> Predictor:
+) -> PredictFn:
     """The SavedModel reloaded with `tf.saved_model.load`, called through `serving_default`."""
     import tensorflow as tf
 

@@ -21,20 +21,20 @@ CRITEO_ROW: dict[str, int | str] = {
 }  # fmt: skip
 
 
-def curl_example(cfg: ServerConfig, lv: LoadedVersion) -> str:
+def curl_example(cfg: ServerConfig, servable: LoadedVersion) -> str:
     """A curl command predicting one instance: a raw Criteo row when the version serves `raw`, else the first
     warm-up row of engineered features (or zeros)."""
-    sig = lv.backend.signature
+    sig = servable.backend.signature
     row: object
     if sig.has_raw:
         row = CRITEO_ROW
     else:
-        batches = warmup_batches(cfg.model_base_path / str(lv.version), sig.input_name)
-        row = [round(float(v), 4) for v in batches[0][0]] if batches else [0.0] * sig.n_features
+        batches = warmup_batches(cfg.model_base_path / str(servable.version), sig.input_name)
+        row = [round(float(v), 4) for v in batches[0][0]] if batches else [0.0] * sig.width
     host = "localhost" if cfg.host in ("0.0.0.0", "::") else cfg.host
     body = json.dumps({"instances": [row]}, separators=(",", ":"))
     return (
-        f"\nServing {cfg.model_name} version {lv.version}. Try:\n\n"
+        f"\nServing {cfg.model_name} version {servable.version}. Try:\n\n"
         f"curl -s -X POST http://{host}:{cfg.rest_api_port}/v1/models/{cfg.model_name}:predict \\\n"
         f"  -H 'Content-Type: application/json' \\\n"
         f"  -d '{body}'\n"

@@ -76,12 +76,12 @@ class PredictionServicer:
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
             context.set_trailing_metadata((("x-request-id", request_id),))
-        scores, lv = await self.predictor.predict(name, version, label, decode, "GRPC", request_id)
+        scores, servable = await self.predictor.predict(name, version, label, decode, "GRPC", request_id)
         response = protos.PredictResponse()
         response.model_spec.name = name
-        response.model_spec.version.value = lv.version
+        response.model_spec.version.value = servable.version
         response.model_spec.signature_name = signature_name
-        from_ndarray(scores, response.outputs[lv.backend.signature.output_name])
+        from_ndarray(scores, response.outputs[servable.backend.signature.output_name])
         return response
 
     async def get_model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -89,8 +89,8 @@ class PredictionServicer:
         if fields != {"signature_def"}:
             raise InvalidArgument(f"metadata_field must be ['signature_def'], got {sorted(fields)}")
         name, version, label = _spec(request.model_spec)
-        lv = self.manager.resolve(name, version, label)
-        return metadata_response(name, lv.version, lv.backend.signature)
+        servable = self.manager.resolve(name, version, label)
+        return metadata_response(name, servable.version, servable.backend.signature)
 
     async def get_model_status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)

@@ -37,8 +37,8 @@ def signature_def_map(sig: Signature) -> Any:
     sig_def = sig_map.signature_def[DEFAULT_SIGNATURE]
     sig_def.method_name = PREDICT_METHOD
     # The map key is the public name; `info.name` is the graph tensor name TF Serving reports.
-    for info, width, tensor in (
-        (sig_def.inputs[sig.input_name], sig.n_features, f"{DEFAULT_SIGNATURE}_{sig.input_name}:0"),
+    for info, size, tensor in (
+        (sig_def.inputs[sig.input_name], sig.width, f"{DEFAULT_SIGNATURE}_{sig.input_name}:0"),
         # TF numbers the signatures' calls by key: `raw` sorts first, so it takes the unsuffixed name.
         (
             sig_def.outputs[sig.output_name],
@@ -49,7 +49,7 @@ def signature_def_map(sig: Signature) -> Any:
         info.name = tensor
         info.dtype = DT_FLOAT
         info.tensor_shape.dim.add().size = -1
-        info.tensor_shape.dim.add().size = width
+        info.tensor_shape.dim.add().size = size
     if sig.has_raw:
         add_raw_signature(sig_map, sig)
     return sig_map

@@ -64,18 +64,18 @@ class Predictor:
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
-            lv = self.manager.resolve(name, version, label)
-            features = decode(lv.backend.signature)
+            servable = self.manager.resolve(name, version, label)
+            features = decode(servable.backend.signature)
             unit = "row" if entrypoint == "GRPC" else "instance"
             if isinstance(features, RawBatch):
                 check_raw_batch(features, self.limits, unit)
             else:
-                check_batch(features, lv.backend.signature, self.limits, unit)
-            scores = await self._run(lv, features)
+                check_batch(features, servable.backend.signature, self.limits, unit)
+            scores = await self._run(servable, features)
             status = "OK"
             if self.drift is not None or self.request_log is not None:
-                self._watch(lv, features, scores, request_id, inputs)
-            return scores, lv
+                self._watch(servable, features, scores, request_id, inputs)
+            return scores, servable
         except ServingError as exc:
             status = exc.code
             raise
@@ -93,7 +93,7 @@ class Predictor:
 
     def _watch(
         self,
-        lv: LoadedVersion,
+        servable: LoadedVersion,
         features: np.ndarray | RawBatch,
         scores: np.ndarray,
         request_id: str | None,
@@ -107,7 +107,7 @@ class Predictor:
                 self.request_log.record(
                     request_id,
                     self.manager.name,
-                    lv.version,
+                    servable.version,
                     inputs or (lambda: _logged_inputs(features)),
                     scores,
                 )
@@ -115,16 +115,16 @@ class Predictor:
             log.exception("drift tracking and request logging are off from now on: they failed on a request")
             self.drift = self.request_log = None
 
-    async def _run(self, lv: LoadedVersion, features: np.ndarray | RawBatch) -> np.ndarray:
-        self.manager.acquire(lv)
+    async def _run(self, servable: LoadedVersion, features: np.ndarray | RawBatch) -> np.ndarray:
+        self.manager.acquire(servable)
         self.inflight += 1
         try:
-            batcher = lv.batcher if isinstance(features, np.ndarray) else lv.raw_batcher
+            batcher = servable.batcher if isinstance(features, np.ndarray) else servable.raw_batcher
             if batcher is not None:
                 scores = await batcher.submit(features)
             else:
                 run: Callable[[Any], np.ndarray] = (
-                    lv.backend.predict if isinstance(features, np.ndarray) else raw_runner(lv)
+                    servable.backend.predict if isinstance(features, np.ndarray) else raw_runner(servable)
                 )
                 started = time.perf_counter()
                 if len(features) <= INLINE_MAX_ROWS:
@@ -133,11 +133,11 @@ class Predictor:
                     scores = await asyncio.get_running_loop().run_in_executor(self._executor, run, features)
                 elapsed_us = (time.perf_counter() - started) * 1e6
                 self.metrics.runtime_latency.observe(
-                    elapsed_us, self.manager.name, "predict", lv.backend.runtime
+                    elapsed_us, self.manager.name, "predict", servable.backend.runtime
                 )
         finally:
             self.inflight -= 1
-            self.manager.release(lv)
+            self.manager.release(servable)
         if len(scores) == 1:
             self.metrics.predicted_ctr.observe(float(scores[0, 0]), self.manager.name)
         else:
@@ -160,6 +160,6 @@ def _logged_inputs(features: np.ndarray | RawBatch) -> dict[str, Any]:
     return {"instances": features}
 
 
-def raw_runner(lv: LoadedVersion) -> Callable[[RawBatch], np.ndarray]:
+def raw_runner(servable: LoadedVersion) -> Callable[[RawBatch], np.ndarray]:
     """The version's `raw` signature as a function of a decoded RawBatch."""
-    return lambda batch: lv.backend.predict_raw(batch.inputs)
+    return lambda batch: servable.backend.predict_raw(batch.inputs)

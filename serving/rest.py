@@ -96,10 +96,10 @@ class RestApp:
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         _require(method, "GET")
         if action == "/metadata":
-            lv = self.manager.resolve(name, version, label)
+            servable = self.manager.resolve(name, version, label)
             return (
                 200,
-                json.dumps(metadata_json(name, lv.version, lv.backend.signature)).encode(),
+                json.dumps(metadata_json(name, servable.version, servable.backend.signature)).encode(),
                 JSON,
             )
         return self._status(name, version, label)

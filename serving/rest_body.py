@@ -34,7 +34,7 @@ class BodyOverLimits(InvalidArgument):
     """The body holds more arrays, objects or values than `--max_instances` full instances could (400)."""
 
 
-def check_body_bounds(body: bytes | bytearray, n_features: int, max_instances: int) -> None:
+def check_body_bounds(body: bytes | bytearray, width: int, max_instances: int) -> None:
     """Refuse, from byte counts alone, a body that cannot be a batch within `max_instances`.
 
     Any valid body has at most N+1 '[' (the list of rows, one per row), N+2 '{' (envelope, `inputs`, one per
@@ -48,9 +48,9 @@ def check_body_bounds(body: bytes | bytearray, n_features: int, max_instances: i
             f"{max_instances} instances can (--max_instances); split the request"
         )
     commas = body.count(b",")
-    if commas > 2 * max_instances * n_features + 8:
+    if commas > 2 * max_instances * width + 8:
         raise BodyOverLimits(
-            f"the body holds over {commas} values, more than {max_instances} instances of {n_features} "
+            f"the body holds over {commas} values, more than {max_instances} instances of {width} "
             "features (--max_instances); split the request"
         )
 
@@ -70,7 +70,7 @@ def _decode(
     body: bytes | bytearray, sig: Signature, max_instances: int
 ) -> tuple[bool, np.ndarray | RawBatch]:
     if len(body) > BOUNDS_MIN_BYTES:
-        check_body_bounds(body, sig.n_features, max_instances)
+        check_body_bounds(body, sig.width, max_instances)
     request = parse_body(body)
     return request.columnar, to_features(request, sig)
 

@@ -86,7 +86,7 @@ def to_features(body: PredictBody, sig: Signature) -> np.ndarray | RawBatch:
     if not isinstance(rows, list):
         key = "inputs" if body.columnar else "instances"
         raise InvalidArgument(
-            f"'{key}' must be a list of {sig.n_features}-number lists, got {type(rows).__name__}"
+            f"'{key}' must be a list of {sig.width}-number lists, got {type(rows).__name__}"
         )
     if rows and isinstance(rows[0], dict) and not body.columnar:
         rows = [_named_row(inst, i, name) for i, inst in enumerate(rows)]
@@ -96,11 +96,11 @@ def to_features(body: PredictBody, sig: Signature) -> np.ndarray | RawBatch:
         array = np.asarray(rows)
     except ValueError:  # ragged lists
         array = None
-    if array is None or array.dtype.kind not in "iuf" or array.ndim != 2 or array.shape[1] != sig.n_features:
-        raise InvalidArgument(_diagnose(rows, sig.n_features))
+    if array is None or array.dtype.kind not in "iuf" or array.ndim != 2 or array.shape[1] != sig.width:
+        raise InvalidArgument(_diagnose(rows, sig.width))
     if body.may_hold_booleans and any(v is True or v is False for row in rows for v in row):
         # _diagnose names the first boolean, as it does for an all-boolean row (which np.asarray keeps bool).
-        raise InvalidArgument(_diagnose(rows, sig.n_features))
+        raise InvalidArgument(_diagnose(rows, sig.width))
     return array.astype(np.float32, copy=False)
 
 
@@ -123,19 +123,19 @@ def _shown(value: Any) -> str:
         return f"a deeply nested {type(value).__name__}"
 
 
-def _diagnose(rows: list[Any], n_features: int) -> str:
-    """Explain why `rows` is not a numeric (N, n_features) batch, naming the first offending instance."""
+def _diagnose(rows: list[Any], width: int) -> str:
+    """Explain why `rows` is not a numeric (N, width) batch, naming the first offending instance."""
     for i, row in enumerate(rows):
         if not isinstance(row, list):
-            return f"instance {i} is {_shown(row)} ({type(row).__name__}), expected a list of {n_features} numbers"
-        if len(row) != n_features:
-            return f"expected {n_features} features per instance, got {len(row)} in instance {i}"
+            return f"instance {i} is {_shown(row)} ({type(row).__name__}), expected a list of {width} numbers"
+        if len(row) != width:
+            return f"expected {width} features per instance, got {len(row)} in instance {i}"
         for j, value in enumerate(row):
             if not _is_number(value):
                 return (
                     f"instance {i} feature {j} is {_shown(value)} ({type(value).__name__}), expected a number"
                 )
-    return f"instances must be lists of {n_features} numbers"
+    return f"instances must be lists of {width} numbers"
 
 
 def encode_predictions(scores: np.ndarray, columnar: bool) -> bytes:

@@ -58,10 +58,10 @@ def _batcher_factory(
 ) -> Callable[..., DynamicBatcher]:
     """One DynamicBatcher per loaded version, all sharing the inference thread."""
 
-    def make(lv: LoadedVersion, raw: bool = False) -> DynamicBatcher:
+    def make(servable: LoadedVersion, raw: bool = False) -> DynamicBatcher:
         """`raw`: the batcher of the version's `raw` signature (RawBatch in, predict_raw)."""
         return DynamicBatcher(
-            raw_runner(lv) if raw else lv.backend.predict,
+            raw_runner(servable) if raw else servable.backend.predict,
             max_batch_size=cfg.max_batch_size,
             batch_timeout_s=cfg.batch_timeout_micros / 1e6,
             max_enqueued_batches=cfg.max_enqueued_batches,
@@ -69,7 +69,7 @@ def _batcher_factory(
             executor=executor,
             metrics=metrics,
             model_name=cfg.model_name,
-            runtime=lv.backend.runtime,
+            runtime=servable.backend.runtime,
         )
 
     return make

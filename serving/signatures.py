@@ -14,10 +14,10 @@ __all__ = ["DEFAULT_SIGNATURE", "INPUT_NAME", "OUTPUT_NAME", "RAW_SIGNATURE", "S
 
 @dataclass(frozen=True)
 class Signature:
-    """The `serving_default` signature: one float input [-1, n_features] and one float output [-1, 1]."""
+    """The `serving_default` signature: one float input [-1, width] and one float output [-1, 1]."""
 
     input_name: str
     output_name: str
-    n_features: int
+    width: int
     output_width: int
     has_raw: bool = False  # the version also serves RAW_SIGNATURE (serving/raw_codec.py)

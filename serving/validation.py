@@ -22,14 +22,14 @@ def check_batch(features: np.ndarray, sig: Signature, limits: Limits, unit: str 
     """Raise InvalidArgument unless `features` is a non-empty, finite (N, F) float32 batch within limits.
 
     Args:
-        features: the decoded input, expected (N, sig.n_features).
+        features: the decoded input, expected (N, sig.width).
         sig: the served version's signature.
         limits: the server's request limits.
         unit: what one row is called in messages ("instance" for REST, "row" for gRPC tensors).
     """
-    if features.ndim != 2 or features.shape[1] != sig.n_features:
+    if features.ndim != 2 or features.shape[1] != sig.width:
         raise InvalidArgument(
-            f"input '{sig.input_name}' has shape {list(features.shape)}, expected [N, {sig.n_features}]"
+            f"input '{sig.input_name}' has shape {list(features.shape)}, expected [N, {sig.width}]"
         )
     n = features.shape[0]
     if n == 0:

@@ -98,19 +98,19 @@ class ModelManager:
             if self.latest is None:
                 raise Unavailable(f"Servable not found for request: Latest({name}); no version is loaded yet")
             return self.latest
-        lv = self.loaded.get(version)
-        if lv is None:
+        servable = self.loaded.get(version)
+        if servable is None:
             raise NotFound(f"Servable not found for request: Specific({name}, {version})")
-        return lv
+        return servable
 
-    def acquire(self, lv: LoadedVersion) -> None:
-        lv.inflight += 1
+    def acquire(self, servable: LoadedVersion) -> None:
+        servable.inflight += 1
 
-    def release(self, lv: LoadedVersion) -> None:
-        """End one request on `lv`; the last request on a retired version unloads it."""
-        lv.inflight -= 1
-        if lv.retired and lv.inflight == 0:
-            self._unload(lv)
+    def release(self, servable: LoadedVersion) -> None:
+        """End one request on `servable`; the last request on a retired version unloads it."""
+        servable.inflight -= 1
+        if servable.retired and servable.inflight == 0:
+            self._unload(servable)
 
     def status(self, name: str, version: int | None = None) -> list[VersionState]:
         """Version states, newest first; raise NotFound for an unknown model or version."""
@@ -220,12 +220,12 @@ class ModelManager:
         if attempt.error is not None or attempt.backend is None:
             self.states.settle_failure(state, attempt.error, attempt.stamp, attempt.digest)
             return False
-        lv = LoadedVersion(version, attempt.backend)
+        servable = LoadedVersion(version, attempt.backend)
         if self._make_batcher is not None:
-            lv.batcher = self._make_batcher(lv)
-            if lv.backend.signature.has_raw:  # raw rows queue apart: a batch holds one kind of input
-                lv.raw_batcher = self._make_batcher(lv, raw=True)
-        self.loaded[version] = lv
+            servable.batcher = self._make_batcher(servable)
+            if servable.backend.signature.has_raw:  # raw rows queue apart: a batch holds one kind of input
+                servable.raw_batcher = self._make_batcher(servable, raw=True)
+        self.loaded[version] = servable
         self.states.available(state)
         self._refresh_latest()
         log.info(
@@ -241,26 +241,30 @@ class ModelManager:
         backend = load_backend(self.backend_kind, path, self.intra_op_threads)
         return backend, warm_up(backend, path)
 
-    def _retire(self, lv: LoadedVersion, reason: str) -> None:
+    def _retire(self, servable: LoadedVersion, reason: str) -> None:
         log.info(
-            "retiring %s version %d (%s); %d requests in flight", self.name, lv.version, reason, lv.inflight
+            "retiring %s version %d (%s); %d requests in flight",
+            self.name,
+            servable.version,
+            reason,
+            servable.inflight,
         )
-        del self.loaded[lv.version]
-        lv.retired = True
-        self.states[lv.version].state = "UNLOADING"
+        del self.loaded[servable.version]
+        servable.retired = True
+        self.states[servable.version].state = "UNLOADING"
         self._refresh_latest()
-        if lv.inflight == 0:
-            self._unload(lv)
+        if servable.inflight == 0:
+            self._unload(servable)
 
-    def _unload(self, lv: LoadedVersion) -> None:
-        if lv.batcher is not None:
-            lv.batcher.close()
-        if lv.raw_batcher is not None:
-            lv.raw_batcher.close()
-        state = self.states.get(lv.version)
+    def _unload(self, servable: LoadedVersion) -> None:
+        if servable.batcher is not None:
+            servable.batcher.close()
+        if servable.raw_batcher is not None:
+            servable.raw_batcher.close()
+        state = self.states.get(servable.version)
         if state is not None and state.state == "UNLOADING":
             state.state = "END"
-        log.info("unloaded %s version %d", self.name, lv.version)
+        log.info("unloaded %s version %d", self.name, servable.version)
 
     def _refresh_latest(self) -> None:
         self.latest = self.loaded[max(self.loaded)] if self.loaded else None

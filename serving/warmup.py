@@ -98,11 +98,9 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         raise
     except Exception as exc:  # a protobuf DecodeError, or InvalidArgument from a bad tensor
         raise ModelLoadError(f"{version_dir / WARMUP_FILE}: {exc}") from exc
-    for batch in batches or [np.zeros((1, sig.n_features), np.float32)]:
-        if batch.ndim != 2 or batch.shape[1] != sig.n_features:
-            raise ModelLoadError(
-                f"warm-up batch has shape {list(batch.shape)}, expected [N, {sig.n_features}]"
-            )
+    for batch in batches or [np.zeros((1, sig.width), np.float32)]:
+        if batch.ndim != 2 or batch.shape[1] != sig.width:
+            raise ModelLoadError(f"warm-up batch has shape {list(batch.shape)}, expected [N, {sig.width}]")
         out = backend.predict(batch)
         if out.shape != (batch.shape[0], sig.output_width) or not np.isfinite(out).all():
             raise ModelLoadError(f"warm-up output has shape {list(out.shape)} or non-finite values")

@@ -21,10 +21,10 @@ import pytest
 
 from tests.export.export_runs import make_run
 from tests.export.test_export_gate import mlp_weights, negate_output, publish_by_hand
+from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import reference_predict
 from tests.serving.server_process import ServerProcess, http
 
-ROOT = Path(__file__).resolve().parents[1]
 ROWS = 6_000  # per day: 600 validation rows for the gate
 # Small data makes the gate's figures noisy; the refused candidate below misses by far more than these.
 LOOSE_GATE = "--max-auc-drop 0.05 --max-ece-rise 0.05"
@@ -74,7 +74,12 @@ def wait_for_version(server: ServerProcess, version: int, timeout_s: float = 60)
 
 def day(n: int, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", "scripts/daily.sh", str(n)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "scripts/daily.sh", str(n)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -111,7 +116,7 @@ def test_days_0_1_2_are_served_in_turn_and_a_bad_candidate_is_refused(tmp_path: 
         bad = negate_output(work / "runs" / "day2", tmp_path / "bad-run")
         proc = subprocess.run(
             [sys.executable, "-m", "export", "--run", str(bad), "--repo", str(repo)],
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=300,
@@ -148,7 +153,7 @@ def test_versions_swap_under_traffic_without_a_failed_request_and_a_bad_candidat
         bad = negate_output(runs[3], tmp_path / "bad")
         proc = subprocess.run(
             [sys.executable, "-m", "export", "--run", str(bad), "--repo", str(repo)],
-            cwd=ROOT,
+            cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=300,

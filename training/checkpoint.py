@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from training.model import CTRNet, ModelConfig
+from training.net import CTRNet, ModelConfig
 
 NET_PREFIX = "net."
 

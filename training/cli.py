@@ -9,8 +9,8 @@ from pathlib import Path
 from training.config import LOADERS, TrainConfig
 from training.criteo import MalformedRowError
 from training.distributed import DistributedSetupError
-from training.model import ACTIVATIONS
-from training.module import ADAM_IMPLS, NonFiniteLossError
+from training.lightning_module import ADAM_IMPLS, NonFiniteLossError
+from training.net import ACTIVATIONS
 from training.tune_params import load_tuned_params
 
 _EPILOG = """examples:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.feature_cache import expand, iter_records, transform_chunk, write_split
 from training.features import FeatureSpec
 from training.once import build_once
-from training.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.sources import DataError
 from training.spec_fit import FitChunk, fit_streaming
 from training.stream import ParquetData, Split, numeric_matrix, string_column

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
 from training.features import HASH_START, FeatureSpec, categorical_values
-from training.schema import CATEGORICAL_FIELDS, LABEL
 from training.stream import ParquetData, Split, numeric_matrix, string_column
 
 N_CAT = len(CATEGORICAL_FIELDS)

@@ -15,14 +15,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ctr_contract.schema import LABEL
 from training.cache import ensure_cache
 from training.config import TrainConfig
 from training.criteo import ReadReport
 from training.dataset import PreparedData, choose_loader, load_in_memory, prepare_streaming
 from training.feature_cache import expand, iter_records, read_records
 from training.features import FeatureSpec
-from training.model import CTRNet
-from training.schema import LABEL
+from training.net import CTRNet
 from training.sources import DataError, resolve_data
 from training.stream import ParquetData, Split
 

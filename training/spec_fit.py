@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ctr_contract.schema import CATEGORICAL_FIELDS
 from training.features import (
     HASH_START,
     N_CAT,
@@ -26,7 +27,6 @@ from training.features import (
     signed_log1p,
 )
 from training.hashing import StringColumn
-from training.schema import CATEGORICAL_FIELDS
 from training.vocabulary import fit_field_table, value_counts
 
 Counts = tuple[np.ndarray, np.ndarray, np.ndarray]  # sorted distinct values, views int64, clicks float64

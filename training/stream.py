@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.hashing import StringColumn
-from training.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.sources import DataError
 from training.split import validation_mask
 

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ctr_contract.schema import LABEL
 from training.batches import Batch, shard_bounds
 from training.feature_cache import expand, read_records, transform_chunk
 from training.features import FeatureSpec
-from training.schema import LABEL
 from training.stream import ParquetData, Piece, Split
 
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128

@@ -25,9 +25,9 @@ from training.config import TrainConfig
 from training.datamodule import CTRDataModule
 from training.distributed import build_strategy, explain_rendezvous_failures, launch_rank
 from training.inputs import RunInputs, load_inputs
+from training.lightning_module import CTRModule
 from training.metrics import log_loss, roc_auc
-from training.model import ModelConfig
-from training.module import CTRModule
+from training.net import ModelConfig
 from training.synth import oracle_paths
 from training.val_raw import first_val_rows, save_val_raw
 from training.warm_start import load_warm_start
@@ -122,7 +122,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         warm.model.to_dict()
         if warm is not None
         else ModelConfig(
-            in_features=cfg.width, activation=cfg.activation, dropout1=cfg.dropout1, dropout2=cfg.dropout2
+            width=cfg.width, activation=cfg.activation, dropout1=cfg.dropout1, dropout2=cfg.dropout2
         ).to_dict(),
         cfg.lr,
         cfg.weight_decay,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from training.model import ACTIVATIONS
+from training.net import ACTIVATIONS
 
 # The hyperparameters a trial draws, with the `python -m training` option each one sets.
 TUNED_KEYS = ("lr", "batch_size", "dropout1", "dropout2", "weight_decay", "activation")

@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from ctr_contract import repository, run_dir
 from training.checkpoint import NET_PREFIX, CheckpointError, read_checkpoint
 from training.features import FeatureSpec
-from training.model import CTRNet, ModelConfig
+from training.net import CTRNet, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,6 @@ def _spec(path: Path, model: ModelConfig) -> FeatureSpec:
     if not path.is_file():
         raise FileNotFoundError(f"--init-from needs the feature spec {path} beside the weights")
     spec = FeatureSpec.load(path)
-    if spec.width != model.in_features:
-        raise ValueError(
-            f"feature spec {path} has width {spec.width} but the network takes {model.in_features}"
-        )
+    if spec.width != model.width:
+        raise ValueError(f"feature spec {path} has width {spec.width} but the network takes {model.width}")
     return spec

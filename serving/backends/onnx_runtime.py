@@ -41,9 +41,9 @@ class OnnxRuntimeBackend:
                 f"{model_path} must have 1 input and 1 output, got {len(inputs)} and {len(outputs)}"
             )
         (inp,), (out,) = inputs, outputs
-        n_features = _static_dim(inp.shape[-1]) if len(inp.shape) == 2 else None
-        width = _static_dim(out.shape[-1]) if len(out.shape) == 2 else None
-        if inp.type != "tensor(float)" or n_features is None or width is None:
+        width = _static_dim(inp.shape[-1]) if len(inp.shape) == 2 else None
+        output_width = _static_dim(out.shape[-1]) if len(out.shape) == 2 else None
+        if inp.type != "tensor(float)" or width is None or output_width is None:
             raise ModelLoadError(
                 f"{model_path} must map float [N, F] to [N, K]; got {inp.type} {inp.shape} -> {out.shape}"
             )
@@ -73,7 +73,7 @@ class OnnxRuntimeBackend:
                 raise ModelLoadError(
                     f"ONNX Runtime cannot run {raw_path} on an all-missing row: {exc}"
                 ) from exc
-        self.signature = Signature(inp.name, out.name, n_features, width, self._raw_session is not None)
+        self.signature = Signature(inp.name, out.name, width, output_width, self._raw_session is not None)
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(N, F) float32 -> (N, K) float32."""

@@ -17,15 +17,15 @@ from bench_results import make_results
 from mdtables import read_sections, read_tables
 
 from bench import procs, torchserve_server
-from bench.figures import flatten
 from bench.foreign_venvs import JAX, MLX, TORCHSERVE, ForeignVenv, unavailable_reason
-from bench.pipeline import child_env
+from bench.inputs import child_env
+from bench.measurements import flatten
 from bench.plots import write_plots
 from bench.report import render_report
 from bench.serving_load import Server, free_port
-from training.model import CTRNet, CTRProbability, ModelConfig
+from tests.helpers import REPO_ROOT
+from training.net import CTRNet, CTRProbability, ModelConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 PLOTS = {"training_throughput.png", "inference_latency.png", "latency_vs_load.png"}
 MLX_ERROR = "could not build .venv-mlx: exit code 1: pip install mlx[cpu]\nERROR: No matching distribution found for mlx-cpu"
 
@@ -233,7 +233,7 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_worker(venv: ForeignVenv, module: str, features: Path, out: Path) -> dict[str, Any]:
     cmd = [str(venv.python), "-m", module, "--features", str(features), "--epochs", "3", "--repeats", "1",
            "--batch-size", "100", "--lr", "0.01", "--out", str(out)]  # fmt: skip
-    subprocess.run(cmd, check=True, cwd=ROOT, env=child_env(), timeout=240, capture_output=True)
+    subprocess.run(cmd, check=True, cwd=REPO_ROOT, env=child_env(), timeout=240, capture_output=True)
     return json.loads(out.read_text())
 
 

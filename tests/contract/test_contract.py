@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import ctr_contract
-from bench.pipeline import latest_version
+from bench.inputs import latest_version
 from bench.serving_load import base_path_of
 from ctr_contract.repository import MAX_VERSION, parse_version_dir, version_dirs
 from export.repository import ModelRepository

@@ -10,8 +10,9 @@ import pytest
 import yaml
 from k8s_render import find
 
-ROOT = Path(__file__).resolve().parents[2]
-ALERTS = ROOT / "docker/prometheus/alerts.yml"
+from tests.helpers import REPO_ROOT
+
+ALERTS = REPO_ROOT / "docker/prometheus/alerts.yml"
 UNIT_TESTS = Path(__file__).with_name("alerts_test.yml")
 EXPECTED_ALERTS = {
     "CtrServingLatencyBudgetFastBurn",
@@ -56,9 +57,9 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
 
 
 def test_compose_prometheus_loads_the_rules_file():
-    config = yaml.safe_load((ROOT / "docker/prometheus/prometheus.yml").read_text())
+    config = yaml.safe_load((REPO_ROOT / "docker/prometheus/prometheus.yml").read_text())
     assert config["rule_files"] == ["alerts.yml"]
-    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    compose = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
     assert "./docker/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
     assert "./docker/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts

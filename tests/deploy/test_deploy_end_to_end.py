@@ -28,7 +28,7 @@ from host_container import (
     wait_until,
 )
 from k8s_render import container, find
-from tiny_model import N_FEATURES
+from tiny_model import WIDTH
 
 from tests.helpers import REPO_ROOT, free_port
 
@@ -39,7 +39,7 @@ TINY_TRAINING = ["--max-epochs=1", "--batch-size=256"]
 
 
 def _predict_two_rows(rest: str) -> np.ndarray:
-    body = json.dumps({"instances": np.zeros((2, N_FEATURES)).tolist()}).encode()
+    body = json.dumps({"instances": np.zeros((2, WIDTH)).tolist()}).encode()
     request = urllib.request.Request(f"{rest}/v1/models/ctr:predict", data=body)
     with urllib.request.urlopen(request, timeout=10) as r:
         assert r.status == 200

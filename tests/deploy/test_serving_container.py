@@ -21,7 +21,7 @@ from host_container import (
     wait_until,
 )
 from prometheus_client.parser import text_string_to_metric_families
-from tiny_model import N_FEATURES, expected_ctr
+from tiny_model import WIDTH, expected_ctr
 
 from tests.helpers import REPO_ROOT
 
@@ -40,7 +40,7 @@ def served(model_repository, builds, tmp_path_factory) -> Iterator[HostContainer
 
 def test_entrypoint_answers_predict_with_the_models_scores(served, model_repository):
     _, weights, bias = model_repository
-    features = np.stack([np.zeros(N_FEATURES), np.linspace(-1.0, 1.0, N_FEATURES)]).astype(np.float32)
+    features = np.stack([np.zeros(WIDTH), np.linspace(-1.0, 1.0, WIDTH)]).astype(np.float32)
     request = urllib.request.Request(
         served.rest + "/v1/models/ctr:predict",
         data=json.dumps({"instances": features.tolist()}).encode(),

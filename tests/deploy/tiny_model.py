@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-N_FEATURES = 128
+WIDTH = 128
 
 
 def write_logistic_model(version_dir: Path, weights: np.ndarray, bias: float) -> None:
@@ -22,10 +22,10 @@ def write_logistic_model(version_dir: Path, weights: np.ndarray, bias: float) ->
             helper.make_node("Sigmoid", ["logit"], ["ctr"]),
         ],
         "ctr",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", N_FEATURES])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", WIDTH])],
         [helper.make_tensor_value_info("ctr", TensorProto.FLOAT, ["N", 1])],
         initializer=[
-            numpy_helper.from_array(weights.reshape(N_FEATURES, 1).astype(np.float32), "w"),
+            numpy_helper.from_array(weights.reshape(WIDTH, 1).astype(np.float32), "w"),
             numpy_helper.from_array(np.array([bias], dtype=np.float32), "b"),
         ],
     )

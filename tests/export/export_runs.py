@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from training.features import FeatureSpec
-from training.model import CTRNet, ModelConfig
+from training.net import CTRNet, ModelConfig
 from training.synth import sample_rows
 
 WIDTH = 128
@@ -26,11 +26,11 @@ def raw_rows(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def make_run(
-    run: Path, activation: str = "relu", in_features: int = WIDTH, spec_width: int = WIDTH, seed: int = 0
+    run: Path, activation: str = "relu", net_width: int = WIDTH, spec_width: int = WIDTH, seed: int = 0
 ) -> Path:
     """Write a training run dir as `python -m training` would: checkpoint, feature spec, val rows, metrics."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(in_features=in_features, hidden1=32, hidden2=16, activation=activation)
+    cfg = ModelConfig(width=net_width, hidden1=32, hidden2=16, activation=activation)
     net = CTRNet(cfg)
     (run / "checkpoints").mkdir(parents=True, exist_ok=True)
     torch.save(

@@ -59,7 +59,7 @@ def test_corrupt_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_checkpoint_width_differs_from_feature_spec(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run = make_run(tmp_path / "run", in_features=100, spec_width=128)
+    run = make_run(tmp_path / "run", net_width=100, spec_width=128)
     err = _fails(capsys, ["--run", str(run)], tmp_path / "repo")
     assert err == (
         f"checkpoint {run / 'checkpoints' / 'best.ckpt'} takes 100 features but feature spec "

@@ -16,14 +16,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-N_FEATURES = 128
+WIDTH = 128
 HIDDEN = (32, 16)
 
 
 def make_weights(seed: int) -> list[np.ndarray]:
     """[W1 (128,32), b1, W2 (32,16), b2, W3 (16,1), b3], float32; scaled so scores spread over (0, 1)."""
     rng = np.random.default_rng(seed)
-    dims = (N_FEATURES, *HIDDEN, 1)
+    dims = (WIDTH, *HIDDEN, 1)
     weights = []
     for d_in, d_out in itertools.pairwise(dims):
         weights.append((rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32))
@@ -54,7 +54,7 @@ def write_onnx(weights: list[np.ndarray], path: Path) -> None:
     graph = helper.make_graph(
         nodes,
         "ctr_mlp",
-        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", N_FEATURES])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", WIDTH])],
         [helper.make_tensor_value_info("ctr", TensorProto.FLOAT, ["batch", 1])],
         inits,
     )
@@ -72,7 +72,7 @@ def write_saved_model(weights: list[np.ndarray], path: Path) -> None:
             super().__init__()
             self.w = [tf.Variable(w) for w in weights]
 
-        @tf.function(input_signature=[tf.TensorSpec([None, N_FEATURES], tf.float32, name="features")])
+        @tf.function(input_signature=[tf.TensorSpec([None, WIDTH], tf.float32, name="features")])
         def serve(self, features: tf.Tensor) -> dict[str, tf.Tensor]:
             w1, b1, w2, b2, w3, b3 = self.w
             h = tf.nn.relu(tf.matmul(features, w1) + b1)
@@ -106,7 +106,7 @@ def write_manifest(version_dir: Path, version: int) -> dict[str, str]:
         for p in sorted(version_dir.rglob("*"))
         if p.is_file() and p != manifest_path
     }
-    manifest = {"version": version, "inputs": {"features": [-1, N_FEATURES]}, "outputs": {"ctr": [-1, 1]}}
+    manifest = {"version": version, "inputs": {"features": [-1, WIDTH]}, "outputs": {"ctr": [-1, 1]}}
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     manifest_path.write_text(json.dumps({**manifest, "files": files}))
     return files
@@ -128,11 +128,9 @@ def write_version(
     write_onnx(weights, tmp / "model.onnx")
     extra = tmp / "assets.extra"
     extra.mkdir(exist_ok=True)
-    (extra / "feature_spec.json").write_text(json.dumps({"n_features": N_FEATURES, "fields": []}))
+    (extra / "feature_spec.json").write_text(json.dumps({"width": WIDTH, "fields": []}))
     rng = np.random.default_rng(version)
-    write_warmup(
-        extra / "tf_serving_warmup_requests", [rng.random((n, N_FEATURES), np.float32) for n in (1, 4)]
-    )
+    write_warmup(extra / "tf_serving_warmup_requests", [rng.random((n, WIDTH), np.float32) for n in (1, 4)])
     write_manifest(tmp, version)
     final = base / str(version)
     tmp.rename(final)

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from serving.request_log import RequestLog, sampled
-from tests.serving.model_repo import N_FEATURES
+from tests.serving.model_repo import WIDTH
 from tests.serving.server_process import ServerProcess, http
 from training.criteo import read_batches
 
-ROWS = np.random.default_rng(7).random((3, N_FEATURES)).round(4).astype(np.float32)
+ROWS = np.random.default_rng(7).random((3, WIDTH)).round(4).astype(np.float32)
 
 
 def predict(server: ServerProcess, request_id: str | None = None) -> tuple[int, str | None, list]:

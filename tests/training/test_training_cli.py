@@ -21,6 +21,7 @@ from training.checkpoint import load_net
 from training.config import TrainConfig
 from training.dataset import prepare_streaming
 from training.features import FeatureSpec
+from training.net import CTRNet, ModelConfig
 from training.stream_batches import StreamedBatches
 
 
@@ -142,3 +143,20 @@ def test_help_lists_every_option(run_module: Callable[..., subprocess.CompletedP
         )
         assert flag in proc.stdout, flag
     assert "torchrun" in proc.stdout
+
+
+def test_a_checkpoint_written_before_the_width_rename_still_loads(tmp_path: Path) -> None:
+    net = CTRNet(ModelConfig(width=100, hidden1=32, hidden2=16))
+    old = {
+        "in_features": 100,
+        "hidden1": 32,
+        "hidden2": 16,
+        "dropout1": 0.3,
+        "dropout2": 0.2,
+        "activation": "relu",
+    }
+    state = {f"net.{k}": v for k, v in net.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": {"model": old}}, tmp_path / "old.ckpt")
+    loaded, _ = load_net(tmp_path / "old.ckpt")
+    assert loaded.cfg.width == 100
+    assert ModelConfig.from_dict({**old, "width": 64}).width == 64  # a new key wins over the old one

@@ -48,7 +48,7 @@ def test_two_process_gloo_run_covers_each_sample_once_per_epoch(
         assert np.array_equal(np.sort(seen), np.arange(m["train_rows"]))  # every sample exactly once
     assert m["global_step"] == 2 * int(np.ceil(np.ceil(m["train_rows"] / 2) / 256))
     net, _ = load_net(out / "checkpoints" / "best.ckpt")
-    assert net.cfg.in_features == 128
+    assert net.cfg.width == 128
     # One process parsed each day into its cache: none left a private temporary copy behind.
     assert sorted(p.name for p in days.iterdir() if "cache" in p.name and p.suffix == ".parquet") == [
         f"day_{i}.cache.parquet" for i in range(3)

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
 from training.cache import ensure_cache
 from training.dataset import fit_chunks, load_in_memory, prepare_streaming
 from training.features import FeatureSpec
-from training.schema import CATEGORICAL_FIELDS, LABEL
 from training.sources import DataError
 from training.spec_fit import fit_streaming
 from training.stream import ParquetData, numeric_matrix, string_column

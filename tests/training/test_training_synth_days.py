@@ -90,7 +90,7 @@ def _as_version(run: Path, folder: Path) -> Path:
     """The run's network as a published version folder: model.onnx (export's naming), spec, manifest."""
     net, ckpt = load_net(run / "checkpoints" / "best.ckpt")
     (folder / repository.ASSETS_EXTRA).mkdir(parents=True)
-    export_onnx(net, net.cfg.in_features, folder / repository.ONNX_MODEL, 17)
+    export_onnx(net, net.cfg.width, folder / repository.ONNX_MODEL, 17)
     shutil.copyfile(run / "feature_spec.json", folder / repository.FEATURE_SPEC_PATH)
     manifest = {"source_checkpoint": {"model": ckpt["hyper_parameters"]["model"]}}
     (folder / repository.MANIFEST_PATH).write_text(json.dumps(manifest))

@@ -15,7 +15,8 @@ ACTIVATIONS = ("relu", "hardtanh")
 class ModelConfig:
     """Shape and activation of the MLP; saved in every checkpoint as `hyper_parameters["model"]`."""
 
-    in_features: int = 128
+    # The feature vector's width (FeatureSpec.width); checkpoints written before 2026-11-30 call it `in_features`.
+    width: int = 128
     hidden1: int = 256
     hidden2: int = 128
     dropout1: float = 0.3
@@ -31,6 +32,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        if "in_features" in d and "width" not in d:  # a checkpoint written before the field was renamed
+            d = {**d, "width": d["in_features"]}
         known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         return cls(**known)
 
@@ -50,7 +53,7 @@ class CTRNet(nn.Module):
         self.cfg = cfg or ModelConfig()
         c = self.cfg
         self.layers = nn.Sequential(
-            nn.Linear(c.in_features, c.hidden1),
+            nn.Linear(c.width, c.hidden1),
             _activation(c.activation),
             nn.Dropout(c.dropout1),
             nn.Linear(c.hidden1, c.hidden2),

@@ -11,7 +11,7 @@ from torchmetrics import SumMetric
 from torchmetrics.classification import BinaryAUROC
 
 from training.batches import Batch
-from training.model import CTRNet, ModelConfig
+from training.net import CTRNet, ModelConfig
 
 ADAM_IMPLS = ("default", "foreach", "fused")
 
