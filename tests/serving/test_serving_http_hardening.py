@@ -167,16 +167,22 @@ def test_pathological_body_is_refused_before_parsing_and_stalls_nobody(limited_s
 
 
 # --- 3. write back-pressure -------------------------------------------------------------------------
+NON_READER_ROUNDS = 20_000
+
+
 def test_client_that_does_not_read_is_paused_then_dropped(limited_server: ServerProcess) -> None:
     before = metric(limited_server, 'ctr_serving_connection_timeouts_total{kind="write"}')
     rss_before = limited_server.rss_bytes()
     with connect(limited_server) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        # A small send buffer too: loopback's autotuned send buffer (tcp_wmem, up to 4 MiB) could otherwise
+        # swallow every pipelined request without the server reading any of them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
         sock.settimeout(0.5)
         sent = 0
-        try:  # pipeline 20 MiB of answers' worth of requests; the server stops reading once it is full
-            for _ in range(5000):
+        try:  # pipeline ~14 MB of requests, more than any kernel buffer here; the server stops reading
+            for _ in range(NON_READER_ROUNDS):
                 sock.sendall(request * 20)
                 sent += 20
         except (TimeoutError, BrokenPipeError, ConnectionResetError):
@@ -184,7 +190,7 @@ def test_client_that_does_not_read_is_paused_then_dropped(limited_server: Server
         rss_during = limited_server.rss_bytes()
         time.sleep(2.5)  # the 1 s send timeout passes; the sweep runs every 0.25 s
         assert metric(limited_server, 'ctr_serving_connection_timeouts_total{kind="write"}') == before + 1
-    assert sent < 5000 * 20, "the server read every request although the client read no answer"
+    assert sent < NON_READER_ROUNDS * 20, "the server read every request although the client read no answer"
     assert rss_during - rss_before < 32 << 20, f"RSS grew by {(rss_during - rss_before) >> 20} MiB"
 
 
