@@ -16,7 +16,7 @@ The spec is data: `feature_spec.json` holds every number needed to reproduce the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from training.hashing import StringColumn, encode_strings
-from training.vocabulary import FieldTable, fit_field_table, value_array, value_counts
+from training.vocabulary import FieldTable, value_array
 
 SPEC_VERSION = 2  # 2: vocabularies + out-of-vocabulary column instead of hashing every value
 N_NUM = len(NUMERIC_FIELDS)
@@ -127,35 +127,15 @@ class FeatureSpec:
             min_count / smoothing / max_entries: rate table settings (see `training.vocabulary`).
             vocab_size / vocab_min_count: per-field vocabulary bounds.
         """
-        v = signed_log1p(_check_numeric(numeric).astype(np.float64))
-        present = np.isfinite(v)
-        count = present.sum(axis=0)
-        mean = np.divide(np.where(present, v, 0.0).sum(axis=0), count, out=np.zeros(N_NUM), where=count > 0)
-        sq = np.where(present, (v - mean) ** 2, 0.0).sum(axis=0)
-        std = np.sqrt(np.divide(sq, count, out=np.ones(N_NUM), where=count > 0))
-        std = np.where(std > 1e-6, std, 1.0)  # constant or absent column: centre only
-        y = np.asarray(labels, dtype=np.float64).reshape(-1)
-        columns = categorical_values(categorical, y.size)
-        prior = float(np.clip(y.mean(), 1e-4, 1 - 1e-4)) if y.size else 0.5
-        n_buckets = width - HASH_START - 1
-        tables = tuple(
-            fit_field_table(
-                field,
-                *value_counts(col, y),
-                prior,
-                n_buckets,
-                vocab_size,
-                vocab_min_count,
-                min_count,
-                smoothing,
-                max_entries,
-            )
-            for field, col in zip(CATEGORICAL_FIELDS, columns, strict=True)
-        )
-        return cls(
-            tuple(map(float, mean)), tuple(map(float, std)), tables, prior, width, 10.0, min_count, smoothing,
-            vocab_size, vocab_min_count,
-        )  # fmt: skip
+        from training.spec_fit import fit_streaming  # builds on this module: imported here, not at the top
+
+        num = _check_numeric(numeric)
+
+        def one_chunk(numeric_only: bool) -> Iterator[tuple[np.ndarray, Any, np.ndarray]]:
+            yield num, None if numeric_only else categorical, labels
+
+        # One home for the statistics: the in-memory fit is the streaming fit over a single chunk.
+        return fit_streaming(one_chunk, width, min_count, smoothing, max_entries, vocab_size, vocab_min_count)
 
     def transform(self, numeric: np.ndarray, categorical: np.ndarray | Sequence[StringColumn]) -> np.ndarray:
         """Map raw rows to model input.
