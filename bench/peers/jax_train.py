@@ -1,21 +1,18 @@
 """The JAX + Flax row of the training section: the same MLP, Adam, batches and epochs, run in `.venv-jax`.
 
-    .venv-jax/bin/python -m bench.jax_train --features features.npz --epochs 2 --repeats 3 --out jax.json
+    .venv-jax/bin/python -m bench.peers.jax_train --features features.npz --epochs 2 --repeats 3 --out jax.json
 
 One `jax.jit` train step (forward, BCE-with-logits, grad, optax Adam update); dropout as in `CTRNet` (0.3, 0.2)
 from a per-step PRNG key. Weights start as torch's `nn.Linear` does (uniform ±1/sqrt(fan_in)), so AUCs compare.
 Samples/s counts the epochs after the first (which pays for the compilation). Only numpy, jax, flax and optax
-are imported here (plus `training.metrics`, plain numpy): this venv has no torch.
+are imported here (plus `training.model.metrics`, plain numpy): this venv has no torch.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -24,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bench.epoch_batches import batch_indices
-from training.metrics import roc_auc
+from bench.peers.train_worker import batch_indices, worker_main
+from training.model.metrics import roc_auc
 
 
 def torch_uniform(fan_in: int) -> Callable[..., jax.Array]:
@@ -97,37 +94,16 @@ def train_once(
     return len(d["train_y"]) * len(timed) / sum(timed), roc_auc(d["val_y"], np.asarray(logits).reshape(-1))
 
 
-def versions() -> dict[str, str]:
+def about() -> dict[str, Any]:
+    """The row's package versions and the device JAX ran on."""
     import importlib.metadata as m
 
-    return {name: m.version(name) for name in ("jax", "flax", "optax")}
+    versions = {name: m.version(name) for name in ("jax", "flax", "optax")}
+    return {"versions": versions, "device": str(jax.devices()[0])}
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.jax_train", description=__doc__.splitlines()[0])
-    p.add_argument("--features", type=Path, required=True, help="features.npz of bench.training_throughput")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    d = dict(np.load(args.features))
-    runs, auc = [], float("nan")
-    for _ in range(args.repeats):
-        rate, auc = train_once(d, args.epochs, args.batch_size, args.lr, args.seed)
-        runs.append(round(rate, 1))
-        print(f"jax: {rate:.0f} samples/s, val AUC {auc:.4f}", flush=True)
-    result = {
-        "samples_per_sec": float(np.median(runs)),
-        "samples_per_sec_runs": runs,
-        "spread": [min(runs), max(runs)],
-        "val_auc": auc,
-        "versions": versions(),
-        "device": str(jax.devices()[0]),
-    }
-    args.out.write_text(json.dumps(result))
+    worker_main("jax", __doc__ or "", train_once, about, argv)
 
 
 if __name__ == "__main__":

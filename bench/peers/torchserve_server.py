@@ -1,6 +1,6 @@
 """TorchServe as a serving peer: archive the exported TorchScript `model.pt`, configure, and build its command.
 
-TorchServe (Java frontend + one Python worker, in `.venv-torchserve`) serves `bench/torchserve_handler.py` on
+TorchServe (Java frontend + one Python worker, in `.venv-torchserve`) serves `bench/peers/torchserve_handler.py` on
 its own predictions API, POST /predictions/ctr, with the same TF-Serving-style body as our server. Every port is
 a free one on 127.0.0.1 (its gRPC ports too), token auth is off, and TMPDIR points into the workdir, because the
 launcher keeps a global pid file there and refuses to start a second server beside another one.
@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import procs
-from bench.foreign_venvs import TORCHSERVE
-from bench.inputs import PROJECT_ROOT
+from bench.harness import procs
+from bench.harness.foreign_venvs import TORCHSERVE
 
-HANDLER = PROJECT_ROOT / "bench" / "torchserve_handler.py"
+HANDLER = Path(__file__).with_name("torchserve_handler.py")  # runs inside TorchServe's worker, by path
 PREDICT_PATH = "/predictions/ctr"
 REQUEST_API = "TorchServe predictions API (POST /predictions/ctr), TF-Serving-style body via a custom handler"
 # The JVM's heap cap: TorchServe's default (1/4 of RAM) lets one bench server grow past the machine's share.

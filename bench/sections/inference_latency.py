@@ -2,7 +2,7 @@
 
 Every backend runs the artifacts `python -m export` published (PyTorch eager rebuilds the net from the
 checkpoint), one call per batch, timed with perf_counter. p50/p99 are taken per repeat and the median over
-repeats is reported. JAX (jit forward on the checkpoint's weights) runs in `.venv-jax` via `bench.jax_forward`. Run alone: `python -m bench.inference_latency --version-dir DIR [--checkpoint F]`.
+repeats is reported. JAX (jit forward on the checkpoint's weights) runs in `.venv-jax` via `bench.peers.jax_forward`. Run alone: `python -m bench.sections.inference_latency --version-dir DIR [--checkpoint F]`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def _backends(
         tf.config.threading.set_inter_op_parallelism_threads(1)
     out: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
     if checkpoint is not None:
-        from training.checkpoint import load_net
+        from training.model.checkpoint import load_net
 
         out["PyTorch eager"] = torch_predictor(load_net(checkpoint)[0])
     if (version_dir / TORCHSCRIPT_MODEL).is_file():
@@ -157,7 +157,7 @@ def run(
                     "threads": threads if threads is not None else "default",
                 }
             )
-    command = f"python -m bench.inference_latency --mode {mode} --version-dir {version_dir}"
+    command = f"python -m bench.sections.inference_latency --mode {mode} --version-dir {version_dir}"
     if checkpoint is not None:
         command += f" --checkpoint {checkpoint}"
     if threads is not None:
@@ -178,7 +178,7 @@ def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list
     if not (version_dir / RAW_ONNX_MODEL).is_file():
         return []  # a version exported before raw serving
     from export.raw_parity import build_raw_rows, onnxruntime_raw_predictor, savedmodel_raw_predictor
-    from training.features import FeatureSpec
+    from training.features.spec import FeatureSpec
 
     spec = FeatureSpec.load(version_dir / FEATURE_SPEC_PATH)
     numeric, categorical = build_raw_rows(spec, 0, None)[0]  # known, unseen, missing, extreme, odd values
@@ -208,8 +208,8 @@ def _jax_rows(
     """JAX (jit forward) rows, measured in `.venv-jax`; when it cannot run, no rows and a note saying why."""
     import tempfile
 
-    from bench import jax_forward
-    from bench.foreign_venvs import JAX, unavailable_reason
+    from bench.harness.foreign_venvs import JAX, unavailable_reason
+    from bench.peers import jax_forward
 
     with tempfile.TemporaryDirectory() as tmp:
         where = workdir or Path(tmp)
@@ -237,7 +237,7 @@ def _width(version_dir: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.inference_latency", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.sections.inference_latency", description=__doc__)
     p.add_argument(
         "--version-dir",
         type=Path,

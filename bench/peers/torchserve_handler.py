@@ -1,6 +1,6 @@
 """TorchServe handler for the bench: the exported TorchScript `model.pt` behind a TF-Serving-style JSON body.
 
-Runs inside TorchServe's Python worker (`.venv-torchserve`); packed into `ctr.mar` by `bench.torchserve_server`.
+Runs inside TorchServe's Python worker (`.venv-torchserve`); packed into `ctr.mar` by `bench.peers.torchserve_server`.
 POST /predictions/ctr {"instances": [[128 floats], ...]} -> {"predictions": [[p], ...]}: the same payload as
 our server's `/v1/models/ctr:predict`, on TorchServe's own predictions API.
 """

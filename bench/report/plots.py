@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # before pyplot: headless machines and CI have no display
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from bench.measurements import ok_rows, spread
+from bench.report.measurements import ok_rows, spread
 
 
 def training_figure(rows: list[dict[str, Any]]) -> Figure:
@@ -111,26 +111,32 @@ FIGURES: dict[str, tuple[str, Callable[[list[dict[str, Any]]], Figure]]] = {
 }
 
 
+def draw_figures(results: dict[str, Any]) -> dict[str, Figure]:
+    """One figure per measured section, keyed by its PNG file name; a failed or empty section gets none."""
+    figures: dict[str, Figure] = {}
+    for section, (filename, draw) in FIGURES.items():
+        rows = ok_rows(results, section)
+        if not rows:
+            continue
+        try:
+            figures[filename] = draw(rows)
+        except (KeyError, TypeError, ValueError) as e:
+            # A plot is never worth losing the run's report and results.json over; say why it is missing.
+            print(f"[bench] warning: no {filename}: rows of section {section!r} cannot be plotted: {e!r}")
+    return figures
+
+
 def write_plots(results: dict[str, Any], out_dir: Path) -> set[str]:
     """Write one PNG per measured section into `out_dir`.
 
     Returns:
         The file names written; a section that failed or has no rows gets no plot.
     """
-    written: set[str] = set()
-    for section, (filename, draw) in FIGURES.items():
-        rows = ok_rows(results, section)
-        if not rows:
-            continue
-        try:
-            fig = draw(rows)
-        except (KeyError, TypeError, ValueError) as e:
-            # A plot is never worth losing the run's report and results.json over; say why it is missing.
-            print(f"[bench] warning: no {filename}: rows of section {section!r} cannot be plotted: {e!r}")
-            continue
-        try:
+    figures = draw_figures(results)
+    try:
+        for filename, fig in figures.items():
             fig.savefig(out_dir / filename, dpi=110)
-        finally:
+    finally:
+        for fig in figures.values():
             plt.close(fig)
-        written.add(filename)
-    return written
+    return set(figures)

@@ -14,12 +14,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.modes import BenchMode
-from bench.procs import run_bounded
+from bench.harness.modes import BenchMode
+from bench.harness.procs import run_bounded
 from ctr_contract import run_dir as contract_run_dir
 from ctr_contract.repository import version_dirs
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SEED = 7
 
 
@@ -52,7 +52,7 @@ def child_env() -> dict[str, str]:
 
 
 def latest_version(model_base_path: Path) -> Path:
-    """The highest numeric version folder under the model base path (also used by `bench.serving_load`)."""
+    """The highest numeric version folder under the model base path (also used by `bench.sections.serving_load`)."""
     versions = version_dirs(model_base_path)
     if not versions:
         raise FileNotFoundError(f"no version folders under {model_base_path}; run `python -m export` first")
@@ -71,7 +71,7 @@ def build_inputs(mode: BenchMode, workdir: Path, logs: Path) -> PipelineOutputs:
         The artifact paths, the exact commands and each step's seconds.
 
     Raises:
-        bench.procs.StepError: a step failed or timed out (the message holds its log tail).
+        bench.harness.procs.StepError: a step failed or timed out (the message holds its log tail).
     """
     data = workdir / "data" / "train.txt"
     run_dir = workdir / "run"

@@ -10,8 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.foreign_venvs import JAX, MLX, TORCHSERVE
-from bench.serving_load import KSERVE_VENV
+from bench.harness.foreign_venvs import JAX, KSERVE, MLX, TORCHSERVE
 
 PACKAGES = (
     "torch",
@@ -93,12 +92,11 @@ def collect_machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "packages": {
             **{name: package_version(name) for name in PACKAGES},
-            "kserve (.venv-kserve)": venv_package_version(KSERVE_VENV, "kserve"),
             **{
                 f"{venv.distributions[0]} ({venv.path.name})": venv_package_version(
                     venv.path, venv.distributions[0]
                 )
-                for venv in (JAX, MLX, TORCHSERVE)
+                for venv in (KSERVE, JAX, MLX, TORCHSERVE)
             },
         },
         "tools": {

@@ -1,6 +1,6 @@
 """The naive baseline: FastAPI + pydantic + PyTorch eager on the training checkpoint, one uvicorn worker.
 
-    python -m bench.naive_fastapi_server --checkpoint artifacts/run/checkpoints/best.ckpt --port 8080
+    python -m bench.peers.naive_fastapi_server --checkpoint artifacts/run/checkpoints/best.ckpt --port 8080
 Serves POST /v1/models/ctr:predict {"instances": [[128 floats]]} -> {"predictions": [[p]]}.
 """
 
@@ -14,8 +14,8 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from training.checkpoint import load_net
-from training.net import CTRProbability
+from training.model.checkpoint import load_net
+from training.model.net import CTRProbability
 
 
 class PredictRequest(BaseModel):

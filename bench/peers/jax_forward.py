@@ -1,7 +1,7 @@
 """JAX (`jax.jit` forward) in the inference section: the checkpoint's weights in the Flax MLP, in `.venv-jax`.
 
 The parent (`measure`, in the main venv) copies the checkpoint's weights and a probe batch with torch's
-predictions into an .npz; the worker (`python -m bench.jax_forward`, in `.venv-jax`) checks it reproduces those
+predictions into an .npz; the worker (`python -m bench.peers.jax_forward`, in `.venv-jax`) checks it reproduces those
 predictions, then times one jitted call (numpy in, numpy out, like every other backend) per batch size.
 """
 
@@ -26,7 +26,7 @@ def export_weights(checkpoint: Path, out: Path) -> None:
     """Write the net's Linear weights (torch layout), its activation and torch's probe predictions to `out`."""
     import torch
 
-    from training.checkpoint import load_net
+    from training.model.checkpoint import load_net
 
     net, _ = load_net(checkpoint)
     net.eval()
@@ -43,7 +43,7 @@ def export_weights(checkpoint: Path, out: Path) -> None:
 def measure(
     checkpoint: Path, plan: dict[str, Any], threads: int | None, workdir: Path, python: Path
 ) -> tuple[list[dict[str, Any]], str]:
-    """Run the worker in the JAX venv; returns (rows shaped like bench.inference_latency's, the command).
+    """Run the worker in the JAX venv; returns (rows shaped like bench.sections.inference_latency's, the command).
 
     Args:
         plan: {"warmup_calls": int, "repeats": int, "calls": {"<batch>": timed calls per repeat}}.
@@ -54,7 +54,7 @@ def measure(
     workdir.mkdir(parents=True, exist_ok=True)
     weights, out = workdir / "jax_weights.npz", workdir / "jax_forward.json"
     export_weights(checkpoint, weights)
-    cmd = [str(python), "-m", "bench.jax_forward", "--weights", str(weights), "--plan", json.dumps(plan),
+    cmd = [str(python), "-m", "bench.peers.jax_forward", "--weights", str(weights), "--plan", json.dumps(plan),
            "--out", str(out)]  # fmt: skip
     env = dict(os.environ)
     if threads == 1:  # XLA's CPU client otherwise uses every core
@@ -83,9 +83,9 @@ def worker_main(argv: list[str] | None = None) -> int:
 
     import jax
 
-    from bench.jax_train import MLP
+    from bench.peers.jax_train import MLP
 
-    p = argparse.ArgumentParser(prog="python -m bench.jax_forward", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.peers.jax_forward", description=__doc__.splitlines()[0])
     p.add_argument("--weights", type=Path, required=True)
     p.add_argument(
         "--plan", required=True, help='{"warmup_calls": 10, "repeats": 3, "calls": {"1": 300, ...}}'

@@ -1,6 +1,6 @@
-"""The bench's foreign frameworks, each in its own venv created on first use: JAX + Flax, MLX, TorchServe.
+"""The bench's foreign frameworks, each in its own venv created on first use: JAX + Flax, MLX, TorchServe, KServe.
 
-Their pins must never touch `.venv` (TensorFlow, the CPU torch wheel). As for `.venv-kserve`, a section's
+Their pins must never touch `.venv` (TensorFlow, the CPU torch wheel). A section's
 one-time setup (`python -m bench.section_runner NAME --prepare`, bounded) creates them; the setup records each
 failure in the section's workdir, and a measurement whose venv is missing puts that exact error in its row.
 """
@@ -12,8 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import procs
-from bench.inputs import PROJECT_ROOT
+from bench.harness import procs
+from bench.harness.inputs import PROJECT_ROOT
 
 SETUP_FILE = "foreign_setup.json"  # {venv name: setup error}, in the section's workdir
 INSTALL_TIMEOUT_S = 900
@@ -55,7 +55,7 @@ class ForeignVenv:
         """Create the venv and install its packages unless it is ready; return its python.
 
         Raises:
-            bench.procs.StepError: venv creation or pip failed or timed out (the message holds pip's log tail).
+            bench.harness.procs.StepError: venv creation or pip failed or timed out (the message holds pip's log tail).
         """
         if not self.ready():
             procs.run_bounded(["python3", "-m", "venv", str(self.path)], timeout_s=120, log=log)
@@ -100,6 +100,14 @@ TORCHSERVE = ForeignVenv(
     ("torch==2.13.0", "torchserve", "torch-model-archiver", "numpy", "pyyaml"),
     "import ts, model_archiver, torch, yaml",
     ("torchserve", "torch-model-archiver", "torch"),
+)
+# Serving's KServe ModelServer: the serving section creates it on first use and raises when it cannot.
+KSERVE = ForeignVenv(
+    "kserve",
+    PROJECT_ROOT / ".venv-kserve",
+    ("kserve", "onnxruntime"),
+    "import kserve, onnxruntime",
+    ("kserve",),
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.measurements import baseline_label, spread
+from bench.report.measurements import baseline_label, spread
 
 
 def fmt(value: Any, digits: int = 3) -> str:

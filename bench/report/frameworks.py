@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.jax_forward import BACKEND as JAX_INFERENCE
-from bench.measurements import ddp_figures, ok_rows
-from bench.serving_load import KSERVE, NAIVE, OURS_ON, TORCHSERVE
-from bench.tables import fmt, table
-from bench.training_throughput import FOREIGN, WORKERS
+from bench.peers.jax_forward import BACKEND as JAX_INFERENCE
+from bench.report.measurements import ddp_figures, ok_rows
+from bench.report.tables import fmt, table
+from bench.sections.serving_load import KSERVE, NAIVE, OURS_ON, TORCHSERVE
+from bench.sections.training_throughput import FOREIGN, WORKERS
 
 # Row labels of the training section.
 BARE, OURS_TRAIN, KERAS = WORKERS["bare"], WORKERS["ours"], WORKERS["keras"]

@@ -1,8 +1,8 @@
 """Training throughput: our Lightning pipeline vs a bare PyTorch loop vs naive Lightning vs Keras `model.fit`,
-JAX + Flax and MLX (those two in their own venvs: `bench.jax_train`, `bench.mlx_train`).
+JAX + Flax and MLX (those two in their own venvs: `bench.peers.jax_train`, `bench.peers.mlx_train`).
 
 Same synthetic data, features, MLP, batch size, epochs and optimiser (Adam) for all six. Each framework
-runs in its own process (`python -m bench.training_throughput --worker NAME ...`) so TensorFlow and
+runs in its own process (`python -m bench.sections.training_throughput --worker NAME ...`) so TensorFlow and
 PyTorch never share threads; each repeat trains a fresh model. Samples/s counts training epochs only
 (after the first, warm-up epoch when there are several); the final model's val AUC is reported beside it.
 """
@@ -25,7 +25,7 @@ WORKERS = {
     "naive": "naive Lightning DataLoader",
     "keras": "Keras model.fit",
 }
-# The rows trained outside .venv, in their own venvs (bench.foreign_venvs).
+# The rows trained outside .venv, in their own venvs (bench.harness.foreign_venvs).
 FOREIGN = {"jax": "JAX + Flax (jax.jit)", "mlx": "MLX (mlx.nn, CPU)"}
 # Repeats of the JAX and MLX rows: MLX's Linux CPU build runs the MLP ~10x slower than torch, and a full run
 # must stay within its bound; the report's `runs` column shows the count.
@@ -37,9 +37,9 @@ BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
 
 def run(mode: str, workdir: Path) -> dict[str, Any]:
     """Measure the six training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
-    from bench.procs import run_bounded
-    from training.cache import ensure_cache
-    from training.dataset import prepare
+    from bench.harness.procs import run_bounded
+    from training.data.cache import ensure_cache
+    from training.data.prepare import prepare
     from training.synth import generate
 
     if mode not in SIZES:
@@ -54,7 +54,7 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
     out_rows, commands = [], []
     for worker, name in WORKERS.items():
         out = workdir / f"{worker}.json"
-        cmd = [sys.executable, "-m", "bench.training_throughput", "--worker", worker, "--features", str(features),
+        cmd = [sys.executable, "-m", "bench.sections.training_throughput", "--worker", worker, "--features", str(features),
                "--epochs", str(epochs), "--repeats", str(repeats), "--out", str(out)]  # fmt: skip
         run_bounded(cmd, timeout_s=1800, log=workdir / f"{worker}.log")
         commands.append(" ".join(cmd))
@@ -85,13 +85,13 @@ def foreign_rows(
     features: Path, epochs: int, repeats: int, workdir: Path, commands: list[str]
 ) -> list[dict[str, Any]]:
     """The JAX + Flax and MLX rows, each trained in its own venv; a row that cannot run holds the exact error."""
-    from bench.foreign_venvs import JAX, MLX, unavailable_reason
-    from bench.procs import StepError, run_bounded
+    from bench.harness.foreign_venvs import JAX, MLX, unavailable_reason
+    from bench.harness.procs import StepError, run_bounded
 
     rows = []
     for venv, module, name in (
-        (JAX, "bench.jax_train", FOREIGN["jax"]),
-        (MLX, "bench.mlx_train", FOREIGN["mlx"]),
+        (JAX, "bench.peers.jax_train", FOREIGN["jax"]),
+        (MLX, "bench.peers.mlx_train", FOREIGN["mlx"]),
     ):
         reason = unavailable_reason(venv, workdir)
         if reason is not None:
@@ -129,7 +129,7 @@ def _steady_rate(epoch_seconds: list[float], n: int) -> float:
 def _torch_val_auc(net: Any, val_x: np.ndarray, val_y: np.ndarray) -> float:
     import torch
 
-    from training.metrics import roc_auc
+    from training.model.metrics import roc_auc
 
     net.eval()
     with torch.no_grad():
@@ -141,8 +141,8 @@ def _bare(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tu
     import torch
     import torch.nn.functional as F
 
-    from training.batches import ShuffledBatches
-    from training.net import CTRNet
+    from training.data.batches import ShuffledBatches
+    from training.model.net import CTRNet
 
     net = CTRNet()
     opt = torch.optim.Adam(
@@ -176,9 +176,9 @@ def _lightning(
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from training.batches import ShuffledBatches
-    from training.lightning_module import CTRModule
-    from training.net import ModelConfig
+    from training.data.batches import ShuffledBatches
+    from training.model.lightning_module import CTRModule
+    from training.model.net import ModelConfig
 
     x, y = torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"])
     if naive:
@@ -206,7 +206,7 @@ def _lightning(
 def _keras(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tuple[float, float]:
     import keras
 
-    from training.metrics import roc_auc
+    from training.model.metrics import roc_auc
 
     keras.utils.set_random_seed(SEED)
     model = keras.Sequential([
@@ -240,7 +240,7 @@ def _keras(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> t
 
 def worker_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
-        prog="python -m bench.training_throughput", description="one framework's measurement"
+        prog="python -m bench.sections.training_throughput", description="one framework's measurement"
     )
     p.add_argument("--worker", choices=list(WORKERS), required=True)
     p.add_argument("--features", type=Path, required=True, help="features.npz written by run()")

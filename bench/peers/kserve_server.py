@@ -1,7 +1,7 @@
 """KServe's ModelServer with a custom Model running ONNX Runtime on model.onnx (the comparison baseline).
 
 Runs in `.venv-kserve` (kserve pins dependencies that clash with TensorFlow):
-    .venv-kserve/bin/python bench/kserve_server.py --model_path V/model.onnx --model_name ctr \
+    .venv-kserve/bin/python bench/peers/kserve_server.py --model_path V/model.onnx --model_name ctr \
         --http_port 8080 --workers 1 --enable_grpc false --enable_latency_logging false --configure_logging false
 It serves the same TF-Serving v1 REST route: POST /v1/models/ctr:predict {"instances": [[128 floats]]}.
 """

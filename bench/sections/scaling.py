@@ -1,8 +1,8 @@
 """Data scaling: peak RSS per process and training samples/s against the row count, streamed and in memory.
 
-    python -m bench.scaling --mode quick --workdir /tmp/scaling      # standalone; `make bench` runs it too
-    python -m bench.scaling --ab artifacts/data/train.txt            # loader A/B in one process
-    python -m bench.scaling --primitives artifacts/data/train.txt    # read / transform rows/s
+    python -m bench.sections.scaling --mode quick --workdir /tmp/scaling      # standalone; `make bench` runs it too
+    python -m bench.sections.scaling --ab artifacts/data/train.txt            # loader A/B in one process
+    python -m bench.sections.scaling --primitives artifacts/data/train.txt    # read / transform rows/s
 
 One data set of the largest size is generated; each point is one `python -m training --loader L
 --max-rows N --max-epochs 1` on it, so every point reads the same rows. Peak RSS is the run's high-water
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.inputs import PROJECT_ROOT
+from bench.harness.inputs import PROJECT_ROOT
 
 # rows measured, the largest row count the in-memory loader is also measured at, the DDP point's rows
 SIZES: dict[str, tuple[tuple[int, ...], int, int]] = {
@@ -116,11 +116,11 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
     import torch
     import torch.nn.functional as F
 
-    from training.batches import ShuffledBatches
-    from training.cache import ensure_cache
-    from training.dataset import load_in_memory, prepare_streaming
-    from training.net import CTRNet, ModelConfig
-    from training.stream_batches import StreamedBatches
+    from training.data.batches import ShuffledBatches
+    from training.data.cache import ensure_cache
+    from training.data.prepare import load_in_memory, prepare_streaming
+    from training.data.stream_batches import StreamedBatches
+    from training.model.net import CTRNet, ModelConfig
 
     pq_data, spec, encoded = prepare_streaming([ensure_cache(data)[0]], 0.1, 128, rows, print)
     memory = load_in_memory(pq_data, spec, encoded)
@@ -158,9 +158,9 @@ def primitives(data: Path) -> dict[str, float]:
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from training.cache import ensure_cache
-    from training.dataset import prepare_streaming
-    from training.feature_cache import expand, iter_records, transform_chunk
+    from training.data.cache import ensure_cache
+    from training.data.feature_cache import expand, iter_records, transform_chunk
+    from training.data.prepare import prepare_streaming
 
     cache = ensure_cache(data)[0]
     pq_data, spec, encoded = prepare_streaming([cache], 0.1, 128, None, print)
@@ -184,7 +184,7 @@ def primitives(data: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.sections.scaling", description=__doc__.splitlines()[0])
     p.add_argument("--mode", default="quick", choices=sorted(SIZES))
     p.add_argument("--workdir", type=Path, default=PROJECT_ROOT / "artifacts" / "scaling")
     p.add_argument("--out", type=Path, default=None, help="write the result JSON here too")

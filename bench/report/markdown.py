@@ -6,10 +6,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from bench.frameworks import framework_lines
-from bench.measurements import baseline_label, ok_rows
-from bench.modes import SECTION_TITLES, SECTIONS
-from bench.tables import (
+from bench.harness.modes import SECTION_TITLES, SECTIONS
+from bench.report.frameworks import framework_lines
+from bench.report.measurements import baseline_label, ok_rows
+from bench.report.tables import (
     TABLES,
     fmt,
     fmt_ratio,

@@ -1,6 +1,6 @@
 """The MLX row of the training section: the same MLP, Adam, batches and epochs, run in `.venv-mlx` (`mlx[cpu]`).
 
-    .venv-mlx/bin/python -m bench.mlx_train --features features.npz --epochs 2 --repeats 3 --out mlx.json
+    .venv-mlx/bin/python -m bench.peers.mlx_train --features features.npz --epochs 2 --repeats 3 --out mlx.json
 
 `mlx.nn` layers (whose Linear starts as torch's does), `mlx.optimizers.Adam` (with torch's bias correction,
 which MLX leaves off by default), and one `mx.compile`d train step
@@ -10,11 +10,8 @@ whose inputs and outputs include the model, optimiser and random state (dropout 
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -22,8 +19,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from bench.epoch_batches import batch_indices
-from training.metrics import roc_auc
+from bench.peers.train_worker import batch_indices, worker_main
+from training.model.metrics import roc_auc
 
 
 class MLP(nn.Module):
@@ -80,33 +77,15 @@ def train_once(
     return len(d["train_y"]) * len(timed) / sum(timed), roc_auc(d["val_y"], logits.reshape(-1))
 
 
-def main(argv: list[str] | None = None) -> None:
+def about() -> dict[str, Any]:
+    """The row's package version and the device MLX ran on."""
     import importlib.metadata as m
 
-    p = argparse.ArgumentParser(prog="python -m bench.mlx_train", description=__doc__.splitlines()[0])
-    p.add_argument("--features", type=Path, required=True, help="features.npz of bench.training_throughput")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    d = dict(np.load(args.features))
-    runs, auc = [], float("nan")
-    for _ in range(args.repeats):
-        rate, auc = train_once(d, args.epochs, args.batch_size, args.lr, args.seed)
-        runs.append(round(rate, 1))
-        print(f"mlx: {rate:.0f} samples/s, val AUC {auc:.4f}", flush=True)
-    result = {
-        "samples_per_sec": float(np.median(runs)),
-        "samples_per_sec_runs": runs,
-        "spread": [min(runs), max(runs)],
-        "val_auc": auc,
-        "versions": {"mlx": m.version("mlx")},
-        "device": str(mx.default_device()),
-    }
-    args.out.write_text(json.dumps(result))
+    return {"versions": {"mlx": m.version("mlx")}, "device": str(mx.default_device())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    worker_main("mlx", __doc__ or "", train_once, about, argv)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.inputs import PROJECT_ROOT, build_inputs, child_env
-from bench.machine import collect_machine
-from bench.modes import SECTIONS_WITH_SETUP, STANDALONE_SECTIONS, BenchMode
-from bench.plots import write_plots
-from bench.procs import StepError, log_tail, run_bounded, start, stop, stop_all
-from bench.report import render_report
+from bench.harness.inputs import PROJECT_ROOT, build_inputs, child_env
+from bench.harness.machine import collect_machine
+from bench.harness.modes import SECTIONS_WITH_SETUP, STANDALONE_SECTIONS, BenchMode
+from bench.harness.procs import StepError, log_tail, run_bounded, start, stop, stop_all
+from bench.report.markdown import render_report
+from bench.report.plots import write_plots
 
 # Seconds a section gets, after SIGTERM, to stop the servers it started before its group is killed.
 SECTION_GRACE_S = 15.0
