@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
 from serving.backends import BACKENDS
-from serving.version_policy import VersionPolicy
+from serving.versions.policy import VersionPolicy
 
 
 def _bool(text: str) -> bool:
@@ -66,7 +66,7 @@ class ServerConfig:
     num_workers: int
     print_curl_example: bool
     log_level: str
-    # REST connection limits (serving/http_server.py HttpLimits)
+    # REST connection limits (serving/http/shared.py HttpLimits)
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
     keepalive_timeout_seconds: float = 75.0
@@ -75,10 +75,10 @@ class ServerConfig:
     max_connections: int = 1024
     max_output_bytes: int = 1 << 20
     max_buffered_bytes: int = 64 << 20
-    # Version folders (serving/versions.py)
+    # Version folders (serving/versions/manager.py)
     manifest_wait_timeout_seconds: float = 600.0
     model_load_timeout_seconds: float = 600.0
-    # Drift metrics (serving/drift.py) and sampled request logs (serving/request_log.py)
+    # Drift metrics (serving/observability/drift.py) and sampled request logs (serving/observability/request_log.py)
     drift_window: int = 10_000
     request_log_dir: Path | None = None
     request_log_sample_rate: float = 0.0

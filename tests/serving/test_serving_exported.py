@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from training.checkpoint import load_net
 
 from ctr_contract import (
     BEST_CHECKPOINT,
@@ -27,7 +28,6 @@ from ctr_contract import (
 from tests.conftest import RunModule
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess, http
-from training.checkpoint import load_net
 
 ROWS = 64
 

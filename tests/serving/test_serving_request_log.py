@@ -12,11 +12,11 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from training.criteo import read_batches
 
-from serving.request_log import RequestLog, sampled
+from serving.observability.request_log import RequestLog, sampled
 from tests.serving.model_repo import WIDTH
 from tests.serving.server_process import ServerProcess, http
-from training.criteo import read_batches
 
 ROWS = np.random.default_rng(7).random((3, WIDTH)).round(4).astype(np.float32)
 

@@ -13,16 +13,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving import protos
+from serving.batches import RawBatch
 from serving.errors import InvalidArgument
-from serving.signatures import RAW_SIGNATURE
-from serving.validation import Limits
 
 MAX_COUNT = 2**53  # the largest integer range float64 holds exactly
 _NUMERIC = {f: i for i, f in enumerate(NUMERIC_FIELDS)}
@@ -36,34 +34,6 @@ DT = {
     n: protos.enum_value("tensorflow.DataType", n)
     for n in ("DT_DOUBLE", "DT_FLOAT", "DT_INT64", "DT_INT32", "DT_STRING")
 }
-
-
-@dataclass(frozen=True)
-class RawBatch:
-    """A decoded raw request, field-major so each field's values are one contiguous row.
-
-    numeric: float64 (13, N), NaN = missing; categorical: object str (26, N), "" = missing.
-    """
-
-    numeric: np.ndarray
-    categorical: np.ndarray
-
-    def __len__(self) -> int:
-        return self.numeric.shape[1]
-
-    @property
-    def inputs(self) -> dict[str, np.ndarray]:
-        """The `raw` signature's 39 inputs, each (N,) (views, no copy)."""
-        return {**dict(zip(NUMERIC_FIELDS, self.numeric, strict=True)),
-                **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True))}  # fmt: skip
-
-    @staticmethod
-    def concat(parts: list[RawBatch]) -> RawBatch:
-        """The batches one after another (what the dynamic batcher runs as one call): two copies."""
-        return RawBatch(
-            np.concatenate([p.numeric for p in parts], axis=1),
-            np.concatenate([p.categorical for p in parts], axis=1),
-        )
 
 
 def looks_raw(rows: Any, columnar: bool, input_name: str) -> bool:
@@ -136,19 +106,12 @@ def category_value(value: Any, where: str) -> str:
     )
 
 
-def _batch(numeric: np.ndarray, categorical: np.ndarray) -> RawBatch:
-    """Row-major (N, 13) and (N, 26) -> a field-major RawBatch."""
-    return RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
-
-
 def decode_instances(rows: Any) -> RawBatch:
     """REST row format: `[{"I1": 3, "C1": "68fd1e64", ...}, ...]`."""
     if not isinstance(rows, list):
         raise InvalidArgument(
             f"'instances' must be a list of objects of raw Criteo fields, got {type(rows).__name__}"
         )
-    if not rows:
-        raise InvalidArgument(f"empty batch: no instances for signature '{RAW_SIGNATURE}'; send at least one")
     # Python lists, one numpy conversion at the end: item assignment into arrays costs more than the lookups.
     numeric_rows, categorical_rows = [], []
     numeric_index, categorical_index, nan = _NUMERIC, _CATEGORICAL, math.nan
@@ -176,7 +139,11 @@ def decode_instances(rows: Any) -> RawBatch:
             )
         numeric_rows.append(numeric)
         categorical_rows.append(categorical)
-    return _batch(np.array(numeric_rows, np.float64), np.array(categorical_rows, object))
+    # reshape: an empty list of rows is (0, 13) and (0, 26), an empty batch that validation names.
+    return RawBatch.from_rows(
+        np.array(numeric_rows, np.float64).reshape(-1, len(NUMERIC_FIELDS)),
+        np.array(categorical_rows, object).reshape(-1, len(CATEGORICAL_FIELDS)),
+    )
 
 
 def decode_columns(columns: Any) -> RawBatch:
@@ -198,9 +165,7 @@ def decode_columns(columns: Any) -> RawBatch:
         raise InvalidArgument(
             f"'inputs' fields have different lengths {lengths}; send one value per instance"
         )
-    n = next(iter(lengths.values()), 0)
-    if n == 0:
-        raise InvalidArgument(f"empty batch: no instances for signature '{RAW_SIGNATURE}'; send at least one")
+    n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
     numeric = np.full((n, len(NUMERIC_FIELDS)), np.nan)
     categorical = np.full((n, len(CATEGORICAL_FIELDS)), "", dtype=object)
     for key, values in columns.items():
@@ -212,7 +177,7 @@ def decode_columns(columns: Any) -> RawBatch:
             categorical[:, _CATEGORICAL[key]] = [
                 category_value(v, f"instance {i} field '{key}'") for i, v in enumerate(values)
             ]
-    return _batch(numeric, categorical)
+    return RawBatch.from_rows(numeric, categorical)
 
 
 def decode_rest(rows: Any, columnar: bool) -> RawBatch:
@@ -265,9 +230,7 @@ def decode_tensors(inputs: Any) -> RawBatch:
     lengths = {k: n for k, (_, n) in decoded.items()}
     if len(set(lengths.values())) > 1:
         raise InvalidArgument(f"raw inputs have different lengths {lengths}; send one value per row in each")
-    n = next(iter(lengths.values()), 0)
-    if n == 0:
-        raise InvalidArgument(f"empty batch: no rows for signature '{RAW_SIGNATURE}'; send at least one")
+    n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
     numeric = np.full((n, len(NUMERIC_FIELDS)), np.nan)
     categorical = np.full((n, len(CATEGORICAL_FIELDS)), "", dtype=object)
     for key, (values, _) in decoded.items():
@@ -287,7 +250,7 @@ def decode_tensors(inputs: Any) -> RawBatch:
                 count_value(v.decode("utf-8", "replace"), f"row {i} field '{key}'")
                 for i, v in enumerate(values)
             ]
-    return _batch(numeric, categorical)
+    return RawBatch.from_rows(numeric, categorical)
 
 
 def _check_floats(values: np.ndarray, key: str) -> np.ndarray:
@@ -298,13 +261,3 @@ def _check_floats(values: np.ndarray, key: str) -> np.ndarray:
         i = int(np.argmax(bad))
         count_value(float(values[i]), f"row {i} field '{key}'")  # raises with the exact message
     return values
-
-
-def check_raw_batch(batch: RawBatch, limits: Limits, unit: str = "instance") -> None:
-    """Raise InvalidArgument when the batch is empty or over `--max_instances`."""
-    if len(batch) == 0:
-        raise InvalidArgument(f"empty batch: no {unit}s for signature '{RAW_SIGNATURE}'; send at least one")
-    if len(batch) > limits.max_instances:
-        raise InvalidArgument(
-            f"batch of {len(batch)} {unit}s is over the limit of {limits.max_instances} (--max_instances); split it"
-        )

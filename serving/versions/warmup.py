@@ -16,10 +16,11 @@ import numpy as np
 from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
+from serving.batches import RawBatch
+from serving.codecs.raw_codec import decode_tensors
+from serving.codecs.tensors import to_ndarray
 from serving.errors import ModelLoadError
-from serving.raw_codec import RawBatch, decode_tensors
 from serving.signatures import RAW_SIGNATURE
-from serving.tensors import to_ndarray
 
 WARMUP_FILE = Path(WARMUP_PATH)
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit too

@@ -154,7 +154,7 @@ class Histogram(Metric):
 class ServingMetrics:
     """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`).
 
-    `_counter`, `_gauge` and `_histogram` build each metric; serving/metrics_shared.py overrides them so that
+    `_counter`, `_gauge` and `_histogram` build each metric; serving/observability/metrics_shared.py overrides them so that
     the workers of `--num_workers N` write through to shared files.
     """
 
@@ -207,7 +207,7 @@ class ServingMetrics:
             ("model_name",),
             CTR_BUCKETS,
         )
-        # Sampled request logs (serving/request_log.py); the drift gauges are rendered by serving/drift.py.
+        # Sampled request logs (serving/observability/request_log.py); the drift gauges are rendered by serving/observability/drift.py.
         self.request_log_lines = self._counter(
             "ctr_serving_request_log_lines_total", "Request log lines written.", ("model_name",)
         )
@@ -216,7 +216,7 @@ class ServingMetrics:
             "Sampled request log lines dropped: the queue was full (slow disk) or the write failed (full disk).",
             ("model_name",),
         )
-        # The REST connections (serving/http_server.py): what slow or hostile clients cost, and what stopped them.
+        # The REST connections (serving/http/server.py): what slow or hostile clients cost, and what stopped them.
         self.open_connections = self._gauge(
             "ctr_serving_open_connections", "Open REST connections.", (), "livesum"
         )

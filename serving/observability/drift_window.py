@@ -1,4 +1,4 @@
-"""The recent-rows window behind the drift gauges (serving/drift.py): a ring buffer of float32 rows.
+"""The recent-rows window behind the drift gauges (serving/observability/drift.py): a ring buffer of float32 rows.
 
 In one process the ring is a plain array. Under `--num_workers N` it is a memory-mapped .npy file in the run's
 shared metrics directory, `<prefix>_<pid>.npy`, with the count of rows ever written in `<prefix>_<pid>.rows.npy`,

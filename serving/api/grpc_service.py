@@ -11,18 +11,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from serving import protos
+from serving.api.model_info import metadata_response, status_response
+from serving.api.predictor import Predictor
+from serving.batches import DecodedRequest
+from serving.codecs.grpc_codec import to_request
+from serving.codecs.tensors import from_ndarray
 from serving.errors import InvalidArgument, ServingError
-from serving.log_limits import RateLimitedLog
-from serving.model_info import metadata_response, status_response
-from serving.predictor import Predictor
-from serving.raw_codec import RawBatch, decode_tensors, looks_raw
-from serving.request_log import request_id_from
-from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
-from serving.tensors import from_ndarray, to_ndarray
+from serving.observability.log_limits import RateLimitedLog
+from serving.observability.request_log import request_id_from
+from serving.signatures import Signature
 
 log = logging.getLogger(__name__)
 limited = RateLimitedLog(log)
@@ -44,43 +44,22 @@ class PredictionServicer:
 
     async def predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)
-        signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
 
-        def decode(sig: Signature) -> np.ndarray | RawBatch:
-            nonlocal signature_name
-            if not request.model_spec.signature_name and looks_raw(
-                dict(request.inputs), True, sig.input_name
-            ):
-                signature_name = RAW_SIGNATURE  # raw field names and no signature: the `raw` signature
-            if signature_name not in (DEFAULT_SIGNATURE, RAW_SIGNATURE) or (
-                signature_name == RAW_SIGNATURE and not sig.has_raw
-            ):
-                raise InvalidArgument(
-                    f'Serving signature name: "{signature_name}" not found in signature def'
-                )
-            unknown = set(request.output_filter) - {sig.output_name}
-            if unknown:
-                raise InvalidArgument(
-                    f"output_filter names {sorted(unknown)}; the only output is '{sig.output_name}'"
-                )
-            if signature_name == RAW_SIGNATURE:
-                return decode_tensors(request.inputs)
-            if set(request.inputs) != {sig.input_name}:
-                raise InvalidArgument(
-                    f"inputs has keys {sorted(request.inputs)}, expected exactly ['{sig.input_name}']"
-                )
-            return to_ndarray(request.inputs[sig.input_name], sig.input_name)
+        async def decode(sig: Signature) -> DecodedRequest:
+            return to_request(request, sig)
 
         request_id = None
         if self.predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
             context.set_trailing_metadata((("x-request-id", request_id),))
-        scores, servable = await self.predictor.predict(name, version, label, decode, "GRPC", request_id)
+        scores, servable, decoded = await self.predictor.predict(
+            name, version, label, decode, "GRPC", request_id
+        )
         response = protos.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = servable.version
-        response.model_spec.signature_name = signature_name
+        response.model_spec.signature_name = decoded.signature
         from_ndarray(scores, response.outputs[servable.backend.signature.output_name])
         return response
 

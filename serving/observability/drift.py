@@ -16,7 +16,7 @@ Requests of engineered features feed the feature series; raw requests (whose fea
 model graph) feed the raw:* series. Both feed the score.
 
 The hot path (`observe`) only keeps a reference to the batch; every FLUSH_ROWS rows (and at each scrape) the
-pending batches are copied into ring buffers at once (serving/drift_window.py). Binning happens at scrape
+pending batches are copied into ring buffers at once (serving/observability/drift_window.py). Binning happens at scrape
 time: about 20 ms for 10,000 rows of 128 features. Under `--num_workers N` each worker keeps window/N rows
 in a shared file, and the worker answering a scrape reads all of them: the figure covers every worker.
 """
@@ -29,13 +29,14 @@ import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ctr_contract.repository import DRIFT_REFERENCE_PATH
-from serving.drift_window import RingBuffer, shared_windows
-from serving.raw_codec import RawBatch
+from serving.batches import DecodedRequest, RawBatch
+from serving.observability.drift_window import RingBuffer, shared_windows
+from serving.signatures import RAW_SIGNATURE
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +121,14 @@ class DriftMonitor:
         self._tick_scheduled = False
         self._reference: tuple[Path, int, Reference | None] | None = None
 
-    def observe(self, batch: Any, scores: np.ndarray) -> None:
-        """Hot path: remember one batch (features (N, width), or a raw batch) and its scores (N, 1)."""
-        if type(batch) is np.ndarray:
-            self._features.append(batch)
-            self._feature_scores.append(scores)
+    def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
+        """Hot path: remember one request's batch (features (N, width), or raw rows) and its scores (N, 1)."""
+        if request.signature == RAW_SIGNATURE:
+            self._raw.append((request.batch, scores))
         else:
-            self._raw.append((batch, scores))
-        self._pending_rows += len(batch)
+            self._features.append(cast(np.ndarray, request.batch))
+            self._feature_scores.append(scores)
+        self._pending_rows += len(request.batch)
         if self._pending_rows >= FLUSH_ROWS:
             self.flush()
         elif not self._tick_scheduled and self.directory is not None:

@@ -1,6 +1,6 @@
 """The status table of a model's versions, and its rules: wait for an incomplete folder, fail one version alone.
 
-A failure is remembered with the stamp of the files that failed (serving/manifest_check.py), so the version is
+A failure is remembered with the stamp of the files that failed (serving/versions/manifest_check.py), so the version is
 retried as soon as one of its files changes, and only then. Each failure is logged once and counted by reason
 in `ctr_serving_versions_rejected_total`.
 """
@@ -13,10 +13,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from serving.manifest_check import HashMismatch, Stamp, VersionNotReady, VersionRejected
-from serving.metrics import ServingMetrics
+from serving.observability.metrics import ServingMetrics
+from serving.versions.manifest_check import HashMismatch, Stamp, VersionNotReady, VersionRejected
 
-log = logging.getLogger("serving.versions")
+log = logging.getLogger("serving.versions.manager")
 MAX_GONE_STATES = 16  # statuses kept for versions no longer on disk (the newest ones)
 CONTENT_RECHECK_S = 60.0  # how often a failed version's bytes are hashed again (its stat stamp: every poll)
 ERRNO_CODES = {errno.EACCES: "PERMISSION_DENIED", errno.EPERM: "PERMISSION_DENIED", errno.ENOENT: "NOT_FOUND"}

@@ -15,22 +15,24 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
 
 from ctr_contract.repository import MAX_VERSION, parse_version_dir
+from serving.api.model_info import metadata_json, status_response, to_json
+from serving.api.predictor import Predictor
+from serving.api.rest_body import BodyDecoder, BodyOverLimits
+from serving.batches import DecodedRequest
+from serving.codecs.rest_codec import encode_predictions
 from serving.errors import (
+    JSON,
     InvalidArgument,
     MethodNotAllowed,
     NotFound,
     ServingError,
     Unavailable,
     Unimplemented,
+    error_body,
 )
-from serving.log_limits import RateLimitedLog
-from serving.model_info import metadata_json, status_response, to_json
-from serving.predictor import Predictor
-from serving.rest_body import BodyDecoder, BodyOverLimits
-from serving.rest_codec import encode_predictions
+from serving.observability.log_limits import RateLimitedLog
 from serving.signatures import Signature
 
 log = logging.getLogger(__name__)
@@ -41,13 +43,8 @@ MODEL_ROUTE = re.compile(
     r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
     r"(?P<action>/metadata|:predict|:classify|:regress)?$"
 )
-JSON = b"application/json"
 METRICS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
 METRICS_PATHS = ("/monitoring/prometheus/metrics", "/metrics")
-
-
-def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
 
 
 class RestApp:
@@ -112,32 +109,19 @@ class RestApp:
         label: str | None,
         request_id: str | None = None,
     ) -> bytes:
-        # Decoded before the predictor's (synchronous) decode step, which then hands the result over, so
-        # a large body is decoded off the event loop and its errors are still counted by the predictor.
-        decoded: tuple[Signature, bool, Any] | None = None
-        error: ServingError | None = None
-        try:
-            sig = self.manager.resolve(name, version, label).backend.signature
-            decoded = (sig, *await self.decoder.decode(body, sig))
-        except BodyOverLimits as exc:
-            self.predictor.metrics.requests_refused.inc("instances")
-            error = exc
-        except ServingError as exc:  # e.g. an unknown version: the predictor raises it again and counts it
-            error = exc
         columnar = False
 
-        def decode(sig: Signature) -> Any:
+        async def decode(sig: Signature) -> DecodedRequest:
             nonlocal columnar
-            if decoded is None:
-                assert error is not None
-                raise error
-            if decoded[0] != sig:  # a new version with another signature was loaded meanwhile
-                raise Unavailable("the model version changed while decoding the request; retry it")
-            columnar = decoded[1]
-            return decoded[2]
+            try:
+                columnar, request = await self.decoder.decode(body, sig)
+            except BodyOverLimits:
+                self.predictor.metrics.requests_refused.inc("instances")
+                raise
+            return request
 
-        scores, _ = await self.predictor.predict(name, version, label, decode, "REST", request_id)
-        return encode_predictions(scores, columnar)
+        prediction = await self.predictor.predict(name, version, label, decode, "REST", request_id)
+        return encode_predictions(prediction.scores, columnar)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         if label is not None:

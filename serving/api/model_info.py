@@ -8,9 +8,9 @@ from google.protobuf import json_format
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, RAW_FIELDS
 from serving import protos
+from serving.codecs.tensors import DT_FLOAT
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
-from serving.tensors import DT_FLOAT
-from serving.version_states import VersionState
+from serving.versions.states import VersionState
 
 DT_DOUBLE = protos.enum_value("tensorflow.DataType", "DT_DOUBLE")
 DT_STRING = protos.enum_value("tensorflow.DataType", "DT_STRING")

@@ -1,6 +1,6 @@
 """One HTTP/1.1 client connection: parse (httptools), queue (pipelining), answer in order, within limits.
 
-Every phase of a connection has a deadline that the server's sweep enforces (serving/http_server.py):
+Every phase of a connection has a deadline that the server's sweep enforces (serving/http/server.py):
     header     first byte of a request (or the connect) -> end of its headers     --header_timeout_seconds
     body       end of the headers -> end of the body                             --body_timeout_seconds
     (busy)     the request is the server's to answer: no HTTP deadline (--rest_api_timeout_in_ms applies)
@@ -16,62 +16,34 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from http import HTTPStatus
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httptools
 
-from serving.request_log import request_id_from
-from serving.rest import JSON, error_body
-
-if TYPE_CHECKING:
-    from serving.http_server import HttpServer
+from serving.errors import JSON, error_body
+from serving.http.messages import CONTINUE, PendingRequest, Rejected, render
+from serving.http.shared import ConnectionBudget, RequestHandler
+from serving.observability.request_log import request_id_from
 
 MAX_PIPELINED = 32  # complete requests queued on one connection before it stops reading
 MAX_URL_BYTES = 8192
 DISCARD_FACTOR = 4  # after a final error, up to 4x --max_body_bytes is read and dropped so the client sees it
 FAIR_SHARE_BYTES = 128 << 10  # a body up to this is read even when the server's body budget is spent
 LINGER_S = 5.0  # and for at most this long
-LARGE_BODY_BYTES = 64 << 10  # dropping a body this large counts towards handing memory back (malloc_trim)
 NEVER = float("inf")
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-class _Request:
-    __slots__ = ("body", "error", "keep_alive", "method", "path", "request_id")
-
-    def __init__(
-        self,
-        method: str,
-        path: str,
-        body: bytes | bytearray,
-        keep_alive: bool,
-        error: bytes = b"",
-        request_id: str = "",
-    ) -> None:
-        self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
-        self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
-        self.request_id = request_id  # the client's x-request-id, or a fresh one (serving/request_log.py)
-
-
-class _Rejected(Exception):
-    """Raised from a parser callback: answer `status` with `message`, count `kind`, close the connection."""
-
-    def __init__(self, status: int, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
 
 
 class HttpConnection(asyncio.Protocol):
-    """One client connection; `deadline`/`write_deadline` are read by the server's sweep."""
+    """One client connection; `deadline`/`write_deadline` are read by the server's sweep.
 
-    def __init__(self, server: HttpServer) -> None:
-        self.server, self.app, self.limits = server, server.app, server.limits
+    `budget` is all it shares with the other connections: it never touches the server itself.
+    """
+
+    def __init__(self, app: RequestHandler, budget: ConnectionBudget) -> None:
+        self.app, self.budget, self.limits = app, budget, budget.limits
         self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
-        self.pending: deque[_Request] = deque()
+        self.pending: deque[PendingRequest] = deque()
         self.pending_bytes = 0
         self.busy = False
         self.deadline, self.write_deadline, self._phase = NEVER, NEVER, "header"
@@ -104,27 +76,21 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         assert self.transport is not None
-        if len(self.server.connections) >= self.limits.max_connections:
+        if not self.budget.admit(self):
             # Refused at once, never queued: the client can retry elsewhere (another worker or replica).
-            self.server.refused("connections")
             message = f"too many open connections (--max_connections={self.limits.max_connections})"
             self.transport.write(self._render(503, error_body(message), JSON, keep_alive=False))
             self.transport.close()
             self.parser = None
             return
-        self.server.connections.add(self)
         self.transport.set_write_buffer_limits(high=self.limits.max_output_bytes)
         self._set_phase("header", self.limits.header_timeout_s)  # a connection that sends nothing is slow too
 
     def connection_lost(self, exc: Exception | None) -> None:
         # Break every reference cycle (the parser holds this protocol) so the memory goes now, not at the
         # next full GC, which is rare after gc.freeze().
-        self.server.connections.discard(self)
-        dropped = self.pending_bytes + self._size
-        self.server.buffered_bytes -= dropped
+        self.budget.leave(self, self.pending_bytes + self._size)
         self.pending_bytes = self._size = 0
-        if dropped >= LARGE_BODY_BYTES:
-            self.server.freed_bytes += dropped
         self.transport = self.parser = None
         self.pending.clear()
         self._chunks = []
@@ -152,7 +118,7 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported", "")
         except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _Rejected):
+            if not isinstance(exc.__context__, Rejected):
                 raise
             self._fail(exc.__context__.status, exc.__context__.message, exc.__context__.kind)
         except httptools.HttpParserError as exc:
@@ -190,12 +156,12 @@ class HttpConnection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > MAX_URL_BYTES:
-            raise _Rejected(414, f"request URL is over {MAX_URL_BYTES} bytes", "url_bytes")
+            raise Rejected(414, f"request URL is over {MAX_URL_BYTES} bytes", "url_bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers += 1
         if self._headers > self.limits.max_headers:
-            raise _Rejected(431, f"request has over {self.limits.max_headers} header lines", "header_count")
+            raise Rejected(431, f"request has over {self.limits.max_headers} header lines", "header_count")
         name = name.lower()
         if name == b"content-length":
             self._length = int(value)  # llhttp has checked that it is one non-negative integer
@@ -209,14 +175,14 @@ class HttpConnection(asyncio.Protocol):
         limit = self.limits.max_body_bytes
         if self._length is not None and self._length > limit:
             # Refused before reading a byte of it, and with no "100 Continue": the client need not send it.
-            raise _Rejected(
+            raise Rejected(
                 413,
                 f"request body of {self._length} bytes is over the limit of {limit} (--max_body_bytes)",
                 "body_bytes",
             )
         if self._expect and self.transport is not None:
             if not (self.busy or self.pending):
-                self.transport.write(_CONTINUE)  # curl waits for this before sending a large body
+                self.transport.write(CONTINUE)  # curl waits for this before sending a large body
             else:
                 self._continue_owed = True  # after the answers before it, or it would come out of order
         self._set_phase("body", self.limits.body_timeout_s)
@@ -224,15 +190,14 @@ class HttpConnection(asyncio.Protocol):
     def on_body(self, chunk: bytes) -> None:
         self._size += len(chunk)
         if self._size > self.limits.max_body_bytes:  # chunked encoding: no Content-Length to check first
-            raise _Rejected(
+            raise Rejected(
                 413,
                 f"request body is over the limit of {self.limits.max_body_bytes} (--max_body_bytes)",
                 "body_bytes",
             )
-        self.server.buffered_bytes += len(chunk)
-        if self.server.buffered_bytes > self.limits.max_buffered_bytes and self._size > FAIR_SHARE_BYTES:
+        if not self.budget.hold_body(len(chunk)) and self._size > FAIR_SHARE_BYTES:
             # Bodies held by all connections are bounded: past the budget only small ones are still read.
-            raise _Rejected(
+            raise Rejected(
                 503,
                 f"the server holds over {self.limits.max_buffered_bytes} bytes of request bodies "
                 "(--max_buffered_bytes); retry later",
@@ -249,7 +214,7 @@ class HttpConnection(asyncio.Protocol):
         path = self._url.split(b"?", 1)[0].decode("latin-1")
         if "%" in path:
             path = unquote(path)
-        request = _Request(
+        request = PendingRequest(
             self.parser.get_method().decode(),
             path,
             self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks),
@@ -279,7 +244,7 @@ class HttpConnection(asyncio.Protocol):
                     continue
                 request = self.pending.popleft()
                 self.pending_bytes -= len(request.body)
-                self.server.buffered_bytes -= len(request.body)
+                self.budget.release_body(len(request.body))
                 if request.error:
                     self._write_final(request.error)
                     return
@@ -288,8 +253,7 @@ class HttpConnection(asyncio.Protocol):
                 status, body, content_type = await self.app.handle(
                     method, request.path, request.body, request.request_id
                 )
-                if len(request.body) >= LARGE_BODY_BYTES:
-                    self.server.freed_bytes += len(request.body)
+                self.budget.count_freed(len(request.body))
                 if self.transport is None:
                     return
                 self.transport.write(
@@ -304,7 +268,7 @@ class HttpConnection(asyncio.Protocol):
                 if self.pending:
                     await asyncio.sleep(0)  # a pipelining client takes turns with the others, not 32 at once
             if self._continue_owed and self._in_message and self.transport is not None:
-                self.transport.write(_CONTINUE)
+                self.transport.write(CONTINUE)
             self._continue_owed = False
         finally:
             self.busy = False
@@ -324,32 +288,23 @@ class HttpConnection(asyncio.Protocol):
         head_only: bool = False,
         request_id: str = "",
     ) -> bytes:
-        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s%s\r\n" % (
-            status,
-            _REASONS.get(status, b""),
-            content_type,
-            len(body),
-            self.server.date_header(),
-            b"x-request-id: %s\r\n" % request_id.encode() if request_id else b"",
-            self.server.extra_headers,
-            b"" if keep_alive else b"connection: close\r\n",
-        )
-        return head if head_only else head + body
+        date, extra = self.budget.date_header(), self.budget.extra_headers
+        return render(status, body, content_type, keep_alive, date, extra, head_only, request_id)
 
     def _fail(self, status: int, message: str, kind: str) -> None:
         """Stop parsing; answer `status` after the answers already owed, then close. `kind`: refusal metric."""
         if kind:
-            self.server.refused(kind)
+            self.budget.refused(kind)
         self.parser = None
         self._in_message, self._continue_owed = False, False
-        self.server.buffered_bytes -= self._size  # the partial body is dropped now
+        self.budget.release_body(self._size)  # the partial body is dropped now
         self._chunks, self._size = [], 0
         # Over the body budget the client is likely one of many holding bodies: drop it as soon as it
         # sends more, rather than reading megabytes only to discard them.
         self._fail_fast = kind == "buffered_bytes"
         self._discard_left = 0 if self._fail_fast else self.limits.max_body_bytes * DISCARD_FACTOR
         self.pending.append(
-            _Request("", "", b"", False, self._render(status, error_body(message), JSON, False))
+            PendingRequest("", "", b"", False, self._render(status, error_body(message), JSON, False))
         )
         self._set_phase("linger", self.limits.body_timeout_s)
         self._serve_soon()
@@ -405,7 +360,7 @@ class HttpConnection(asyncio.Protocol):
         else:
             kind = self._phase
         if kind != "linger":
-            self.server.timed_out(kind)
+            self.budget.timed_out(kind)
         self.abort()
 
     def close(self) -> None:

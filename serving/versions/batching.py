@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
-from serving.metrics import ServingMetrics
-from serving.raw_codec import RawBatch
+from serving.observability.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
 # Model calls up to this many rows run on the event loop: ORT takes ~20 µs for one row of this MLP, less
@@ -32,29 +31,34 @@ INLINE_MAX_ROWS = 16
 
 @dataclass
 class _Pending:
-    features: Any  # np.ndarray (n, F); a RawBatch in a version's raw-signature batcher
+    features: Any  # one signature's batch: np.ndarray (n, F), or a RawBatch in the `raw` signature's batcher
     future: asyncio.Future[np.ndarray]
     enqueued: float  # perf_counter seconds
     deadline: float
 
 
 class DynamicBatcher:
-    """Queue of pending requests for one model version, drained by one batching task."""
+    """Queue of pending requests for one signature of one model version, drained by one batching task.
+
+    `run` maps one batch of the signature to its scores; `concat` joins the batches of several requests
+    (np.concatenate for features, RawBatch.concat for raw rows).
+    """
 
     def __init__(
         self,
         run: Callable[[Any], np.ndarray],
         *,
+        concat: Callable[[list[Any]], Any] = np.concatenate,
         max_batch_size: int,
         batch_timeout_s: float,
         max_enqueued_batches: int,
         timeout_s: float,
-        executor: Executor,
+        executor: Executor | None,
         metrics: ServingMetrics,
         model_name: str,
         runtime: str,
     ) -> None:
-        self._run, self._executor, self._metrics = run, executor, metrics
+        self._run, self._concat, self._executor, self._metrics = run, concat, executor, metrics
         self._model, self._runtime = model_name, runtime
         self.max_batch_size, self._batch_timeout_s, self._timeout_s = (
             max_batch_size,
@@ -68,7 +72,11 @@ class DynamicBatcher:
         self._wake_at_rows = 1  # 1 while idle; max_batch_size while holding a batch open
         self._task: asyncio.Task[None] | None = None
 
-    def submit(self, features: np.ndarray | RawBatch) -> asyncio.Future[np.ndarray]:
+    async def run(self, batch: Any) -> np.ndarray:
+        """Queue `batch` and wait for its scores (the servable's runner interface)."""
+        return await self.submit(batch)
+
+    def submit(self, features: Any) -> asyncio.Future[np.ndarray]:
         """Enqueue one request of shape (n, F); its future resolves to the (n, K) scores.
 
         Raises:
@@ -146,10 +154,7 @@ class DynamicBatcher:
     async def _execute(self, batch: list[_Pending]) -> None:
         # (sum n_i, F) -> (sum n_i, K), then split back per request.
         parts = [b.features for b in batch]
-        if len(parts) == 1:
-            features = parts[0]
-        else:
-            features = RawBatch.concat(parts) if isinstance(parts[0], RawBatch) else np.concatenate(parts)
+        features = parts[0] if len(parts) == 1 else self._concat(parts)
         self._metrics.batch_size.observe(len(features), self._model)
         started = time.perf_counter()
         try:

@@ -8,7 +8,7 @@ The directory is created and removed by the parent (serving/workers.py) and hold
                      in-flight gauge is summed ("livesum") and the loaded version is the maximum ("max").
 The files are prometheus_client's MmapedDict, the storage of its own multiprocess mode: append-only keys
 and 8-byte aligned doubles, written by one process and readable by others at any time. Its collector is
-not used because it would rename TF Serving's counters (`*_total`, `*_created`); serving/metrics.py
+not used because it would rename TF Serving's counters (`*_total`, `*_created`); serving/observability/metrics.py
 formats the text. A write-through is a dict lookup and a 16-byte store into the mmap (no lock: only the
 event-loop thread of a worker writes).
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.mmap_dict import MmapedDict
 
-from serving.metrics import Counter, Gauge, Histogram, ServingMetrics
+from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetrics
 
 SUM_SLOT = "sum"  # slot of a histogram's sum; its buckets are slots 0..len(bounds) (+Inf last)
 VALUE_SLOT = ""  # slot of a counter's or gauge's value

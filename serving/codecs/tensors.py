@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ctr_contract.signatures import DEFAULT_WIDTH
 from serving import protos
 from serving.errors import InvalidArgument
 
@@ -27,7 +28,7 @@ def to_ndarray(tensor: Any, name: str) -> np.ndarray:
         got = DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype))
         raise InvalidArgument(f"input '{name}' expects dtype DT_FLOAT, got {got}")
     if tensor.tensor_shape.unknown_rank:
-        raise InvalidArgument(f"input '{name}' has unknown rank; send a shape such as [N, 128]")
+        raise InvalidArgument(f"input '{name}' has unknown rank; send a shape such as [N, {DEFAULT_WIDTH}]")
     shape = tuple(int(d.size) for d in tensor.tensor_shape.dim)
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"input '{name}' has a negative dimension in shape {list(shape)}")
@@ -43,7 +44,7 @@ def to_ndarray(tensor: Any, name: str) -> np.ndarray:
     if values.size == size:
         return values.reshape(shape)
     # TF fills the whole tensor with a single float_val (tensor_util.make_tensor_proto of a scalar fill).
-    # A read-only view, not np.full: a few bytes may declare [10**9, 128], and check_batch bounds the rows
+    # A read-only view, not np.full: a few bytes may declare [10**9, 128], and validation bounds the rows
     # before anything copies them.
     if values.size == 1:
         try:

@@ -18,12 +18,10 @@ import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-import numpy as np
-
+from serving.batches import DecodedRequest
+from serving.codecs.rest_codec import parse_body, to_request
 from serving.errors import InvalidArgument, Unavailable
 from serving.memory import release_freed_memory
-from serving.raw_codec import RawBatch
-from serving.rest_codec import parse_body, to_features
 from serving.signatures import Signature
 
 INLINE_MAX_BYTES = 256 << 10
@@ -39,7 +37,7 @@ def check_body_bounds(body: bytes | bytearray, width: int, max_instances: int) -
 
     Any valid body has at most N+1 '[' (the list of rows, one per row), N+2 '{' (envelope, `inputs`, one per
     named instance) and N*F+1 ',' (values, rows, `signature_name`); strings in it are keys and names only.
-    The bounds allow twice that, so a batch a little over the limit still gets check_batch's exact message.
+    The bounds allow twice that, so a batch a little over the limit still gets validation's exact message.
     """
     arrays, objects = body.count(b"["), body.count(b"{")
     if arrays > 2 * max_instances + 8 or objects > 2 * max_instances + 8:
@@ -55,10 +53,8 @@ def check_body_bounds(body: bytes | bytearray, width: int, max_instances: int) -
         )
 
 
-def decode_body(
-    body: bytes | bytearray, sig: Signature, max_instances: int
-) -> tuple[bool, np.ndarray | RawBatch]:
-    """Bounds, parse and convert one predict body. Returns (columnar format?, (N, F) float32 features)."""
+def decode_body(body: bytes | bytearray, sig: Signature, max_instances: int) -> tuple[bool, DecodedRequest]:
+    """Bounds, parse and convert one predict body. Returns (columnar format?, the decoded request)."""
     try:
         return _decode(body, sig, max_instances)
     finally:
@@ -66,13 +62,11 @@ def decode_body(
             release_freed_memory()
 
 
-def _decode(
-    body: bytes | bytearray, sig: Signature, max_instances: int
-) -> tuple[bool, np.ndarray | RawBatch]:
+def _decode(body: bytes | bytearray, sig: Signature, max_instances: int) -> tuple[bool, DecodedRequest]:
     if len(body) > BOUNDS_MIN_BYTES:
         check_body_bounds(body, sig.width, max_instances)
     request = parse_body(body)
-    return request.columnar, to_features(request, sig)
+    return request.columnar, to_request(request, sig)
 
 
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
@@ -105,7 +99,8 @@ class BodyDecoder:
         )
         self._pool.submit(int)  # imports numpy and orjson there before the first large body arrives
 
-    async def decode(self, body: bytes | bytearray, sig: Signature) -> tuple[bool, np.ndarray | RawBatch]:
+    async def decode(self, body: bytes | bytearray, sig: Signature) -> tuple[bool, DecodedRequest]:
+        """One predict body for `sig`: (columnar format?, the decoded request); large bodies in the child."""
         if len(body) <= INLINE_MAX_BYTES or self._pool is None:
             return decode_body(body, sig, self.max_instances)
         loop = asyncio.get_running_loop()

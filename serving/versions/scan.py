@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
-from serving.manifest_check import Stamp, content_digest, stamp
+from serving.versions.manifest_check import Stamp, content_digest, stamp
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving.backends import Backend
-from serving.manifest_check import Stamp, VersionNotReady, content_digest, stamp, verify
-from serving.version_scan import os_error_text
+from serving.versions.manifest_check import Stamp, VersionNotReady, content_digest, stamp, verify
+from serving.versions.scan import os_error_text
 
 
 @dataclass

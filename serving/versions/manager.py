@@ -3,11 +3,11 @@
 TF Serving's availability-preserving policy: a version leaves service only once the versions the policy
 wants are loaded, and its memory is released only after its last in-flight request has finished.
 
-Nothing in a version folder is trusted before it is checked (serving/manifest_check.py), and every fault
+Nothing in a version folder is trusted before it is checked (serving/versions/manifest_check.py), and every fault
 stays with its own version: an incomplete folder waits (up to `--manifest_wait_timeout_seconds`), a corrupt,
 unreadable or hung one fails alone and is retried only once one of its files changes. docs/serving-versions.md
 has the rules. All state lives on the event-loop thread; folder scans run on `disk_executor`, and each load
-runs on its own thread (serving/version_loading.py).
+runs on its own thread (serving/versions/loading.py).
 """
 
 from __future__ import annotations
@@ -18,36 +18,23 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from pathlib import Path
 
 from serving.backends import Backend, load_backend
-from serving.batching import DynamicBatcher
 from serving.errors import InvalidArgument, NotFound, Unavailable
-from serving.log_limits import RateLimitedLog
-from serving.metrics import ServingMetrics
-from serving.version_loading import load_in_thread
-from serving.version_policy import VersionPolicy
-from serving.version_scan import Scan, scan_base
-from serving.version_states import VersionState, VersionStates
-from serving.warmup import warm_up
+from serving.observability.log_limits import RateLimitedLog
+from serving.observability.metrics import ServingMetrics
+from serving.versions.loading import load_in_thread
+from serving.versions.policy import VersionPolicy
+from serving.versions.scan import Scan, scan_base
+from serving.versions.servable import LoadedVersion, Runner, build_runners
+from serving.versions.states import VersionState, VersionStates
+from serving.versions.warmup import warm_up
 
 log = logging.getLogger(__name__)
 limited = RateLimitedLog(log)
 MAX_HUNG_LOADS = 4  # abandoned load threads still running; no new load starts beyond this
 MAX_NAMES_REPORTED = 1000  # odd folder names remembered so that each is logged once
-
-
-@dataclass
-class LoadedVersion:
-    """One servable: a loaded backend plus its in-flight request count."""
-
-    version: int
-    backend: Backend
-    batcher: DynamicBatcher | None = None
-    raw_batcher: DynamicBatcher | None = None  # the `raw` signature's queue (serving/raw_codec.py)
-    inflight: int = 0
-    retired: bool = False
 
 
 def versions_on_disk(base_path: Path) -> dict[int, Path]:
@@ -68,14 +55,16 @@ class ModelManager:
         labels: dict[str, int],
         metrics: ServingMetrics,
         disk_executor: Executor,
-        make_batcher: Callable[..., DynamicBatcher] | None = None,
+        make_runners: Callable[[Backend], dict[str, Runner]] | None = None,
         manifest_wait_s: float = 600.0,
         load_timeout_s: float = 600.0,
     ) -> None:
         self.name, self.base_path, self.backend_kind = name, base_path, backend_kind
         self.intra_op_threads, self.policy, self.labels = intra_op_threads, policy, labels
         self.metrics, self._disk_executor = metrics, disk_executor
-        self._make_batcher = make_batcher  # None: batching off
+        # A loaded version's runner per signature (serving/versions/servable.py); None: each request runs
+        # alone, large ones on the event loop's default thread pool.
+        self._make_runners = make_runners or (lambda b: build_runners(b, None, None, metrics, name))
         self.load_timeout_s = load_timeout_s  # 0: no limit
         self.loaded: dict[int, LoadedVersion] = {}
         self.states = VersionStates(name, metrics, manifest_wait_s)
@@ -220,11 +209,7 @@ class ModelManager:
         if attempt.error is not None or attempt.backend is None:
             self.states.settle_failure(state, attempt.error, attempt.stamp, attempt.digest)
             return False
-        servable = LoadedVersion(version, attempt.backend)
-        if self._make_batcher is not None:
-            servable.batcher = self._make_batcher(servable)
-            if servable.backend.signature.has_raw:  # raw rows queue apart: a batch holds one kind of input
-                servable.raw_batcher = self._make_batcher(servable, raw=True)
+        servable = LoadedVersion(version, attempt.backend, self._make_runners(attempt.backend))
         self.loaded[version] = servable
         self.states.available(state)
         self._refresh_latest()
@@ -257,10 +242,7 @@ class ModelManager:
             self._unload(servable)
 
     def _unload(self, servable: LoadedVersion) -> None:
-        if servable.batcher is not None:
-            servable.batcher.close()
-        if servable.raw_batcher is not None:
-            servable.raw_batcher.close()
+        servable.close()
         state = self.states.get(servable.version)
         if state is not None and state.state == "UNLOADING":
             state.state = "END"

@@ -1,7 +1,8 @@
 """TF Serving's REST predict body ⇄ numpy: row (`instances`) and columnar (`inputs`) formats.
 
-The happy path is one `orjson.loads` (~10x faster than `json` for 128 floats) and one `np.asarray`; the per-value Python walk in `_diagnose` runs
-only to explain an error (which instance, which feature, what was expected).
+The happy path is one `orjson.loads` (~10x faster than `json` for 128 floats) and one `np.asarray`; the
+per-value Python walk in `_diagnose` runs only to explain an error (which instance, which feature, what was
+expected).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from serving.batches import DecodedRequest
+from serving.codecs.raw_codec import decode_rest, looks_raw
 from serving.errors import InvalidArgument
-from serving.raw_codec import RawBatch, decode_rest, looks_raw
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 
@@ -62,11 +64,11 @@ def parse_body(body: bytes | bytearray) -> PredictBody:
     return PredictBody(rows, not has_instances, signature_name, may_hold_booleans, signature_given)
 
 
-def to_features(body: PredictBody, sig: Signature) -> np.ndarray | RawBatch:
-    """Convert the rows to a float32 (N, F) array, or a RawBatch for the `raw` signature.
+def to_request(body: PredictBody, sig: Signature) -> DecodedRequest:
+    """Convert the rows to float32 (N, F) features, or to a RawBatch for the `raw` signature.
 
     `raw` is chosen by `signature_name`, or when none is given and the rows carry raw Criteo field names.
-    Raises InvalidArgument naming the bad instance.
+    Raises InvalidArgument naming the bad instance; an empty batch is left to validation.
     """
     name = sig.input_name
     if body.signature_name == RAW_SIGNATURE or (
@@ -77,7 +79,7 @@ def to_features(body: PredictBody, sig: Signature) -> np.ndarray | RawBatch:
                 f'Serving signature name: "{RAW_SIGNATURE}" not found in signature def; this version was '
                 f"exported before raw serving: send '{name}' or re-export it"
             )
-        return decode_rest(body.rows, body.columnar)
+        return DecodedRequest(RAW_SIGNATURE, decode_rest(body.rows, body.columnar))
     rows = body.rows
     if body.columnar and isinstance(rows, dict):
         if set(rows) != {name}:
@@ -91,7 +93,7 @@ def to_features(body: PredictBody, sig: Signature) -> np.ndarray | RawBatch:
     if rows and isinstance(rows[0], dict) and not body.columnar:
         rows = [_named_row(inst, i, name) for i, inst in enumerate(rows)]
     if not rows:
-        raise InvalidArgument(f"empty batch: no instances for input '{name}'; send at least one")
+        return DecodedRequest(DEFAULT_SIGNATURE, np.empty((0, sig.width), np.float32))
     try:
         array = np.asarray(rows)
     except ValueError:  # ragged lists
@@ -101,7 +103,7 @@ def to_features(body: PredictBody, sig: Signature) -> np.ndarray | RawBatch:
     if body.may_hold_booleans and any(v is True or v is False for row in rows for v in row):
         # _diagnose names the first boolean, as it does for an all-boolean row (which np.asarray keeps bool).
         raise InvalidArgument(_diagnose(rows, sig.width))
-    return array.astype(np.float32, copy=False)
+    return DecodedRequest(DEFAULT_SIGNATURE, array.astype(np.float32, copy=False))
 
 
 def _named_row(instance: Any, i: int, name: str) -> Any:
