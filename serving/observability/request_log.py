@@ -8,7 +8,7 @@ One JSON line per sampled predict request:
 `inputs` is what the client sent: REST's `instances` (row format) or `inputs` (columnar) as parsed, gRPC's
 tensors as `instances`. The request id is the client's `x-request-id` header (gRPC metadata) when it sends
 one, else one the server makes; it is returned in the `x-request-id` response header either way, so clicks
-can be joined with the log later (`python -m serving.request_log_to_criteo`).
+can be joined with the log later (`python -m training.request_log_to_criteo`).
 
 Sampling is a hash of the request id (crc32 below R * 2^32): a retried request and every replica make the
 same choice, and a test can count the lines it expects. Each worker writes its own files,

@@ -1,6 +1,6 @@
-"""`python -m serving.request_log_to_criteo`: sampled request logs + clicks -> a Criteo training file.
+"""`python -m training.request_log_to_criteo`: sampled request logs + clicks -> a Criteo training file.
 
-    python -m serving.request_log_to_criteo --logs LOG_DIR --clicks clicks.tsv --out day7.txt
+    python -m training.request_log_to_criteo --logs LOG_DIR --clicks clicks.tsv --out day7.txt
 
 Every instance of every logged request becomes one row: label 1 when the clicks file names it, else 0.
 Only requests that carry the raw Criteo fields (the `raw` signature: I1..I13, C1..C26 by name, in row or
@@ -117,7 +117,7 @@ def convert(logs: list[Path], clicks_file: Path, out: Path) -> Report:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m serving.request_log_to_criteo", description=__doc__.splitlines()[0]
+        prog="python -m training.request_log_to_criteo", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--logs", type=Path, nargs="+", required=True, help="log directories or .jsonl files")
     parser.add_argument(
