@@ -26,7 +26,7 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from export.errors import InputError
-from training.features import HASH_START
+from training.features.layout import HASH_START
 
 log = logging.getLogger(__name__)
 REFERENCE_VERSION = 1

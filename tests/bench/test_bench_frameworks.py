@@ -315,7 +315,7 @@ def test_mlx_worker_trains_the_mlp_and_learns(features: Path, tmp_path: Path) ->
 
 
 def write_checkpoint(path: Path) -> CTRNet:
-    """A Lightning-shaped checkpoint of a random CTRNet (what `training.checkpoint.load_net` reads)."""
+    """A Lightning-shaped checkpoint of a random CTRNet (what `training.model.checkpoint.load_net` reads)."""
     torch.manual_seed(0)
     net = CTRNet(ModelConfig(activation="hardtanh")).eval()
     state = {f"net.{k}": v for k, v in net.state_dict().items()}

@@ -24,7 +24,7 @@ from export.reference import build_reference, raw_bins
 from serving.observability.drift import FLUSH_S
 from tests.serving.model_repo import make_weights, reference_predict, write_manifest, write_onnx
 from tests.serving.server_process import ServerProcess, http
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 from training.synth import hex_values, sample_rows
 
 TRAIN_ROWS, LIVE_ROWS, WINDOW = 5_000, 2_000, 2_000

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from training.checkpoint import load_net
 
 from ctr_contract import (
     BEST_CHECKPOINT,
@@ -28,6 +27,7 @@ from ctr_contract import (
 from tests.conftest import RunModule
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess, http
+from training.model.checkpoint import load_net
 
 ROWS = 64
 

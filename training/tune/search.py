@@ -3,7 +3,7 @@
     python -m training.tune --data artifacts/data/train.txt --trials 20 --max-rows 200000 --out artifacts/tune
 
 A seeded TPE sampler proposes each trial's parameters; the trial trains in its own process
-(`python -m training.tune_trial`), reports val AUC after every epoch, and the median pruner stops weak ones
+(`python -m training.tune.trial`), reports val AUC after every epoch, and the median pruner stops weak ones
 early. A trial that crashes or passes --trial-timeout is recorded as failed and the study goes on. The study
 lives in OUT/study.db (SQLite), so `--resume` continues it. Writes OUT/best.json (train with it:
 `make train ARGS="--config OUT/best.json"`), OUT/optimization_history.png and, with enough trials,
@@ -29,9 +29,9 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from training.tune_params import suggest
-from training.tune_plots import write_plots
-from training.tune_trial import build_pruner
+from training.tune.params import suggest
+from training.tune.plots import write_plots
+from training.tune.trial import build_pruner
 
 STUDY_NAME = "ctr"
 DB_NAME = "study.db"
@@ -44,7 +44,7 @@ def trial_command(
     """The child command that trains one trial."""
     # The storage id, not the number: the child rebuilds the trial with `optuna.Trial(study, trial_id)`, and
     # Optuna has no public accessor for it.
-    cmd = [sys.executable, "-m", "training.tune_trial", "--storage", storage_url(args.out), "--study", STUDY_NAME,
+    cmd = [sys.executable, "-m", "training.tune.trial", "--storage", storage_url(args.out), "--study", STUDY_NAME,
            "--trial-id", str(trial._trial_id), "--params", json.dumps(params), "--data", str(args.data),
            "--epochs", str(args.epochs), "--seed", str(args.train_seed), "--out", str(run_dir),
            "--result", str(run_dir / "result.json")]  # fmt: skip

@@ -10,13 +10,11 @@ from datetime import timedelta
 
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 
+from training.errors import DistributedSetupError
+
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 # Substrings of the errors torch raises when a peer never joins the rendezvous or a collective times out.
 _RENDEZVOUS_SIGNS = ("timed out", "timeout", "clients joined", "connection refused", "connect to")
-
-
-class DistributedSetupError(RuntimeError):
-    """Ranks could not meet within the DDP timeout; the message says what to check."""
 
 
 def launch_rank() -> int:

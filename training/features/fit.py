@@ -1,8 +1,8 @@
-"""Streaming fit of the FeatureSpec: mergeable per-chunk statistics, identical to `FeatureSpec.fit` on all rows.
+"""The FeatureSpec's fit: its defaults, and mergeable per-chunk statistics, identical on one chunk or many.
 
 `FeatureSpec.fit` needs, per numeric field, the count, the sum and (given the mean) the sum of squared
 deviations of signed_log1p(x); per categorical field, the views and clicks of each value (from which
-`training.vocabulary.fit_field_table` builds the vocabulary and the rate table); and the click rate.
+`training.features.vocabulary.fit_field_table` builds the vocabulary and the rate table); and the click rate.
 Counts and 0/1 click sums are exact integers, so they merge in any order. numpy sums a [N, 13] array along
 axis 0 one row after another, so carrying the running sum in as row 0 of the next chunk reproduces the
 in-memory sum bit for bit. The squared deviations need the final mean: a second pass over the numeric
@@ -12,22 +12,22 @@ columns only. Memory is the value counts of the distinct values seen (~24 bytes 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS
-from training.features import (
-    HASH_START,
-    N_CAT,
-    N_NUM,
-    VOCAB_MIN_COUNT,
-    VOCAB_SIZE,
-    FeatureSpec,
-    categorical_values,
-    signed_log1p,
-)
-from training.hashing import StringColumn
-from training.vocabulary import fit_field_table, value_counts
+from training.features.hashing import StringColumn
+from training.features.layout import HASH_START, N_CAT, N_NUM, categorical_values, signed_log1p
+from training.features.vocabulary import fit_field_table, value_counts
+
+# The fit's defaults, one home: FeatureSpec's fields, `FeatureSpec.fit` and `fit_parameters` all read these.
+CLIP = 10.0  # z-scores are clipped to +-CLIP
+MIN_COUNT = 1000  # views before a value gets a click-rate lift (a high count keeps a row's label out of it)
+SMOOTHING = 100.0  # pseudo-views of the prior in each click rate
+MAX_ENTRIES = 10_000  # rate-table entries per field
+VOCAB_SIZE = 10_000  # per field; bounds feature_spec.json and the serving graphs' lookup tables
+VOCAB_MIN_COUNT = 5  # views before a value enters its field's vocabulary
 
 Counts = tuple[np.ndarray, np.ndarray, np.ndarray]  # sorted distinct values, views int64, clicks float64
 
@@ -87,16 +87,16 @@ class SpecStats:
         return np.divide(self.sum, self.count, out=np.zeros(N_NUM), where=self.count > 0)
 
 
-def fit_streaming(
+def fit_parameters(
     chunks: Callable[[bool], Iterable[FitChunk]],
     width: int,
-    min_count: int = 1000,
-    smoothing: float = 100.0,
-    max_entries: int = 10_000,
+    min_count: int = MIN_COUNT,
+    smoothing: float = SMOOTHING,
+    max_entries: int = MAX_ENTRIES,
     vocab_size: int = VOCAB_SIZE,
     vocab_min_count: int = VOCAB_MIN_COUNT,
-) -> FeatureSpec:
-    """Fit a FeatureSpec from training rows that arrive in chunks, equal to `FeatureSpec.fit` on them all.
+) -> dict[str, Any]:
+    """The FeatureSpec's fields fitted on training rows that arrive in chunks (`FeatureSpec.fit_streaming`).
 
     Args:
         chunks: called twice, with numeric_only False then True; each call yields the training rows in the
@@ -130,7 +130,8 @@ def fit_streaming(
         )
         for j, field in enumerate(CATEGORICAL_FIELDS)
     )
-    return FeatureSpec(
-        tuple(map(float, mean)), tuple(map(float, std)), tables, prior, width, 10.0, min_count, smoothing,
-        vocab_size, vocab_min_count,
-    )  # fmt: skip
+    return {
+        "mean": tuple(map(float, mean)), "std": tuple(map(float, std)), "tables": tables, "prior": prior,
+        "width": width, "clip": CLIP, "min_count": min_count, "smoothing": smoothing,
+        "vocab_size": vocab_size, "vocab_min_count": vocab_min_count,
+    }  # fmt: skip

@@ -3,7 +3,7 @@
 The cache sits beside the source (`train.txt` -> `train.txt.cache.parquet`) and records the source's size
 and mtime; a changed source, a new reader version, or a stricter read than the cache was built with
 rebuilds it. It is written to a temporary file and renamed, so a killed build never leaves half a cache.
-Under DDP one process parses (`training.once`: a lock file with a heartbeat); the others wait for it.
+Under DDP one process parses (`training.data.once`: a lock file with a heartbeat); the others wait for it.
 Row groups of `ROW_GROUP_ROWS` rows are the unit that streaming training reads, shuffles and shards.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.criteo import SCHEMA, ReadReport, read_batches
-from training.once import build_once
-from training.sources import DataError
+from training.data.criteo import SCHEMA, ReadReport, read_batches
+from training.data.once import build_once
+from training.errors import DataError
 
 CACHE_VERSION = 2
 ROW_GROUP_ROWS = 1 << 17  # ~55 MB decoded: small enough to stream, large enough to read fast
@@ -70,7 +70,7 @@ def ensure_cache(
     """
     src = Path(data)
     if not src.is_file():
-        raise FileNotFoundError(
+        raise DataError(
             f"data file not found: {src} (generate one with `python -m training.synth --out {src}`)"
         )
     lock = src.with_name(src.name + ".cache.lock")

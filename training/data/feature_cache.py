@@ -20,8 +20,10 @@ import pyarrow as pa
 import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
-from training.features import HASH_START, FeatureSpec, categorical_values
-from training.stream import ParquetData, Split, numeric_matrix, string_column
+from training.data.parquet import ParquetData, Split, numeric_matrix, string_column
+from training.errors import DataError
+from training.features.layout import HASH_START, categorical_values
+from training.features.spec import FeatureSpec
 
 N_CAT = len(CATEGORICAL_FIELDS)
 RECORD = np.dtype(
@@ -37,10 +39,11 @@ def transform_chunk(spec: FeatureSpec, table) -> np.ndarray:  # type: ignore[no-
 
 def encode(spec: FeatureSpec, table: pa.Table, index: np.ndarray) -> np.ndarray:
     """Records (see the module docstring) of the rows of `table`; index int64 [N] is their split index."""
-    x = transform_chunk(spec, table)
+    strings = [string_column(table.column(f)) for f in CATEGORICAL_FIELDS]  # converted once, used twice
+    x = spec.transform(numeric_matrix(table), strings)
     rec = np.empty(len(table), RECORD)
     rec["dense"] = x[:, :HASH_START]
-    values = categorical_values([string_column(table.column(f)) for f in CATEGORICAL_FIELDS], len(table))
+    values = categorical_values(strings, len(table))
     for j, (field_table, col) in enumerate(zip(spec.tables, values, strict=True)):
         bucket, _ = field_table.lookup(col)
         rec["cols"][:, j] = np.where(bucket >= 0, HASH_START + bucket, spec.oov_column)
@@ -65,12 +68,10 @@ def write_split(data: ParquetData, spec: FeatureSpec, split: Split, path: Path) 
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         with tmp.open("wb") as f:
-            for piece in data.pieces:
-                if piece.count(split):
-                    chunk = data.read(piece, split)
-                    for a in range(0, len(chunk.ids), _ENCODE_ROWS):
-                        part = chunk.table.slice(a, _ENCODE_ROWS)
-                        encode(spec, part, chunk.index[a : a + len(part)]).tofile(f)
+            for chunk in data.chunks(split):
+                for a in range(0, len(chunk.ids), _ENCODE_ROWS):
+                    part = chunk.table.slice(a, _ENCODE_ROWS)
+                    encode(spec, part, chunk.index[a : a + len(part)]).tofile(f)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -80,7 +81,7 @@ def read_records(path: Path, start: int, count: int) -> np.ndarray:
     """Records [start, start + count) of an encoded split."""
     rec = np.fromfile(path, dtype=RECORD, count=count, offset=start * RECORD.itemsize)
     if rec.shape[0] != count:
-        raise ValueError(f"{path} holds fewer records than expected (truncated?); delete it to rebuild")
+        raise DataError(f"{path} holds fewer records than expected (truncated?); delete it to rebuild")
     return rec
 
 

@@ -12,13 +12,10 @@ from typing import Any
 
 import torch
 
-from training.net import CTRNet, ModelConfig
+from training.errors import CheckpointError
+from training.model.net import CTRNet, ModelConfig
 
 NET_PREFIX = "net."
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable or does not hold a CTRNet."""
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.hashing import StringColumn, encode_strings, fnv1a_column
+from training.features.hashing import StringColumn, encode_strings, fnv1a_column
 
 # Fixed-width bytes ('S') arrays sort and compare in C; values with NUL bytes or longer than this fall back to
 # Python bytes objects (numpy strips trailing NULs from 'S' values, which would merge distinct values).

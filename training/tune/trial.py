@@ -1,6 +1,6 @@
 """One `make tune` trial in its own process: train with the drawn parameters, report val AUC per epoch.
 
-    python -m training.tune_trial --storage sqlite:///DIR/study.db --study ctr --trial-id 3 \
+    python -m training.tune.trial --storage sqlite:///DIR/study.db --study ctr --trial-id 3 \
         --params '{"lr": 0.002, ...}' --data FILE --out DIR/trials/0003 --result DIR/trials/0003/result.json
 
 The parent (`training.tune`) asked the study for the trial and drew its parameters; this process only trains,
@@ -78,7 +78,7 @@ def run_trial(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.tune_trial", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m training.tune.trial", description=__doc__)
     p.add_argument("--storage", required=True, help="the study's storage URL (sqlite:///DIR/study.db)")
     p.add_argument("--study", required=True)
     p.add_argument("--trial-id", type=int, required=True, help="storage id of the trial the parent asked for")

@@ -1,9 +1,9 @@
-"""From Parquet to model input: open the data set, fit the FeatureSpec once, and pick how training reads rows.
+"""Parquet files to prepared splits: open them as one data set, fit the FeatureSpec, encode both splits, once.
 
-`prepare_streaming` is what a run uses: one process opens the files and fits the spec by streaming the
-training rows (`training.spec_fit`), writes both to a small JSON beside the data, and every rank loads it.
-`choose_loader` then picks `stream` (bounded memory, `training.stream_batches`) or `memory` (transformed
-arrays held in each process, `load_in_memory`): `auto` takes memory only when the arrays are small.
+`prepare_streaming` is what a run uses: one process opens the files, fits the spec by streaming the training
+rows (`FeatureSpec.fit_streaming`) and encodes each split (`training.data.feature_cache`); it writes the data
+set and the spec to a small JSON beside the data, and every rank loads that. `load_in_memory` expands the
+encoded splits into arrays for the `memory` loader; `prepare` does all of it in memory (benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -18,26 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.feature_cache import expand, iter_records, transform_chunk, write_split
-from training.features import FeatureSpec
-from training.once import build_once
-from training.sources import DataError
-from training.spec_fit import FitChunk, fit_streaming
-from training.stream import ParquetData, Split, numeric_matrix, string_column
-
-__all__ = [
-    "PreparedData",
-    "load_in_memory",
-    "numeric_matrix",
-    "prepare",
-    "prepare_streaming",
-    "string_column",
-]
+from training.data.feature_cache import expand, iter_records, transform_chunk, write_split
+from training.data.once import build_once
+from training.data.parquet import ParquetData, Split, numeric_matrix, string_column
+from training.errors import DataError
+from training.features.fit import FitChunk
+from training.features.spec import FeatureSpec
 
 PREPARED_VERSION = 1
-# `--loader auto` holds the data in memory when its float32 features take at most this much per process
-# (about 2M rows at width 128) and at most a quarter of the memory available to the processes on this host.
-MEMORY_LOADER_MAX_BYTES = 1 << 30
 
 
 @dataclass
@@ -54,15 +42,14 @@ class PreparedData:
 
 
 def fit_chunks(data: ParquetData) -> Callable[[bool], Iterator[FitChunk]]:
-    """The training rows of `data` in file order, one row group at a time, for `fit_streaming`."""
+    """The training rows of `data` in file order, one row group at a time, for `FeatureSpec.fit_streaming`."""
 
     def chunks(numeric_only: bool) -> Iterator[FitChunk]:
         columns = (LABEL, *NUMERIC_FIELDS) if numeric_only else None
-        for piece in data.pieces:
-            if piece.train_rows:
-                t = data.read(piece, "train", columns).table
-                cats = None if numeric_only else [string_column(t.column(f)) for f in CATEGORICAL_FIELDS]
-                yield numeric_matrix(t), cats, t.column(LABEL).to_numpy().astype(np.float32)
+        for chunk in data.chunks("train", columns):
+            t = chunk.table
+            cats = None if numeric_only else [string_column(t.column(f)) for f in CATEGORICAL_FIELDS]
+            yield numeric_matrix(t), cats, t.column(LABEL).to_numpy().astype(np.float32)
 
     return chunks
 
@@ -74,14 +61,12 @@ def split_arrays(
     n = data.rows(split)
     x, y, ids = np.empty((n, spec.width), np.float32), np.empty(n, np.float32), np.empty(n, np.int64)
     at = 0
-    for piece in data.pieces:
-        if piece.count(split):
-            chunk = data.read(piece, split)
-            k = len(chunk.ids)
-            x[at : at + k] = transform_chunk(spec, chunk.table)
-            y[at : at + k] = chunk.table.column(LABEL).to_numpy()
-            ids[at : at + k] = chunk.ids
-            at += k
+    for chunk in data.chunks(split):
+        k = len(chunk.ids)
+        x[at : at + k] = transform_chunk(spec, chunk.table)
+        y[at : at + k] = chunk.table.column(LABEL).to_numpy()
+        ids[at : at + k] = chunk.ids
+        at += k
     return x, y, ids
 
 
@@ -103,7 +88,7 @@ def load_in_memory(
             bx, by, _ = expand(rec, spec.width)
             x[at : at + len(rec)], y[at : at + len(rec)] = bx.numpy(), by.reshape(-1).numpy()
             at += len(rec)
-        ids = np.concatenate([data.read(p, split, (LABEL,)).ids for p in data.pieces if p.count(split)])  # type: ignore[arg-type]
+        ids = np.concatenate([c.ids for c in data.chunks(split, (LABEL,))])  # type: ignore[arg-type]
         parts += [x, y, ids]
     return PreparedData(spec, *parts)
 
@@ -122,15 +107,17 @@ def prepare(
     """One Parquet file split, fitted on its training rows and transformed, all in memory (benchmarks, tests).
 
     Args:
-        cache: Parquet file written by `training.cache.ensure_cache`.
-        val_fraction: validation share (see `training.split`).
+        cache: Parquet file written by `training.data.cache.ensure_cache`.
+        val_fraction: validation share (see `training.data.split`).
         width: feature vector width.
         max_rows: use only the first rows of the file (quick experiments); None for all.
         spec: a frozen spec to transform with (warm start) instead of fitting one.
     """
     data = ParquetData.open([Path(cache)], val_fraction, max_rows)
     _check_splits(data, cache)
-    return load_in_memory(data, spec if spec is not None else fit_streaming(fit_chunks(data), width))
+    return load_in_memory(
+        data, spec if spec is not None else FeatureSpec.fit_streaming(fit_chunks(data), width)
+    )
 
 
 def prepare_streaming(
@@ -141,7 +128,7 @@ def prepare_streaming(
     say: Callable[[str], None],
     frozen: FeatureSpec | None = None,
 ) -> tuple[ParquetData, FeatureSpec, dict[Split, Path]]:
-    """Open `files` as one data set, fit the spec and encode both splits (`training.feature_cache`), once.
+    """Open `files` as one data set, fit the spec and encode both splits (`training.data.feature_cache`), once.
 
     Done by one process while the others wait; later runs reuse the result, which is keyed by every file's
     path, size and mtime and by the split and width settings. With a `frozen` spec (warm start) nothing is
@@ -163,7 +150,7 @@ def prepare_streaming(
     def build() -> None:
         data = ParquetData.open(files, val_fraction, max_rows)
         _check_splits(data, files[0] if len(files) == 1 else f"{len(files)} files")
-        spec = fit_streaming(fit_chunks(data), width) if frozen is None else frozen
+        spec = FeatureSpec.fit_streaming(fit_chunks(data), width) if frozen is None else frozen
         for split, path in encoded.items():
             write_split(data, spec, split, path)
         tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")  # written last: it marks the result ready
@@ -184,30 +171,3 @@ def prepare_streaming(
 def _stat(f: Path) -> tuple[int, int]:
     st = f.stat()
     return st.st_size, st.st_mtime_ns
-
-
-def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: int) -> tuple[str, str]:
-    """`memory` or `stream`, and the reason, for `--loader requested` ("auto", "memory" or "stream")."""
-    need = (data.rows("train") + data.rows("val")) * width * 4
-    if requested != "auto":
-        return requested, f"--loader {requested}"
-    available = _available_memory()
-    budget = (
-        MEMORY_LOADER_MAX_BYTES
-        if available is None
-        else min(MEMORY_LOADER_MAX_BYTES, available // (4 * local_ranks))
-    )
-    if need <= budget:
-        return "memory", f"features take {need / 2**20:.0f} MiB per process <= {budget / 2**20:.0f} MiB"
-    return "stream", f"features would take {need / 2**20:.0f} MiB per process > {budget / 2**20:.0f} MiB"
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None

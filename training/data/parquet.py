@@ -1,7 +1,7 @@
 """Parquet files read as one data set, a row group at a time: the unit streaming training shards and shuffles.
 
 `ParquetData.open` checks each file's schema and counts, per row group, the training and validation rows
-(the split is a hash of the global row id, see `training.split`), reading only the `row_id` column. Global
+(the split is a hash of the global row id, see `training.data.split`), reading only the `row_id` column. Global
 row ids are the file's own `row_id` (or row position) plus the ids spanned by the files before it, so a
 single file keeps its ids and the synthetic oracle still lines up. `read` returns one row group's rows of
 one split, with their global ids and their index within the split (file order), typed like the cache.
@@ -10,7 +10,7 @@ A file whose size or mtime changed since `open` is an error, never a silent mix 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.hashing import StringColumn
-from training.sources import DataError
-from training.split import validation_mask
+from training.data.split import validation_mask
+from training.errors import DataError
+from training.features.hashing import StringColumn
 
 Split = Literal["train", "val"]
 _EXPECTED = "label 0/1, I1..I13 numbers, C1..C26 strings, optional row_id"
@@ -125,6 +125,12 @@ class ParquetData:
 
     def rows(self, split: Split) -> int:
         return sum(p.count(split) for p in self.pieces)
+
+    def chunks(self, split: Split, columns: tuple[str, ...] | None = None) -> Iterator[Chunk]:
+        """The rows of `split`, one row group at a time, in file order (see `read`)."""
+        for piece in self.pieces:
+            if piece.count(split):
+                yield self.read(piece, split, columns)
 
     def read(self, piece: Piece, split: Split, columns: tuple[str, ...] | None = None) -> Chunk:
         """The rows of `split` in `piece`, typed like the cache (label int8, I* float64, C* string)."""

@@ -1,22 +1,13 @@
 """FeatureSpec: raw Criteo fields -> float32 [N, width] vectors. Pure numpy: it needs no torch to run.
 
-Layout of one vector (width 128 by default; C = 26 categorical fields):
-  [0, 13)         numeric z-scores: z = clip((sign(x)*log1p(|x|) - mean) / std, ±clip); 0 when missing
-  [13, 26)        missing indicators for I1..I13 (1.0 = missing or non-finite)
-  [26, 52)        click-rate lift of each categorical value (see `training.vocabulary`); 0 for rare/unseen
-  [52, width-1)   hashed buckets: a value in its field's vocabulary adds 1.0 at
-                  52 + fnv1a_32(utf8(field + ":" + value)) % (width - 53)
-  width-1         out-of-vocabulary count: how many of the 26 values are not in their field's vocabulary
-A missing categorical is the empty value "". Each field's vocabulary is its most frequent training values
-(`vocab_size`, seen >= `vocab_min_count` times), so every table is a string -> number lookup that ONNX
-(`LabelEncoder`) and TF (`StaticHashTable`) run with standard ops; see docs/raw-features.md.
+The vector's layout is in `training.features.layout`; the fit and its defaults are in `training.features.fit`.
 The spec is data: `feature_spec.json` holds every number needed to reproduce the vectors bit for bit.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,43 +15,23 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from training.hashing import StringColumn, encode_strings
-from training.vocabulary import FieldTable, value_array
+from ctr_contract.signatures import DEFAULT_WIDTH
+from training.features import layout
+from training.features.fit import (
+    CLIP,
+    MAX_ENTRIES,
+    MIN_COUNT,
+    SMOOTHING,
+    VOCAB_MIN_COUNT,
+    VOCAB_SIZE,
+    FitChunk,
+    fit_parameters,
+)
+from training.features.hashing import StringColumn
+from training.features.layout import HASH_START, N_CAT, N_NUM, categorical_values, check_numeric, signed_log1p
+from training.features.vocabulary import FieldTable
 
 SPEC_VERSION = 2  # 2: vocabularies + out-of-vocabulary column instead of hashing every value
-N_NUM = len(NUMERIC_FIELDS)
-N_CAT = len(CATEGORICAL_FIELDS)
-HASH_START = 2 * N_NUM + N_CAT  # 52: z-scores, indicators, rate lifts come first
-DEFAULT_WIDTH = 128
-VOCAB_SIZE = 10_000  # per field; bounds feature_spec.json and the serving graphs' lookup tables
-VOCAB_MIN_COUNT = 5
-
-
-def signed_log1p(x: np.ndarray) -> np.ndarray:
-    """sign(x) * log1p(|x|): tames heavy-tailed counts and keeps Criteo's -1 values."""
-    return np.sign(x) * np.log1p(np.abs(x))
-
-
-def categorical_values(categorical: np.ndarray | Sequence[StringColumn], n: int) -> list[np.ndarray]:
-    """The 26 fields' values as sortable byte arrays (see `training.vocabulary.value_array`), missing = b''.
-
-    Args:
-        categorical: [N, 26] array of str/None, or 26 packed `StringColumn`s (one per field).
-    """
-    if isinstance(categorical, np.ndarray):
-        if categorical.ndim != 2 or categorical.shape != (n, N_CAT):
-            raise ValueError(
-                f"expected categorical fields of shape [{n}, {N_CAT}], got {list(categorical.shape)}"
-            )
-        columns = [encode_strings(categorical[:, j].tolist()) for j in range(N_CAT)]
-    else:
-        columns = list(categorical)
-        if len(columns) != N_CAT:
-            raise ValueError(f"expected {N_CAT} categorical columns, got {len(columns)}")
-    for field, column in zip(CATEGORICAL_FIELDS, columns, strict=True):
-        if len(column[1]) != n + 1:
-            raise ValueError(f"categorical column {field} has {len(column[1]) - 1} values, expected {n}")
-    return [value_array(column) for column in columns]
 
 
 @dataclass(frozen=True)
@@ -72,9 +43,9 @@ class FeatureSpec:
     tables: tuple[FieldTable, ...]
     prior: float
     width: int = DEFAULT_WIDTH
-    clip: float = 10.0
-    min_count: int = 1000
-    smoothing: float = 100.0
+    clip: float = CLIP
+    min_count: int = MIN_COUNT
+    smoothing: float = SMOOTHING
     vocab_size: int = VOCAB_SIZE
     vocab_min_count: int = VOCAB_MIN_COUNT
 
@@ -111,9 +82,9 @@ class FeatureSpec:
         categorical: np.ndarray | Sequence[StringColumn],
         labels: np.ndarray,
         width: int = DEFAULT_WIDTH,
-        min_count: int = 1000,
-        smoothing: float = 100.0,
-        max_entries: int = 10_000,
+        min_count: int = MIN_COUNT,
+        smoothing: float = SMOOTHING,
+        max_entries: int = MAX_ENTRIES,
         vocab_size: int = VOCAB_SIZE,
         vocab_min_count: int = VOCAB_MIN_COUNT,
     ) -> FeatureSpec:
@@ -124,18 +95,39 @@ class FeatureSpec:
             categorical: [N, 26] strings or 26 `StringColumn`s.
             labels: 0/1 [N].
             width: output width; columns from 52 on are vocabulary buckets and the out-of-vocabulary count.
-            min_count / smoothing / max_entries: rate table settings (see `training.vocabulary`).
+            min_count / smoothing / max_entries: rate table settings (see `training.features.vocabulary`).
             vocab_size / vocab_min_count: per-field vocabulary bounds.
         """
-        from training.spec_fit import fit_streaming  # builds on this module: imported here, not at the top
-
-        num = _check_numeric(numeric)
+        num = check_numeric(numeric)
 
         def one_chunk(numeric_only: bool) -> Iterator[tuple[np.ndarray, Any, np.ndarray]]:
             yield num, None if numeric_only else categorical, labels
 
         # One home for the statistics: the in-memory fit is the streaming fit over a single chunk.
-        return fit_streaming(one_chunk, width, min_count, smoothing, max_entries, vocab_size, vocab_min_count)
+        return cls.fit_streaming(
+            one_chunk, width, min_count, smoothing, max_entries, vocab_size, vocab_min_count
+        )
+
+    @classmethod
+    def fit_streaming(
+        cls,
+        chunks: Callable[[bool], Iterable[FitChunk]],
+        width: int = DEFAULT_WIDTH,
+        min_count: int = MIN_COUNT,
+        smoothing: float = SMOOTHING,
+        max_entries: int = MAX_ENTRIES,
+        vocab_size: int = VOCAB_SIZE,
+        vocab_min_count: int = VOCAB_MIN_COUNT,
+    ) -> FeatureSpec:
+        """Fit on training rows that arrive in chunks (see `training.features.fit`); equal to `fit` on them all.
+
+        Args:
+            chunks: called twice, with numeric_only False then True; each call yields the same rows in order.
+            width / min_count / smoothing / max_entries / vocab_size / vocab_min_count: as in `fit`.
+        """
+        return cls(
+            **fit_parameters(chunks, width, min_count, smoothing, max_entries, vocab_size, vocab_min_count)
+        )
 
     def transform(self, numeric: np.ndarray, categorical: np.ndarray | Sequence[StringColumn]) -> np.ndarray:
         """Map raw rows to model input.
@@ -146,7 +138,7 @@ class FeatureSpec:
         Returns:
             float32 [N, width], always finite.
         """
-        num = _check_numeric(numeric).astype(np.float64)
+        num = check_numeric(numeric).astype(np.float64)
         n = num.shape[0]
         columns = categorical_values(categorical, n)
         out = np.zeros((n, self.width), dtype=np.float32)
@@ -167,7 +159,10 @@ class FeatureSpec:
         return {
             "version": SPEC_VERSION,
             "width": self.width,
-            "layout": __doc__.split("Layout of one vector", 1)[1].split("The spec is data")[0].strip(),
+            "layout": (layout.__doc__ or "")
+            .split("Layout of one vector", 1)[1]
+            .split("The spec is data")[0]
+            .strip(),
             "numeric": {
                 "fields": list(NUMERIC_FIELDS),
                 "mean": list(self.mean),
@@ -220,10 +215,3 @@ class FeatureSpec:
             return cls.from_dict(json.loads(p.read_text()))
         except (OSError, json.JSONDecodeError, ValueError) as e:
             raise ValueError(f"cannot read feature spec {p}: {e}") from e
-
-
-def _check_numeric(numeric: np.ndarray) -> np.ndarray:
-    arr = np.asarray(numeric)
-    if arr.ndim != 2 or arr.shape[1] != N_NUM:
-        raise ValueError(f"expected numeric fields of shape [N, {N_NUM}], got {list(arr.shape)}")
-    return arr

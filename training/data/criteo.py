@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS
+from training.errors import DataError, MalformedRowError
 
 BLOCK_SIZE = 32 << 20  # bytes of text per batch: bounds memory for files of any size
 _COUNT_RE = r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"  # an integer count, also written as 260.0 or 1e3
@@ -31,10 +32,6 @@ SCHEMA = pa.schema(
     + [(f, pa.float64()) for f in NUMERIC_FIELDS]
     + [(f, pa.string()) for f in CATEGORICAL_FIELDS]
 )
-
-
-class MalformedRowError(ValueError):
-    """A row that is not a Criteo record; the message names the file, line and field."""
 
 
 @dataclass
@@ -94,7 +91,7 @@ def read_batches(
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"data file not found: {p}")
+        raise DataError(f"data file not found: {p}")
     fmt = detect_format(p)
     report = report if report is not None else ReadReport()
     done = 0  # rows already yielded by the fast path; row ids are the same on both paths

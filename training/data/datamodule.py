@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from training.batches import Batch, ShuffledBatches
-from training.dataset import PreparedData
-from training.features import FeatureSpec
-from training.stream import ParquetData, Split
-from training.stream_batches import DEFAULT_BUFFER_ROWS, StreamedBatches
+from training.data.batches import Batch, ShuffledBatches
+from training.data.inputs import RunInputs
+from training.data.stream_batches import DEFAULT_BUFFER_ROWS, StreamedBatches
 
 
 class EpochFromTrainer(IterableDataset):
@@ -41,15 +38,15 @@ class CTRDataModule(L.LightningDataModule):
     """Training and validation batches, sharded by the trainer's rank and world size.
 
     Args:
-        data: `PreparedData` (held in memory) or `(ParquetData, FeatureSpec, encoded split files)` (streamed).
+        inputs: the run's inputs; their loader says whether batches come from memory or stream from disk.
         batch_size / seed: training batches and shuffling.
         buffer_rows: shuffle buffer of the streamed path, in rows.
     """
 
-    def __init__(self, data: PreparedData | tuple[ParquetData, FeatureSpec, dict[Split, Path]], batch_size: int, seed: int,
-                 eval_batch_size: int = 8192, buffer_rows: int = DEFAULT_BUFFER_ROWS) -> None:  # fmt: skip
+    def __init__(self, inputs: RunInputs, batch_size: int, seed: int, eval_batch_size: int = 8192,
+                 buffer_rows: int = DEFAULT_BUFFER_ROWS) -> None:  # fmt: skip
         super().__init__()
-        self.data = data
+        self.inputs = inputs
         self.batch_size, self.seed, self.eval_batch_size = batch_size, seed, eval_batch_size
         self.buffer_rows = buffer_rows
         self.train_set: IterableDataset | None = None
@@ -59,26 +56,19 @@ class CTRDataModule(L.LightningDataModule):
         t = self.trainer
         assert t is not None, "CTRDataModule must be attached to a Trainer"
         rank, world = t.global_rank, t.world_size
-        d = self.data
-        if isinstance(d, PreparedData):
+        m, i = self.inputs.memory, self.inputs
+        if m is not None:  # the memory loader: slices of arrays held in this process
             train: ShuffledBatches | StreamedBatches = ShuffledBatches(
-                torch.from_numpy(d.train_x), torch.from_numpy(d.train_y), self.batch_size, shuffle=True,
+                torch.from_numpy(m.train_x), torch.from_numpy(m.train_y), self.batch_size, shuffle=True,
                 seed=self.seed, rank=rank, world_size=world,
             )  # fmt: skip
-            self.val_set = ShuffledBatches(
-                torch.from_numpy(d.val_x),
-                torch.from_numpy(d.val_y),
-                self.eval_batch_size,
-                shuffle=False,
-                rank=rank,
-                world_size=world,
-            )
-        else:
-            pq_data, spec, encoded = d
-            train = StreamedBatches(pq_data, spec, "train", self.batch_size, shuffle=True, seed=self.seed, rank=rank,
-                                    world_size=world, buffer_rows=self.buffer_rows, encoded=encoded["train"])  # fmt: skip
-            self.val_set = StreamedBatches(pq_data, spec, "val", self.eval_batch_size, shuffle=False, rank=rank,
-                                           world_size=world, encoded=encoded["val"])  # fmt: skip
+            self.val_set = ShuffledBatches(torch.from_numpy(m.val_x), torch.from_numpy(m.val_y),
+                                           self.eval_batch_size, shuffle=False, rank=rank, world_size=world)  # fmt: skip
+        else:  # the stream loader: the encoded splits read from disk through a shuffle buffer
+            train = StreamedBatches(i.data, i.spec, "train", self.batch_size, shuffle=True, seed=self.seed, rank=rank,
+                                    world_size=world, buffer_rows=self.buffer_rows, encoded=i.encoded["train"])  # fmt: skip
+            self.val_set = StreamedBatches(i.data, i.spec, "val", self.eval_batch_size, shuffle=False, rank=rank,
+                                           world_size=world, encoded=i.encoded["val"])  # fmt: skip
         self.train_set = EpochFromTrainer(t, train)
 
     # batch_size=None: the dataset already yields whole batches; no per-sample collate.

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ctr_contract.signatures import DEFAULT_WIDTH
+
 ACTIVATIONS = ("relu", "hardtanh")
 
 
@@ -16,7 +18,7 @@ class ModelConfig:
     """Shape and activation of the MLP; saved in every checkpoint as `hyper_parameters["model"]`."""
 
     # The feature vector's width (FeatureSpec.width); checkpoints written before 2026-11-30 call it `in_features`.
-    width: int = 128
+    width: int = DEFAULT_WIDTH
     hidden1: int = 256
     hidden2: int = 128
     dropout1: float = 0.3

@@ -24,10 +24,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ctr_contract.schema import LABEL
-from training.batches import Batch, shard_bounds
-from training.feature_cache import expand, read_records, transform_chunk
-from training.features import FeatureSpec
-from training.stream import ParquetData, Piece, Split
+from training.data.batches import Batch, shard_bounds
+from training.data.feature_cache import expand, read_records, transform_chunk
+from training.data.parquet import ParquetData, Piece, Split
+from training.features.spec import FeatureSpec
 
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)

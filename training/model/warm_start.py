@@ -26,9 +26,10 @@ import torch
 from onnx import numpy_helper
 
 from ctr_contract import repository, run_dir
-from training.checkpoint import NET_PREFIX, CheckpointError, read_checkpoint
-from training.features import FeatureSpec
-from training.net import CTRNet, ModelConfig
+from training.errors import CheckpointError
+from training.features.spec import FeatureSpec
+from training.model.checkpoint import NET_PREFIX, read_checkpoint
+from training.model.net import CTRNet, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ def load_warm_start(path: Path) -> WarmStart:
     """Read weights, model config and FeatureSpec from a checkpoint, run dir, version folder or base path.
 
     Raises:
-        FileNotFoundError: nothing usable at `path`.
-        CheckpointError / ValueError: the files are there but unreadable or inconsistent.
+        CheckpointError: nothing usable at `path`, or the files are unreadable or inconsistent.
     """
     path = Path(path)
     if path.is_file():
@@ -66,7 +66,7 @@ def load_warm_start(path: Path) -> WarmStart:
         versions = repository.version_dirs(path)
         if versions:
             return _from_version(versions[max(versions)])
-    raise FileNotFoundError(
+    raise CheckpointError(
         f"--init-from {path}: expected a checkpoint, a run directory, a version folder (with "
         f"{repository.ONNX_MODEL}) or a model base path holding versions"
     )
@@ -106,8 +106,13 @@ def _from_version(version_dir: Path) -> WarmStart:
 
 def _spec(path: Path, model: ModelConfig) -> FeatureSpec:
     if not path.is_file():
-        raise FileNotFoundError(f"--init-from needs the feature spec {path} beside the weights")
-    spec = FeatureSpec.load(path)
+        raise CheckpointError(f"--init-from needs the feature spec {path} beside the weights")
+    try:
+        spec = FeatureSpec.load(path)
+    except ValueError as e:
+        raise CheckpointError(f"--init-from: {e}") from e
     if spec.width != model.width:
-        raise ValueError(f"feature spec {path} has width {spec.width} but the network takes {model.width}")
+        raise CheckpointError(
+            f"feature spec {path} has width {spec.width} but the network takes {model.width}"
+        )
     return spec

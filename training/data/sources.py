@@ -11,13 +11,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.errors import DataError
+
 PARQUET_SUFFIXES = (".parquet", ".pq")
 TEXT_SUFFIXES = ("", ".txt", ".tsv", ".csv")
 _DERIVED = re.compile(r"\.(cache\.parquet|cache\.json|oracle\.npy|oracle\.json|lock|tmp)$|\.tmp\.|^\.")
-
-
-class DataError(ValueError):
-    """The input data cannot be used as given; the message names the path and the fix."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from training.net import ACTIVATIONS
+from training.errors import ConfigError
+from training.model.net import ACTIVATIONS
 
 # The hyperparameters a trial draws, with the `python -m training` option each one sets.
 TUNED_KEYS = ("lr", "batch_size", "dropout1", "dropout2", "weight_decay", "activation")
@@ -35,21 +36,23 @@ def load_tuned_params(path: Path) -> dict[str, Any]:
     """The `params` of a `best.json`, as `python -m training` option defaults (dest name -> value).
 
     Raises:
-        FileNotFoundError: no file at `path`.
-        ValueError: the file is not a tune result, or names a parameter `python -m training` does not know.
+        ConfigError: no file at `path`, the file is not a tune result, or it names a parameter
+            `python -m training` does not know.
     """
     if not path.is_file():
-        raise FileNotFoundError(f"--config {path}: no such file; `make tune` writes DIR/best.json")
+        raise ConfigError(f"--config {path}: no such file; `make tune` writes DIR/best.json")
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"--config {path} is not JSON: {e}") from None
+        raise ConfigError(f"--config {path} is not JSON: {e}") from None
     params = doc.get("params") if isinstance(doc, dict) else None
     if not isinstance(params, dict):
-        raise ValueError(f'--config {path} has no "params" object; expected the best.json `make tune` writes')
+        raise ConfigError(
+            f'--config {path} has no "params" object; expected the best.json `make tune` writes'
+        )
     unknown = sorted(set(params) - set(TUNED_KEYS))
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"--config {path}: unknown parameters {unknown}; expected some of {list(TUNED_KEYS)}"
         )
     return dict(params)

@@ -10,14 +10,11 @@ import torch.nn.functional as F
 from torchmetrics import SumMetric
 from torchmetrics.classification import BinaryAUROC
 
-from training.batches import Batch
-from training.net import CTRNet, ModelConfig
+from training.data.batches import Batch
+from training.errors import NonFiniteLossError
+from training.model.net import CTRNet, ModelConfig
 
 ADAM_IMPLS = ("default", "foreach", "fused")
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss or the weights went NaN/Inf; raised before any checkpoint of the poisoned state is written."""
 
 
 class CTRModule(L.LightningModule):
