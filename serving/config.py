@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
+from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.backends import BACKENDS
 from serving.versions.policy import VersionPolicy
 
@@ -216,6 +217,9 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return ServerConfig(**vars(args))
+        cfg = ServerConfig(**vars(args))
     except ValueError as exc:  # ServerConfig checks its own bounds
         parser.error(str(exc))
+    if cfg.backend == "tf":  # before any worker imports TensorFlow; `--log_level debug` keeps its C++ log
+        quiet_tensorflow_log(verbose=cfg.log_level == "debug")
+    return cfg

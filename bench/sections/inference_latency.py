@@ -27,6 +27,7 @@ from ctr_contract.repository import (
     RAW_ONNX_MODEL,
     TORCHSCRIPT_MODEL,
 )
+from ctr_contract.tf_log import import_tensorflow
 
 BATCHES = (1, 64, 256, 1024)
 RAW_BATCHES = (1, 256)
@@ -60,7 +61,6 @@ def _backends(
     Args:
         threads: intra-op threads for every framework (None: each framework's default).
     """
-    import tensorflow as tf
     import torch
 
     from export.runtimes import (
@@ -70,6 +70,7 @@ def _backends(
         torchscript_predictor,
     )
 
+    tf = import_tensorflow()  # quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
     if threads is not None:
         # Same pool size everywhere, set before TF runs its first op (it cannot change afterwards).
         torch.set_num_threads(threads)

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ctr_contract.tf_log import import_tensorflow
+
 WORKERS = {
     "bare": "bare PyTorch loop",
     "ours": "our Lightning pipeline",
@@ -204,6 +206,8 @@ def _lightning(
 
 
 def _keras(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tuple[float, float]:
+
+    import_tensorflow()  # before keras loads it: quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
     import keras
 
     from training.model.metrics import roc_auc
