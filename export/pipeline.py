@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from ctr_contract.manifest import file_hashes
+from ctr_contract.manifest import file_hashes
 from ctr_contract.repository import (
     ASSETS_EXTRA,
     DRIFT_REFERENCE_PATH,

@@ -3,9 +3,10 @@
 Everything here does blocking file I/O and runs off the event loop (the disk executor or a load thread).
 
 A version is complete when `assets.extra/manifest.json` exists, every file it lists under `files`
-(`{"model.onnx": "<sha256 hex>", ...}`, relative POSIX paths) is there with that hash, and the folder holds no
-file it does not list. Missing or extra files mean "still being copied" (VersionNotReady); a listed file whose
-bytes differ is corruption (HashMismatch). The export stage writes this manifest (export/pipeline.py).
+(`{"model.onnx": "<sha256 hex>", ...}`, relative POSIX paths; the format is `ctr_contract.manifest`) is there
+with that hash, and the folder holds no file it does not list. Missing or extra files mean "still being
+copied" (VersionNotReady); a listed file whose bytes differ is corruption (HashMismatch). The export stage
+writes this manifest (export/manifest.py).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import hashlib
 import json
 import os
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
+from ctr_contract.manifest import FILES_KEY, is_listed_path, is_sha256_hex, sha256_file
 from ctr_contract.repository import MANIFEST_PATH
 
 MAX_FILES = 10_000  # a version folder holding more entries is refused, not walked forever
@@ -74,20 +76,11 @@ def stamp(version_dir: Path) -> Stamp:
     return tuple(sorted(entries))
 
 
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def content_digest(version_dir: Path, files_stamp: Stamp) -> str:
     """sha256 over every file's path and sha256: a change of bytes that kept every stat field still shows."""
     h = hashlib.sha256()
     for rel, *_ in files_stamp:
-        h.update(f"{rel}\0{sha256(version_dir / rel)}\n".encode())
+        h.update(f"{rel}\0{sha256_file(version_dir / rel)}\n".encode())
     return h.hexdigest()
 
 
@@ -110,21 +103,18 @@ def listed_files(version_dir: Path) -> dict[str, str]:
         manifest = json.loads(raw)
     except ValueError as exc:  # a manifest still being written is truncated JSON
         raise VersionNotReady(f"{MANIFEST_PATH} is not complete JSON yet ({exc})") from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    files = manifest.get(FILES_KEY) if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not files:
         raise VersionRejected(
             "bad_manifest",
             f"{MANIFEST_PATH} has no 'files' map of path -> sha256; re-export the version with `python -m export`",
         )
     for rel, digest in files.items():
-        parts = PurePosixPath(rel).parts
-        if not parts or PurePosixPath(rel).is_absolute() or ".." in parts or rel == MANIFEST_PATH:
+        if not is_listed_path(rel):
             raise VersionRejected(
                 "bad_manifest", f"{MANIFEST_PATH} lists {rel!r}, not a file inside the version"
             )
-        if not (
-            isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-        ):
+        if not is_sha256_hex(digest):
             raise VersionRejected(
                 "bad_manifest", f"{MANIFEST_PATH} lists {rel!r} with {digest!r}, not a sha256"
             )
@@ -152,6 +142,6 @@ def verify(version_dir: Path, files_stamp: Stamp) -> None:
             f"{len(extra)} file(s) not listed in {MANIFEST_PATH} are present, first {extra[0]!r}"
         )
     for rel, expected in sorted(files.items()):
-        actual = sha256(version_dir / rel)
+        actual = sha256_file(version_dir / rel)
         if actual != expected:
             raise HashMismatch(f"{rel} has sha256 {actual}, {MANIFEST_PATH} lists {expected}")
