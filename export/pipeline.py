@@ -14,7 +14,6 @@ import numpy as np
 import onnx
 
 from ctr_contract.manifest import file_hashes
-from ctr_contract.manifest import file_hashes
 from ctr_contract.repository import (
     ASSETS_EXTRA,
     DRIFT_REFERENCE_PATH,
