@@ -101,7 +101,11 @@ def fit_parameters(
     Args:
         chunks: called twice, with numeric_only False then True; each call yields the training rows in the
             same order (the second pass may pass None for the categorical columns).
-        width / min_count / smoothing / max_entries / vocab_size / vocab_min_count: as in `FeatureSpec.fit`.
+        width: output width; columns from 52 on are vocabulary buckets and the out-of-vocabulary count.
+        min_count / smoothing / max_entries: rate table settings (see `training.features.vocabulary`).
+        vocab_size / vocab_min_count: per-field vocabulary bounds.
+    Returns:
+        The keyword arguments of `FeatureSpec` (mean, std, tables, prior, width, clip and the settings kept).
     """
     stats = SpecStats()
     for numeric, categorical, labels in chunks(False):

@@ -19,7 +19,6 @@ from ctr_contract.signatures import DEFAULT_WIDTH
 from training.features import layout
 from training.features.fit import (
     CLIP,
-    MAX_ENTRIES,
     MIN_COUNT,
     SMOOTHING,
     VOCAB_MIN_COUNT,
@@ -82,11 +81,7 @@ class FeatureSpec:
         categorical: np.ndarray | Sequence[StringColumn],
         labels: np.ndarray,
         width: int = DEFAULT_WIDTH,
-        min_count: int = MIN_COUNT,
-        smoothing: float = SMOOTHING,
-        max_entries: int = MAX_ENTRIES,
-        vocab_size: int = VOCAB_SIZE,
-        vocab_min_count: int = VOCAB_MIN_COUNT,
+        **settings: Any,
     ) -> FeatureSpec:
         """Fit on the training split only.
 
@@ -95,8 +90,8 @@ class FeatureSpec:
             categorical: [N, 26] strings or 26 `StringColumn`s.
             labels: 0/1 [N].
             width: output width; columns from 52 on are vocabulary buckets and the out-of-vocabulary count.
-            min_count / smoothing / max_entries: rate table settings (see `training.features.vocabulary`).
-            vocab_size / vocab_min_count: per-field vocabulary bounds.
+            settings: min_count, smoothing, max_entries (rate tables), vocab_size, vocab_min_count (vocabularies);
+                their defaults and meaning are in `training.features.fit.fit_parameters`.
         """
         num = check_numeric(numeric)
 
@@ -104,30 +99,19 @@ class FeatureSpec:
             yield num, None if numeric_only else categorical, labels
 
         # One home for the statistics: the in-memory fit is the streaming fit over a single chunk.
-        return cls.fit_streaming(
-            one_chunk, width, min_count, smoothing, max_entries, vocab_size, vocab_min_count
-        )
+        return cls.fit_streaming(one_chunk, width, **settings)
 
     @classmethod
     def fit_streaming(
-        cls,
-        chunks: Callable[[bool], Iterable[FitChunk]],
-        width: int = DEFAULT_WIDTH,
-        min_count: int = MIN_COUNT,
-        smoothing: float = SMOOTHING,
-        max_entries: int = MAX_ENTRIES,
-        vocab_size: int = VOCAB_SIZE,
-        vocab_min_count: int = VOCAB_MIN_COUNT,
+        cls, chunks: Callable[[bool], Iterable[FitChunk]], width: int = DEFAULT_WIDTH, **settings: Any
     ) -> FeatureSpec:
         """Fit on training rows that arrive in chunks (see `training.features.fit`); equal to `fit` on them all.
 
         Args:
             chunks: called twice, with numeric_only False then True; each call yields the same rows in order.
-            width / min_count / smoothing / max_entries / vocab_size / vocab_min_count: as in `fit`.
+            width / settings: as in `fit`.
         """
-        return cls(
-            **fit_parameters(chunks, width, min_count, smoothing, max_entries, vocab_size, vocab_min_count)
-        )
+        return cls(**fit_parameters(chunks, width, **settings))
 
     def transform(self, numeric: np.ndarray, categorical: np.ndarray | Sequence[StringColumn]) -> np.ndarray:
         """Map raw rows to model input.
