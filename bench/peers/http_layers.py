@@ -11,15 +11,14 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from serving.api.rest import RestApp
-    from serving.http.server import HttpLimits
+    from serving.http.shared import HttpLimits, RequestHandler
 
 
 class UvicornLayer:
     """RestApp behind uvicorn (httptools parser, uvloop), through a minimal ASGI app."""
 
     def __init__(
-        self, app: RestApp, limits: HttpLimits, metrics: Any = None, extra_headers: bytes = b""
+        self, app: RequestHandler, limits: HttpLimits, metrics: Any = None, extra_headers: bytes = b""
     ) -> None:
         self.app, self.limits = app, limits
         self._task: asyncio.Task[None] | None = None
@@ -66,7 +65,7 @@ class GranianLayer:
     """RestApp behind granian's embedded server (hyper, Rust), through the RSGI interface."""
 
     def __init__(
-        self, app: RestApp, limits: HttpLimits, metrics: Any = None, extra_headers: bytes = b""
+        self, app: RequestHandler, limits: HttpLimits, metrics: Any = None, extra_headers: bytes = b""
     ) -> None:
         self.app, self.limits = app, limits
         self._task: asyncio.Task[None] | None = None
