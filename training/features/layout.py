@@ -26,6 +26,8 @@ from training.features.vocabulary import value_array
 N_NUM = len(NUMERIC_FIELDS)
 N_CAT = len(CATEGORICAL_FIELDS)
 HASH_START = 2 * N_NUM + N_CAT  # 52: z-scores, indicators, rate lifts come first
+# The layout above as text: feature_spec.json carries it, so the file explains itself.
+LAYOUT = (__doc__ or "").split("Layout of one vector", 1)[1].split("The spec is data")[0].strip()
 
 
 def signed_log1p(x: np.ndarray) -> np.ndarray:

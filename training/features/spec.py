@@ -16,7 +16,6 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_WIDTH
-from training.features import layout
 from training.features.fit import (
     CLIP,
     MIN_COUNT,
@@ -27,7 +26,15 @@ from training.features.fit import (
     fit_parameters,
 )
 from training.features.hashing import StringColumn
-from training.features.layout import HASH_START, N_CAT, N_NUM, categorical_values, check_numeric, signed_log1p
+from training.features.layout import (
+    HASH_START,
+    LAYOUT,
+    N_CAT,
+    N_NUM,
+    categorical_values,
+    check_numeric,
+    signed_log1p,
+)
 from training.features.vocabulary import FieldTable
 
 SPEC_VERSION = 2  # 2: vocabularies + out-of-vocabulary column instead of hashing every value
@@ -143,10 +150,7 @@ class FeatureSpec:
         return {
             "version": SPEC_VERSION,
             "width": self.width,
-            "layout": (layout.__doc__ or "")
-            .split("Layout of one vector", 1)[1]
-            .split("The spec is data")[0]
-            .strip(),
+            "layout": LAYOUT,
             "numeric": {
                 "fields": list(NUMERIC_FIELDS),
                 "mean": list(self.mean),
