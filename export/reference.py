@@ -2,7 +2,7 @@
 
 For each model-input feature, the bin edges of its training distribution (deciles; one bin per value for
 columns with few distinct values, such as indicators) and the share of training rows in each bin; the same for the
-model's scores on the validation rows. The server (serving/drift.py) bins its recent traffic with these
+model's scores on the validation rows. The server (serving/observability/drift.py) bins its recent traffic with these
 edges and exports the population stability index against these shares:
 
     PSI = sum over bins of (live - reference) * ln(live / reference), shares floored at PSI_FLOOR.
