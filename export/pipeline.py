@@ -40,6 +40,7 @@ from export.raw_parity import (
     python_predictor,
     run_raw_gate,
     savedmodel_raw_predictor,
+    serving_predictor,
 )
 from export.reference import write_reference
 from export.repository import ModelRepository
@@ -170,22 +171,27 @@ def export_version(req: ExportRequest) -> ExportResult:
         rows = build_rows(net, width, req.parity_rows, val)
         report = run_gate(rows, backends, req.parity_tol)
         report["saturation"] = saturation(net, rows.features)
+        from export.warmup import WARMUP_BATCHES, write_warmup  # TensorFlow again: after the ONNX steps
+
         val_raw = load_val_raw(req.val_raw)
         raw_rows, raw_groups = build_raw_rows(spec, req.parity_rows, val_raw)
         raw_backends = {
             "python": python_predictor(spec, backends["pytorch"]),
             "onnxruntime_raw": onnxruntime_raw_predictor(stage / RAW_ONNX_MODEL),
             "savedmodel_raw": savedmodel_raw_predictor(stage),
+            "serving_transform": serving_predictor(spec, backends["onnxruntime"]),
         }
         report[RAW_SIGNATURE] = run_raw_gate(spec, raw_rows, raw_groups, raw_backends, req.parity_tol)
-
-        from export.warmup import write_warmup
+        warm_raw = (raw_rows[0][: max(WARMUP_BATCHES)], raw_rows[1][: max(WARMUP_BATCHES)])
+        raw_expected = raw_backends["python"](*warm_raw)  # the load gate's expected scores
 
         (stage / ASSETS_EXTRA).mkdir()
         shutil.copyfile(req.feature_spec, stage / FEATURE_SPEC_PATH)
         write_reference(stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw)
         warm_rows = val if val is not None and len(val) >= 64 else rows.features
-        write_warmup(stage / WARMUP_PATH, warm_rows, repo.name, INPUT_NAME, DEFAULT_SIGNATURE, raw_rows)
+        write_warmup(
+            stage / WARMUP_PATH, warm_rows, repo.name, INPUT_NAME, DEFAULT_SIGNATURE, warm_raw, raw_expected
+        )
         io = {
             "signature": DEFAULT_SIGNATURE,
             "inputs": {

@@ -118,6 +118,20 @@ def python_predictor(
     return lambda numeric, categorical: features_predictor(spec.transform(numeric, categorical))
 
 
+def serving_predictor(
+    spec: FeatureSpec, features_predictor: Callable[[np.ndarray], np.ndarray]
+) -> RawPredictFn:
+    """Our server's raw path: the compiled FeatureSpec (serving/codecs/raw_transform.py), then the features
+    model (`model.onnx` in ONNX Runtime), on rows made into the server's field-major RawBatch."""
+    from serving.batches import RawBatch
+    from serving.codecs.raw_transform import RawTransform
+
+    transform = RawTransform(spec)
+    return lambda numeric, categorical: features_predictor(
+        transform(RawBatch.from_rows(numeric, categorical))
+    )
+
+
 def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPredictFn:
     """`model_raw.onnx` in an ONNX Runtime CPU session."""
     import onnxruntime as ort

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from serving.backends import Backend
+from serving.backends.raw_features import SpecBackend
 from serving.batches import DecodedRequest, RawBatch
 from serving.errors import InvalidArgument
 from serving.observability.metrics import ServingMetrics
@@ -46,7 +47,9 @@ class SignatureCall:
 def signature_calls(backend: Backend) -> dict[str, SignatureCall]:
     """The signatures `backend` serves, by signature key."""
     calls = {DEFAULT_SIGNATURE: SignatureCall(backend.predict, np.concatenate)}
-    if backend.signature.has_raw:
+    if isinstance(backend, SpecBackend):  # the FeatureSpec + the features model: no 39-input conversion
+        calls[RAW_SIGNATURE] = SignatureCall(backend.predict_batch, RawBatch.concat)
+    elif backend.signature.has_raw:
         calls[RAW_SIGNATURE] = SignatureCall(lambda b: backend.predict_raw(b.inputs), RawBatch.concat)
     return calls
 

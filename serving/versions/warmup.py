@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
@@ -16,14 +17,18 @@ import numpy as np
 from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
+from serving.backends.raw_features import SpecBackend
 from serving.batches import RawBatch
 from serving.codecs.raw_codec import decode_tensors
 from serving.codecs.tensors import to_ndarray
 from serving.errors import ModelLoadError
-from serving.signatures import RAW_SIGNATURE
+from serving.signatures import OUTPUT_NAME, RAW_SIGNATURE
 
 WARMUP_FILE = Path(WARMUP_PATH)
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit too
+# The served raw path vs the expected scores: export's parity gate holds them within --parity-tol (1e-5 by
+# default); the load allows 1e-4, so a float32 model run on another CPU's kernels still loads.
+RAW_WARMUP_TOLERANCE = 1e-4
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -59,7 +64,16 @@ def read_tfrecords(path: Path) -> Iterator[bytes]:
         pos = end + 4
 
 
-def warmup_batches(version_dir: Path, input_name: str, raw: list[RawBatch] | None = None) -> list[np.ndarray]:
+class RawWarmup(NamedTuple):
+    """One `raw` warm-up record: its rows, and the scores export recorded for them (None in older exports)."""
+
+    batch: RawBatch
+    expected: np.ndarray | None
+
+
+def warmup_batches(
+    version_dir: Path, input_name: str, raw: list[RawWarmup] | None = None
+) -> list[np.ndarray]:
     """Decode the predict requests of the version's warm-up file; [] when the file is absent.
 
     Records for the `raw` signature are decoded into `raw` when a list is given, else skipped.
@@ -77,7 +91,9 @@ def warmup_batches(version_dir: Path, input_name: str, raw: list[RawBatch] | Non
         inputs = log.predict_log.request.inputs
         if log.predict_log.request.model_spec.signature_name == RAW_SIGNATURE:
             if raw is not None:
-                raw.append(decode_tensors(inputs))
+                outputs = log.predict_log.response.outputs
+                expected = to_ndarray(outputs[OUTPUT_NAME], OUTPUT_NAME) if OUTPUT_NAME in outputs else None
+                raw.append(RawWarmup(decode_tensors(inputs), expected))
             continue
         if input_name not in inputs:
             raise ModelLoadError(f"{path}: record {i} has inputs {sorted(inputs)}, expected '{input_name}'")
@@ -92,7 +108,7 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         the number of requests replayed.
     """
     sig = backend.signature
-    raw: list[RawBatch] = []
+    raw: list[RawWarmup] = []
     try:
         batches = warmup_batches(version_dir, sig.input_name, raw)
     except ModelLoadError:
@@ -105,8 +121,38 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         out = backend.predict(batch)
         if out.shape != (batch.shape[0], sig.output_width) or not np.isfinite(out).all():
             raise ModelLoadError(f"warm-up output has shape {list(out.shape)} or non-finite values")
-    for raw_batch in raw if sig.has_raw else []:
-        out = backend.predict_raw(raw_batch.inputs)
-        if out.shape != (len(raw_batch), sig.output_width) or not np.isfinite(out).all():
+    replayed = len(batches) + (len(raw) if sig.has_raw else 0)
+    if isinstance(backend, SpecBackend) and not raw:  # no raw records: still check the FeatureSpec path
+        raw.append(RawWarmup(backend.transform.probe(), None))
+    for i, record in enumerate(raw if sig.has_raw else []):
+        inputs = record.batch.inputs
+        out = backend.predict_raw(inputs)
+        if out.shape != (len(record.batch), sig.output_width) or not np.isfinite(out).all():
             raise ModelLoadError(f"raw warm-up output has shape {list(out.shape)} or non-finite values")
-    return len(batches) + (len(raw) if sig.has_raw else 0)
+        _check_expected(backend, i, inputs, out, record.expected)
+    return replayed
+
+
+def _check_expected(
+    backend: Backend, i: int, inputs: dict[str, np.ndarray], out: np.ndarray, expected: np.ndarray | None
+) -> None:
+    """The load gate of the served raw path: its scores on a warm-up record match the expected ones.
+
+    Export records FeatureSpec.transform + PyTorch's scores in each raw record; an older export has none, and
+    then the FeatureSpec path (backends/raw_features.py) is checked against the version's raw graph instead.
+    """
+    reference = "the scores recorded at export (FeatureSpec.transform + PyTorch)"
+    if expected is None and isinstance(backend, SpecBackend):
+        expected, reference = backend.predict_raw_graph(inputs), "the version's raw graph"
+    if expected is None:
+        return
+    if expected.shape != out.shape:
+        raise ModelLoadError(
+            f"raw warm-up record {i} expects scores of shape {list(expected.shape)}, got {list(out.shape)}"
+        )
+    diff = float(np.max(np.abs(out.astype(np.float64) - expected)))
+    if not diff <= RAW_WARMUP_TOLERANCE:
+        raise ModelLoadError(
+            f"raw warm-up record {i}: the served raw path differs from {reference} by {diff:.3g} "
+            f"(> {RAW_WARMUP_TOLERANCE:g}); re-export the version with this code"
+        )

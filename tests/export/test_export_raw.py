@@ -1,7 +1,8 @@
 """The `raw` signature of an exported version: Criteo fields in, the FeatureSpec applied inside the graph.
 
-Three-way parity (FeatureSpec.transform + PyTorch, ONNX Runtime on model_raw.onnx, the SavedModel's `raw`
-signature) on a published version, the gate refusing a disagreeing backend, and the SavedModel called with
+Four-way parity (FeatureSpec.transform + PyTorch, ONNX Runtime on model_raw.onnx, the SavedModel's `raw`
+signature, our server's compiled FeatureSpec + model.onnx) on a published version, the expected scores in the
+raw warm-up records, the gate refusing a disagreeing backend, and the SavedModel called with
 exactly the tensors TF Serving's REST layer builds from the documented JSON (stock TF Serving cannot run here).
 """
 
@@ -26,8 +27,10 @@ from export.raw_parity import (
     python_predictor,
     run_raw_gate,
     savedmodel_raw_predictor,
+    serving_predictor,
 )
-from export.runtimes import torch_predictor
+from export.runtimes import onnxruntime_predictor, torch_predictor
+from serving.versions.warmup import RawWarmup, warmup_batches
 from training.features.spec import FeatureSpec
 from training.model.checkpoint import load_net
 
@@ -57,7 +60,10 @@ def test_published_version_has_the_raw_graph_and_its_gate_report(version: Any) -
     assert set(raw["max_abs_diff_by_pair"]) == {
         "python_vs_onnxruntime_raw",
         "python_vs_savedmodel_raw",
+        "python_vs_serving_transform",
         "onnxruntime_raw_vs_savedmodel_raw",
+        "onnxruntime_raw_vs_serving_transform",
+        "savedmodel_raw_vs_serving_transform",
     }
     assert manifest["io"]["raw"]["onnx_file"] == "model_raw.onnx"
     assert "model_raw.onnx" in manifest["files"]
@@ -78,6 +84,9 @@ def test_three_way_parity_on_the_published_version(version: Any) -> None:
         "python": python_predictor(spec, torch_predictor(net)),
         "onnxruntime_raw": onnxruntime_raw_predictor(version.version_dir / "model_raw.onnx"),
         "savedmodel_raw": savedmodel_raw_predictor(version.version_dir),
+        "serving_transform": serving_predictor(
+            spec, onnxruntime_predictor(version.version_dir / "model.onnx")
+        ),
     }
     report = run_raw_gate(spec, rows, groups, backends, 1e-5)
     assert report["rows"] == MIN_ROWS and report["passed"]
@@ -85,6 +94,25 @@ def test_three_way_parity_on_the_published_version(version: Any) -> None:
     # Every stress group moves the prediction: the rows reach different parts of the graph.
     ctr = backends["python"](*rows).ravel()
     assert len({round(float(ctr[groups[g]].mean()), 6) for g in STRESS_GROUPS}) == len(STRESS_GROUPS)
+
+
+def warmup_batches_with_raw(version_dir: Any) -> list[RawWarmup]:
+    records: list[RawWarmup] = []
+    warmup_batches(version_dir, "features", records)
+    return records
+
+
+def test_raw_warmup_records_carry_the_python_paths_scores_for_the_load_gate(version: Any) -> None:
+    spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
+    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
+    python = python_predictor(spec, torch_predictor(net))
+    records = warmup_batches_with_raw(version.version_dir)
+    assert [len(r.batch) for r in records] == [1, 8, 64]
+    for record in records:
+        batch = record.batch
+        expected = python(batch.numeric.T, batch.categorical.T)
+        assert record.expected is not None
+        np.testing.assert_allclose(record.expected, expected, rtol=0, atol=1e-6)
 
 
 def test_gate_refuses_a_raw_backend_that_disagrees(version: Any) -> None:
