@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
 from serving import protos
 from serving.batches import RawBatch
+from serving.codecs.raw_columns import fast_columns, fast_instances
 from serving.errors import InvalidArgument
 
 MAX_COUNT = 2**53  # the largest integer range float64 holds exactly
@@ -112,6 +113,10 @@ def decode_instances(rows: Any) -> RawBatch:
         raise InvalidArgument(
             f"'instances' must be a list of objects of raw Criteo fields, got {type(rows).__name__}"
         )
+    fast = fast_instances(rows)
+    if fast is not None:
+        return fast
+    # The exact path: a body the fast path declined (an error to name, numeric strings, no rows).
     # Python lists, one numpy conversion at the end: item assignment into arrays costs more than the lookups.
     numeric_rows, categorical_rows = [], []
     numeric_index, categorical_index, nan = _NUMERIC, _CATEGORICAL, math.nan
@@ -166,6 +171,9 @@ def decode_columns(columns: Any) -> RawBatch:
             f"'inputs' fields have different lengths {lengths}; send one value per instance"
         )
     n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
+    fast = fast_columns(columns, n) if n else None
+    if fast is not None:
+        return fast
     numeric = np.full((n, len(NUMERIC_FIELDS)), np.nan)
     categorical = np.full((n, len(CATEGORICAL_FIELDS)), "", dtype=object)
     for key, values in columns.items():
@@ -227,7 +235,8 @@ def decode_tensors(inputs: Any) -> RawBatch:
         if key not in _NUMERIC and key not in _CATEGORICAL:
             raise InvalidArgument(f"inputs has unknown field {_shown(key)}; {_FIELDS_HINT}")
         decoded[key] = _tensor_values(inputs[key], key)
-    lengths = {k: n for k, (_, n) in decoded.items()}
+    # In field order: a protobuf map iterates in no fixed order, and the message must not change between runs.
+    lengths = {k: decoded[k][1] for k in RAW_FIELDS if k in decoded}
     if len(set(lengths.values())) > 1:
         raise InvalidArgument(f"raw inputs have different lengths {lengths}; send one value per row in each")
     n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
@@ -236,7 +245,7 @@ def decode_tensors(inputs: Any) -> RawBatch:
     for key, (values, _) in decoded.items():
         if key in _CATEGORICAL:
             try:
-                categorical[:, _CATEGORICAL[key]] = [v.decode("utf-8") for v in values]
+                categorical[:, _CATEGORICAL[key]] = list(map(bytes.decode, values))
             except UnicodeDecodeError as exc:
                 raise InvalidArgument(f"input '{key}' holds a value that is not UTF-8: {exc}") from exc
         elif isinstance(values, np.ndarray) and values.dtype.kind == "f":

@@ -1,0 +1,148 @@
+"""The raw fast path: vectorised REST decoding (codecs/raw_columns.py) and the compiled FeatureSpec
+(codecs/raw_transform.py), each against its one definition: the per-value decoder and `FeatureSpec.transform`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from export.parity import MIN_ROWS
+from export.raw_parity import build_raw_rows
+from serving.batches import RawBatch
+from serving.codecs.raw_codec import MAX_COUNT, decode_rest
+from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
+from serving.codecs.raw_transform import RawTransform
+from serving.errors import InvalidArgument
+from training.features.spec import FeatureSpec
+from training.synth import sample_rows
+
+# Every valid value form, one per row: plain ints, the bounds, missing as absent / null / "" / NaN, integral
+# floats, numeric strings (the exact path's job), odd and non-ASCII categoricals.
+VALID_ROWS: list[dict[str, Any]] = [
+    {"I1": 1, "I2": -1, "I3": 0, "C1": "68fd1e64", "C2": ""},
+    {"I1": MAX_COUNT - 1, "I2": -(MAX_COUNT - 1), "C3": None},
+    {"I1": MAX_COUNT, "I13": -MAX_COUNT, "C26": "日本語"},
+    {"I4": None, "I5": "", "I6": math.nan, "C4": "😀"},
+    {"I7": 3.0, "I8": -2.0, "C5": " "},
+    {"I9": "17", "I10": " -4 ", "C6": "a" * 300},
+    {},
+    {"I11": 1e6, "I12": 123456789, "C7": "C1:x", "C8": "\t"},
+    {"I1": 2, "C1": "héllo"},
+]
+
+
+def same(a: RawBatch, b: RawBatch) -> bool:
+    return (
+        np.array_equal(a.numeric, b.numeric, equal_nan=True)
+        and a.categorical.tolist() == b.categorical.tolist()
+    )
+
+
+def test_fast_rows_decode_exactly_as_the_per_value_path() -> None:
+    fast = decode_rest(VALID_ROWS, False)
+    assert len(fast) == len(VALID_ROWS) >= FAST_MIN_ROWS
+    one_by_one = RawBatch.concat([decode_rest([row], False) for row in VALID_ROWS])  # < FAST_MIN_ROWS: exact
+    assert same(fast, one_by_one)
+    assert fast.numeric[0, 1] == MAX_COUNT - 1 and fast.numeric[0, 2] == MAX_COUNT
+
+
+def test_plain_rows_and_columns_take_the_fast_path() -> None:
+    # No numeric strings and no ±2**53 (an int there may have rounded onto it): nothing for the exact path.
+    plain = [r for r in VALID_ROWS if "I9" not in r and r.get("I1") != MAX_COUNT] * 2
+    batch = fast_instances(plain)
+    assert batch is not None and same(batch, decode_rest(plain, False))
+    columns = {f: [r.get(f) for r in plain] for f in ("I1", "I6", "C1", "C26")}
+    fast = fast_columns(columns, len(plain))
+    assert fast is not None and same(fast, decode_rest(columns, True))
+
+
+def test_fast_columns_decode_exactly_as_the_rows() -> None:
+    fields = NUMERIC_FIELDS + CATEGORICAL_FIELDS
+    columns = {f: [r.get(f) for r in VALID_ROWS] for f in fields}
+    assert same(decode_rest(columns, True), decode_rest(VALID_ROWS, False))
+
+
+def _bad(value_field: str, value: Any) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = [{"I1": i, "C1": "x"} for i in range(12)]
+    rows[9] = {"I1": 5, value_field: value}
+    return rows
+
+
+# Each 400 kind at instance 9 of 12 rows (a batch the fast path takes): the exact message of the per-value path.
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("I14", 1, 'instance 9 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)'),
+        ("I2", 1.5, "instance 9 field 'I2' is 1.5, a fractional count; counts are integers"),
+        ("I2", "1.5", "instance 9 field 'I2' is \"1.5\", a fractional count; counts are integers"),
+        ("I2", "many", "instance 9 field 'I2' is \"many\", not a count; send an integer, a numeric string, null or \"\" (missing)"),
+        ("I2", True, "instance 9 field 'I2' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)"),
+        ("I2", MAX_COUNT + 1, f"instance 9 field 'I2' is {MAX_COUNT + 1}, out of range; counts must be within ±{MAX_COUNT} (2**53)"),
+        ("I2", 10**400, "instance 9 field 'I2' is 1000000000000000000000000000000000000000, out of range; counts must be within ±9007199254740992 (2**53)"),
+        ("I2", math.inf, f"instance 9 field 'I2' is Infinity, out of range; counts must be within ±{MAX_COUNT} (2**53)"),
+        ("I2", [1], "instance 9 field 'I2' is [1] (list), not a count; send an integer, a numeric string, null or \"\" (missing)"),
+        ("C1", 5, "instance 9 field 'C1' is 5 (int), not a string; send a string, null or \"\" (missing)"),
+        ("C1", False, "instance 9 field 'C1' is false (bool), not a string; send a string, null or \"\" (missing)"),
+    ],
+    ids=["unknown-field", "fractional", "fractional-string", "word", "boolean", "out-of-range", "huge-int",
+         "infinity", "list", "category-not-a-string", "category-boolean"],
+)  # fmt: skip
+def test_bad_values_in_large_batches_keep_the_exact_message(field: str, value: Any, message: str) -> None:
+    rows = _bad(field, value)
+    with pytest.raises(InvalidArgument) as caught:
+        decode_rest(rows, False)
+    assert caught.value.message == message
+    if field != "I14":  # columnar: the same value at index 9 of a 12-value column
+        with pytest.raises(InvalidArgument) as caught:
+            decode_rest({field: [r.get(field) for r in rows]}, True)
+        assert caught.value.message == message
+
+
+def test_a_row_that_is_not_an_object_in_a_large_batch_is_named() -> None:
+    rows: list[Any] = [{"I1": 1}] * 12
+    rows[10] = [1, 2]
+    with pytest.raises(InvalidArgument) as caught:
+        decode_rest(rows, False)
+    assert caught.value.message == (
+        'instance 10 is [1, 2] (list), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}'
+    )
+
+
+def fit_spec() -> FeatureSpec:
+    """A FeatureSpec fitted on 3,000 synthetic rows (C* values from 40 distinct ones)."""
+    rng = np.random.default_rng(5)
+    numeric, ranks = sample_rows(rng, 3_000)
+    categorical = np.char.mod("%08x", ranks % 40).astype(object)
+    categorical[ranks < 0] = ""
+    labels = (rng.random(3_000) < 0.25 + 0.3 * (ranks[:, 8] == 0)).astype(np.float32)
+    return FeatureSpec.fit(numeric, categorical, labels, min_count=20)
+
+
+@pytest.fixture(scope="module")
+def spec() -> FeatureSpec:
+    return fit_spec()
+
+
+def test_compiled_spec_equals_feature_spec_transform_bit_for_bit_on_every_gate_row_kind(
+    spec: FeatureSpec,
+) -> None:
+    (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
+    assert set(groups) == {"vocabulary", "unseen", "all_missing", "extreme_counts", "odd_strings", "random"}
+    expected = spec.transform(numeric, categorical)
+    served = RawTransform(spec)(RawBatch.from_rows(numeric, categorical))
+    for name, rows in groups.items():
+        assert np.array_equal(served[rows], expected[rows]), name
+    assert served.dtype == np.float32 and served.shape == (MIN_ROWS, spec.width)
+
+
+def test_compiled_spec_of_decoded_rest_rows_equals_the_transform_of_the_same_rows(spec: FeatureSpec) -> None:
+    known = spec.tables[0].vocab[0].decode()
+    rows = [{"I1": 3, "I2": -1, "C1": known}, {"I1": MAX_COUNT, "C1": "never-seen"}, {}] * 4
+    batch = decode_rest(rows, False)
+    expected = spec.transform(batch.numeric.T, batch.categorical.T)
+    assert np.array_equal(RawTransform(spec)(batch), expected)
+    assert expected[0, spec.oov_column] < expected[1, spec.oov_column]  # the known value is in vocabulary
