@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from bench.harness import procs
+from bench.report.markdown import raw_ranking_lines
 from bench.sections import serving_load
-from tests.serving.model_repo import make_weights, write_version
+from tests.serving.model_repo import make_weights, write_raw_version, write_version
+from tests.serving.unit.test_unit_raw_fast import fit_spec
 
 pytestmark = pytest.mark.skipif(
     shutil.which("wrk") is None, reason="wrk is not installed (run `make sysdeps`)"
@@ -54,3 +56,39 @@ def test_base_path_of_accepts_the_repository_or_the_base_path(model_repo: Path) 
     assert serving_load.base_path_of(model_repo) == model_repo
     assert serving_load.base_path_of(model_repo.parent) == model_repo
     assert serving_load.latest_version_dir(model_repo) == model_repo / "1"
+
+
+def test_tiny_mode_ranking_measures_raw_rows_beside_vectors_and_reports_rows_per_sec(tmp_path: Path) -> None:
+    base = tmp_path / "repo" / "ctr"
+    write_raw_version(base, 1, make_weights(seed=1), fit_spec())
+    port = serving_load.free_port()
+    cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={serving_load.free_port()}",
+           f"--rest_api_port={port}", "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1"]  # fmt: skip
+    n = serving_load.RANKING_INSTANCES
+    vector = serving_load.write_lua(tmp_path / "ranking.lua", n)
+    raw = serving_load.write_raw_lua(tmp_path / "raw_ranking.lua", n)
+    commands: list[str] = []
+    server = serving_load.Server(serving_load.OURS_OFF, cmd, port)
+    rounds, seconds = serving_load.ROUNDS_SECONDS["tiny"]
+    try:
+        server.start(tmp_path, commands)
+        section = serving_load.measure_ranking([server], vector, raw, rounds, seconds, commands)
+    finally:
+        procs.stop_all()
+    (row,) = section["raw_ranking_rows"]
+    assert (row["server"], row["connections"], row["signature"], row["errors"]) == (
+        serving_load.OURS_OFF,
+        8,
+        "raw",
+        0.0,
+    )
+    assert (
+        row["qps"] > 0 and row["rows_per_sec"] == row["qps"] * n == section["raw_instances_per_sec_unbatched"]
+    )
+    assert section["instances_per_sec_unbatched"] == section["ranking_rows"][0]["qps"] * n
+    lines = raw_ranking_lines(section)
+    assert (
+        lines[0]
+        == "Ranking requests of 100 rows, raw Criteo rows vs 128-float vectors (goal: raw >= 150k rows/s):"
+    )
+    assert lines[-1].startswith(f"| {serving_load.OURS_OFF} | 8 | ")

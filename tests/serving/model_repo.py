@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ctr_contract.signatures import DEFAULT_WIDTH
+from training.features.spec import FeatureSpec
 
 WIDTH = DEFAULT_WIDTH  # the width every default-trained version serves (ctr_contract)
 HIDDEN = (32, 16)
@@ -133,6 +134,22 @@ def write_version(
     (extra / "feature_spec.json").write_text(json.dumps({"width": WIDTH, "fields": []}))
     rng = np.random.default_rng(version)
     write_warmup(extra / "tf_serving_warmup_requests", [rng.random((n, WIDTH), np.float32) for n in (1, 4)])
+    write_manifest(tmp, version)
+    final = base / str(version)
+    tmp.rename(final)
+    return final
+
+
+def write_raw_version(base: Path, version: int, weights: list[np.ndarray], spec: FeatureSpec) -> Path:
+    """`<base>/<version>/` serving `raw` too: model.onnx, model_raw.onnx (export/raw_onnx.py) and `spec`'s
+    feature_spec.json, so our server runs raw rows through the FeatureSpec (serving/backends/raw_features.py)."""
+    from export.raw_onnx import build_raw_model
+
+    tmp = base / f".tmp-{version}"
+    (tmp / "assets.extra").mkdir(parents=True)
+    write_onnx(weights, tmp / "model.onnx")
+    onnx.save(build_raw_model(onnx.load(str(tmp / "model.onnx")), spec), tmp / "model_raw.onnx")
+    spec.save(tmp / "assets.extra" / "feature_spec.json")
     write_manifest(tmp, version)
     final = base / str(version)
     tmp.rename(final)
