@@ -23,6 +23,8 @@ from serving.batches import RawBatch
 from training.features.layout import HASH_START, N_NUM, signed_log1p
 from training.features.spec import FeatureSpec
 
+SMALL_BATCH = 8  # up to this many rows: the per-call overhead of numpy decides, not the per-value work
+
 
 class RawTransform:
     """`FeatureSpec.transform` on field-major RawBatches, with per-field dict lookups."""
@@ -63,7 +65,9 @@ class RawTransform:
         """(26, N) str values -> (26, N) entry indices (0 where the field's tables hold no such value)."""
         n = categorical.shape[1]
         # One C-level pass over every value: dict.get(field's dict, value, 0), field by field.
-        tables = chain.from_iterable(repeat(lookup, n) for lookup in self._lookups)
+        tables = (
+            self._lookups if n == 1 else chain.from_iterable(repeat(lookup, n) for lookup in self._lookups)
+        )
         found = map(dict.get, tables, categorical.ravel().tolist(), repeat(0))
         return np.fromiter(found, np.intp, len(CATEGORICAL_FIELDS) * n).reshape(len(CATEGORICAL_FIELDS), n)
 
@@ -71,17 +75,22 @@ class RawTransform:
         """The batch's float32 (N, width) features, equal to `FeatureSpec.transform` of its rows."""
         n = len(batch)
         out = np.zeros((n, self.width), np.float32)
-        with np.errstate(invalid="ignore", over="ignore"):
-            v = signed_log1p(batch.numeric)
-            missing = ~np.isfinite(v)
-            # The spec's expressions, elementwise, in float64: the same numbers in either layout. A missing
-            # value's z is replaced by 0 before the clip, so it need not be zeroed before the z-score too.
-            z = np.where(missing, 0.0, (v - self._mean) / self._std)
+        # No np.errstate (~1.5 µs): counts are within ±2**53 or NaN/±Inf, and none of these operations makes
+        # a NaN or an overflow from them (log1p(inf) = inf, and NaN propagates without a warning).
+        v = signed_log1p(batch.numeric)
+        missing = ~np.isfinite(v)
+        # The spec's expressions, elementwise, in float64: the same numbers in either layout. A missing
+        # value's z is replaced by 0 before the clip, so it need not be zeroed before the z-score too.
+        z = np.where(missing, 0.0, (v - self._mean) / self._std)
         out[:, :N_NUM] = np.minimum(np.maximum(z, -self._clip), self._clip).T  # np.clip, without its wrapper
         out[:, N_NUM : 2 * N_NUM] = missing.T
         entries = self.entries(batch.categorical)
         out[:, 2 * N_NUM : HASH_START] = self._lift[entries].T
-        # Bucket counts: every (row, column) hit, counted at once (small integers: exact in float32).
-        flat = (self._column[entries] + np.arange(n) * self.width).ravel()
-        out += np.bincount(flat, minlength=n * self.width).reshape(n, self.width)
+        # Bucket counts: every (row, column) hit, counted at once (two fields may share a bucket; the counts are
+        # small integers, exact in float32). np.add.at has the least overhead for a few rows, bincount for many.
+        if n <= SMALL_BATCH:
+            np.add.at(out, (np.arange(n), self._column[entries]), 1.0)
+        else:
+            flat = (self._column[entries] + np.arange(n) * self.width).ravel()
+            out += np.bincount(flat, minlength=n * self.width).reshape(n, self.width)
         return out

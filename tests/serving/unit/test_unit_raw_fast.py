@@ -15,7 +15,7 @@ from export.raw_parity import build_raw_rows
 from serving.batches import RawBatch
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
-from serving.codecs.raw_transform import RawTransform
+from serving.codecs.raw_transform import SMALL_BATCH, RawTransform
 from serving.errors import InvalidArgument
 from training.features.spec import FeatureSpec
 from training.synth import sample_rows
@@ -134,8 +134,14 @@ def test_compiled_spec_equals_feature_spec_transform_bit_for_bit_on_every_gate_r
     assert set(groups) == {"vocabulary", "unseen", "all_missing", "extreme_counts", "odd_strings", "random"}
     expected = spec.transform(numeric, categorical)
     served = RawTransform(spec)(RawBatch.from_rows(numeric, categorical))
+    transform = RawTransform(spec)
     for name, rows in groups.items():
         assert np.array_equal(served[rows], expected[rows]), name
+        for n in (1, 3, SMALL_BATCH):  # small batches take np.add.at, not bincount
+            few = slice(rows.start, rows.start + n)
+            assert np.array_equal(
+                transform(RawBatch.from_rows(numeric[few], categorical[few])), expected[few]
+            )
     assert served.dtype == np.float32 and served.shape == (MIN_ROWS, spec.width)
 
 
