@@ -28,6 +28,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 from typing import Any, cast
 
@@ -94,7 +95,10 @@ class Reference:
         base = len(self.raw_numeric)
         for j, (name, codes, shares) in enumerate(self.raw_categorical):
             other = len(shares) - 2
-            out[:, base + j] = np.fromiter((codes.get(v, other) for v in inputs[name]), np.float32, n)
+            # map over dict.get: a C-level loop (a generator here cost ~26 Python steps per raw row).
+            out[:, base + j] = np.fromiter(
+                map(codes.get, inputs[name].tolist(), repeat(other)), np.float32, n
+            )
         return out
 
 
