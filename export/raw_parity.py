@@ -126,7 +126,7 @@ def serving_predictor(
     from serving.batches import RawBatch
     from serving.codecs.raw_transform import RawTransform
 
-    transform = RawTransform(spec)
+    transform = RawTransform(spec.to_dict())
     return lambda numeric, categorical: features_predictor(
         transform(RawBatch.from_rows(numeric, categorical))
     )

@@ -1,8 +1,8 @@
 """The FeatureSpec compiled for serving: a RawBatch -> the float32 features the `serving_default` model takes.
 
-`FeatureSpec.transform` stays the one definition (training/features/spec.py): this module takes its fitted
-numbers and tables and applies them with the same numpy expressions, but looks categorical values up in one
-Python dict per field (a C hash: ~50 ns a value) instead of sorted-array searches built for million-row
+`FeatureSpec.transform` stays the one definition (training/features/spec.py): this module reads its fitted
+numbers and tables from `feature_spec.json` (serving does not import training/) and applies them with the same
+numpy expressions, but looks categorical values up in one Python dict per field (a C hash: ~50 ns a value) instead of sorted-array searches built for million-row
 chunks. The result is then scored by the features model, which skips ONNX Runtime's per-input conversion of
 the 39-input raw graph (docs/raw-features.md, "Where the time goes").
 
@@ -13,39 +13,59 @@ the expected ones recorded at export (serving/versions/warmup.py).
 
 from __future__ import annotations
 
+import json
 from itertools import chain, repeat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ctr_contract.schema import CATEGORICAL_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import RawBatch
-from training.features.layout import HASH_START, N_NUM, signed_log1p
-from training.features.spec import FeatureSpec
 
+SPEC_VERSION = 2  # feature_spec.json's version this module reads (vocabularies, training/features/spec.py)
+N_NUM, N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
+HASH_START = 2 * N_NUM + N_CAT  # the layout's first bucket column (training/features/layout.py)
 SMALL_BATCH = 8  # up to this many rows: the per-call overhead of numpy decides, not the per-value work
+
+
+def fnv1a_32(text: str) -> int:
+    """32-bit FNV-1a of UTF-8 bytes: the bucket hash of training/features/hashing.py (the gates compare them)."""
+    h = 0x811C9DC5
+    for byte in text.encode("utf-8"):
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
 
 
 class RawTransform:
     """`FeatureSpec.transform` on field-major RawBatches, with per-field dict lookups."""
 
-    def __init__(self, spec: FeatureSpec) -> None:
-        self.width = spec.width
-        self._mean = np.asarray(spec.mean, np.float64)[:, None]  # (13, 1): field-major batches
-        self._std = np.asarray(spec.std, np.float64)[:, None]
-        self._clip = spec.clip
+    def __init__(self, spec: dict[str, Any]) -> None:
+        """From feature_spec.json's content (`FeatureSpec.to_dict()`); serving does not import training/."""
+        if spec.get("version") != SPEC_VERSION:
+            raise ValueError(f"feature spec version {spec.get('version')!r} is not {SPEC_VERSION}")
+        num, cat = spec["numeric"], spec["categorical"]
+        if list(num["fields"]) != list(NUMERIC_FIELDS) or list(cat["fields"]) != list(CATEGORICAL_FIELDS):
+            raise ValueError("fields differ from the Criteo layout I1..I13, C1..C26")
+        self.width = int(spec["width"])
+        self._mean = np.asarray(num["mean"], np.float64)[:, None]  # (13, 1): field-major batches
+        self._std = np.asarray(num["std"], np.float64)[:, None]
+        self._clip = float(num["clip"])
+        buckets, oov = int(cat["buckets"]), int(cat["oov_column"])
         # Entry 0 is "no entry": lift 0, the out-of-vocabulary column. Every other entry is one (field, value)
         # that a table of the field holds, with its lift (or 0) and its column (its bucket, or OOV).
-        lifts, columns = [0.0], [spec.oov_column]
+        lifts, columns = [0.0], [oov]
         self._lookups: list[dict[str, int]] = []
-        for table in spec.tables:
-            lift = dict(zip((v.decode("utf-8") for v in table.rate_values), table.lift.tolist(), strict=True))
-            bucket = dict(zip((v.decode("utf-8") for v in table.vocab), table.bucket.tolist(), strict=True))
+        for field in CATEGORICAL_FIELDS:
+            table = cat["tables"][field]
+            lift = dict(zip(table["rate_values"], map(float, table["rate_lift"]), strict=True))
+            vocabulary = set(table["vocabulary"])
             lookup = {}
-            for value in sorted(lift.keys() | bucket.keys()):
+            for value in sorted(lift.keys() | vocabulary):
                 lookup[value] = len(lifts)
                 lifts.append(lift.get(value, 0.0))
-                columns.append(HASH_START + bucket[value] if value in bucket else spec.oov_column)
+                in_vocabulary = value in vocabulary
+                columns.append(HASH_START + fnv1a_32(f"{field}:{value}") % buckets if in_vocabulary else oov)
             self._lookups.append(lookup)
         self._lift = np.asarray(lifts, np.float64)
         self._column = np.asarray(columns, np.intp)
@@ -59,7 +79,7 @@ class RawTransform:
     @classmethod
     def load(cls, path: Path) -> RawTransform:
         """From a version's `assets.extra/feature_spec.json`."""
-        return cls(FeatureSpec.load(path))
+        return cls(json.loads(path.read_text()))
 
     def entries(self, categorical: np.ndarray) -> np.ndarray:
         """(26, N) str values -> (26, N) entry indices (0 where the field's tables hold no such value)."""
@@ -77,7 +97,8 @@ class RawTransform:
         out = np.zeros((n, self.width), np.float32)
         # No np.errstate (~1.5 µs): counts are within ±2**53 or NaN/±Inf, and none of these operations makes
         # a NaN or an overflow from them (log1p(inf) = inf, and NaN propagates without a warning).
-        v = signed_log1p(batch.numeric)
+        x = batch.numeric
+        v = np.sign(x) * np.log1p(np.abs(x))  # signed_log1p (training/features/layout.py)
         missing = ~np.isfinite(v)
         # The spec's expressions, elementwise, in float64: the same numbers in either layout. A missing
         # value's z is replaced by 0 before the clip, so it need not be zeroed before the z-score too.

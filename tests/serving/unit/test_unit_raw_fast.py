@@ -16,6 +16,7 @@ from serving.batches import RawBatch
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
 from serving.codecs.raw_transform import SMALL_BATCH, RawTransform
+from serving.codecs.raw_transform import fnv1a_32 as serving_fnv1a_32
 from serving.errors import InvalidArgument
 from training.features.spec import FeatureSpec
 from training.synth import sample_rows
@@ -133,8 +134,8 @@ def test_compiled_spec_equals_feature_spec_transform_bit_for_bit_on_every_gate_r
     (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
     assert set(groups) == {"vocabulary", "unseen", "all_missing", "extreme_counts", "odd_strings", "random"}
     expected = spec.transform(numeric, categorical)
-    served = RawTransform(spec)(RawBatch.from_rows(numeric, categorical))
-    transform = RawTransform(spec)
+    served = RawTransform(spec.to_dict())(RawBatch.from_rows(numeric, categorical))
+    transform = RawTransform(spec.to_dict())
     for name, rows in groups.items():
         assert np.array_equal(served[rows], expected[rows]), name
         for n in (1, 3, SMALL_BATCH):  # small batches take np.add.at, not bincount
@@ -150,5 +151,12 @@ def test_compiled_spec_of_decoded_rest_rows_equals_the_transform_of_the_same_row
     rows = [{"I1": 3, "I2": -1, "C1": known}, {"I1": MAX_COUNT, "C1": "never-seen"}, {}] * 4
     batch = decode_rest(rows, False)
     expected = spec.transform(batch.numeric.T, batch.categorical.T)
-    assert np.array_equal(RawTransform(spec)(batch), expected)
+    assert np.array_equal(RawTransform(spec.to_dict())(batch), expected)
     assert expected[0, spec.oov_column] < expected[1, spec.oov_column]  # the known value is in vocabulary
+
+
+def test_serving_bucket_hash_is_trainings_fnv1a() -> None:
+    from training.features.hashing import fnv1a_32 as training_fnv1a_32
+
+    for text in ["", "C1:68fd1e64", "C7:héllo", "C26:日本語", "C3:😀", "C9:" + "a" * 300, "C2:\t"]:
+        assert serving_fnv1a_32(text) == training_fnv1a_32(text)
