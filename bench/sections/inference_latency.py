@@ -165,10 +165,17 @@ def _call_raw(
 
 
 def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list[dict[str, Any]]:
-    """The `raw` signature (39 Criteo fields, FeatureSpec in the graph) on ORT and the SavedModel, batch 1 and 256."""
+    """The `raw` signature on ORT and the SavedModel (FeatureSpec in the graph) and as our server runs it (the
+    compiled FeatureSpec, then model.onnx), batch 1 and 256."""
     if not (version_dir / RAW_ONNX_MODEL).is_file():
         return []  # a version exported before raw serving
-    from export.raw_parity import build_raw_rows, onnxruntime_raw_predictor, savedmodel_raw_predictor
+    from export.raw_parity import (
+        build_raw_rows,
+        onnxruntime_raw_predictor,
+        savedmodel_raw_predictor,
+        serving_predictor,
+    )
+    from export.runtimes import onnxruntime_predictor
     from training.features.spec import FeatureSpec
 
     spec = FeatureSpec.load(version_dir / FEATURE_SPEC_PATH)
@@ -176,6 +183,10 @@ def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list
     raw = {
         "ONNX Runtime (raw)": onnxruntime_raw_predictor(version_dir / RAW_ONNX_MODEL, threads=threads),
         "TF SavedModel (raw)": savedmodel_raw_predictor(version_dir),
+        # What our server runs for `raw`: the compiled FeatureSpec (serving/codecs/raw_transform.py) + model.onnx.
+        "ONNX Runtime (raw, our server's FeatureSpec)": serving_predictor(
+            spec, onnxruntime_predictor(version_dir / ONNX_MODEL, threads=threads)
+        ),
     }
     rows = []
     for name, predict in raw.items():

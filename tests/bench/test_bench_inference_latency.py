@@ -13,7 +13,8 @@ def test_latency_rows_cover_every_backend_and_batch(published: Callable[..., Pub
     p = published("relu")
     result = run("tiny", p.version_dir, p.run / BEST_CHECKPOINT)
     backends = ["PyTorch eager", "TorchScript", "ONNX Runtime", "TF SavedModel"]
-    raw = ["ONNX Runtime (raw)", "TF SavedModel (raw)"]  # the `raw` signature: Criteo fields in
+    # the `raw` signature: Criteo fields in (the graphs, and the FeatureSpec our server runs before model.onnx)
+    raw = ["ONNX Runtime (raw)", "TF SavedModel (raw)", "ONNX Runtime (raw, our server's FeatureSpec)"]
     assert [(r["backend"], r["batch"]) for r in result["rows"]] == [
         *[(b, n) for b in backends for n in BATCHES],
         *[(b, n) for b in raw for n in RAW_BATCHES],
