@@ -34,19 +34,14 @@ def load_backend(kind: str, version_dir: Path, intra_op_threads: int) -> Backend
         version_dir: `<model_base_path>/<N>`.
         intra_op_threads: threads for one inference call (1 = one core per request batch).
     Returns:
-        the loaded backend, serving `raw` through the FeatureSpec when it can (backends/raw_features.py);
-        raises ModelLoadError when the files are missing or do not fit the contract.
+        the loaded backend; raises ModelLoadError when the files are missing or do not fit the contract.
     """
-    from serving.backends.raw_features import with_spec_transform
-
     if kind == "onnx":
         from serving.backends.onnx_runtime import OnnxRuntimeBackend
 
-        return with_spec_transform(
-            OnnxRuntimeBackend(version_dir / ONNX_MODEL, intra_op_threads), version_dir
-        )
+        return OnnxRuntimeBackend(version_dir / ONNX_MODEL, intra_op_threads)
     if kind == "tf":
         from serving.backends.tf_saved_model import SavedModelBackend
 
-        return with_spec_transform(SavedModelBackend(version_dir, intra_op_threads), version_dir)
+        return SavedModelBackend(version_dir, intra_op_threads)
     raise ValueError(f"unknown backend {kind!r}; expected one of {BACKENDS}")

@@ -28,6 +28,7 @@ from serving.versions.loading import load_in_thread
 from serving.versions.policy import VersionPolicy
 from serving.versions.scan import Scan, scan_base
 from serving.versions.servable import LoadedVersion, Runner, build_runners
+from serving.versions.spec_backend import with_spec_transform
 from serving.versions.states import VersionState, VersionStates
 from serving.versions.warmup import warm_up
 
@@ -223,7 +224,8 @@ class ModelManager:
         return True
 
     def _load_and_warm(self, path: Path) -> tuple[Backend, int]:
-        backend = load_backend(self.backend_kind, path, self.intra_op_threads)
+        # `raw` through the FeatureSpec compiled from the version's spec when it has one (versions/spec_backend.py).
+        backend = with_spec_transform(load_backend(self.backend_kind, path, self.intra_op_threads), path)
         return backend, warm_up(backend, path)
 
     def _retire(self, servable: LoadedVersion, reason: str) -> None:

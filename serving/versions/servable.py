@@ -16,12 +16,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from serving.backends import Backend
-from serving.backends.raw_features import SpecBackend
 from serving.batches import DecodedRequest, RawBatch
 from serving.errors import InvalidArgument
 from serving.observability.metrics import ServingMetrics
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 from serving.versions.batching import INLINE_MAX_ROWS, DynamicBatcher
+from serving.versions.spec_backend import SpecBackend
 
 
 class Runner(Protocol):

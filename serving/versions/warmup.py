@@ -17,12 +17,12 @@ import numpy as np
 from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
-from serving.backends.raw_features import SpecBackend
 from serving.batches import RawBatch
 from serving.codecs.raw_codec import decode_tensors
 from serving.codecs.tensors import to_ndarray
 from serving.errors import ModelLoadError
 from serving.signatures import OUTPUT_NAME, RAW_SIGNATURE
+from serving.versions.spec_backend import SpecBackend
 
 WARMUP_FILE = Path(WARMUP_PATH)
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit too
@@ -139,7 +139,7 @@ def _check_expected(
     """The load gate of the served raw path: its scores on a warm-up record match the expected ones.
 
     Export records FeatureSpec.transform + PyTorch's scores in each raw record; an older export has none, and
-    then the FeatureSpec path (backends/raw_features.py) is checked against the version's raw graph instead.
+    then the FeatureSpec path (versions/spec_backend.py) is checked against the version's raw graph instead.
     """
     reference = "the scores recorded at export (FeatureSpec.transform + PyTorch)"
     if expected is None and isinstance(backend, SpecBackend):

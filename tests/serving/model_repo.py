@@ -142,7 +142,7 @@ def write_version(
 
 def write_raw_version(base: Path, version: int, weights: list[np.ndarray], spec: FeatureSpec) -> Path:
     """`<base>/<version>/` serving `raw` too: model.onnx, model_raw.onnx (export/raw_onnx.py) and `spec`'s
-    feature_spec.json, so our server runs raw rows through the FeatureSpec (serving/backends/raw_features.py)."""
+    feature_spec.json, so our server runs raw rows through the FeatureSpec (serving/versions/spec_backend.py)."""
     from export.raw_onnx import build_raw_model
 
     tmp = base / f".tmp-{version}"

@@ -14,8 +14,8 @@ from export.raw_parity import build_raw_rows
 from export.warmup import write_warmup
 from serving.backends import load_backend
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
-from serving.backends.raw_features import SpecBackend
 from serving.errors import ModelLoadError
+from serving.versions.spec_backend import SpecBackend, with_spec_transform
 from serving.versions.warmup import warm_up
 from tests.serving.model_repo import make_weights, reference_predict, write_onnx
 from tests.serving.unit.test_unit_raw_fast import fit_spec
@@ -42,7 +42,7 @@ def _version(tmp_path: Path, offset: float | None) -> Path:
 
 def test_a_version_whose_served_raw_path_reproduces_the_export_scores_loads(tmp_path: Path) -> None:
     version = _version(tmp_path, 0.0)
-    backend = load_backend("onnx", version, 1)
+    backend = with_spec_transform(load_backend("onnx", version, 1), version)
     assert isinstance(backend, SpecBackend)
     assert warm_up(backend, version) == 6
 
@@ -50,7 +50,7 @@ def test_a_version_whose_served_raw_path_reproduces_the_export_scores_loads(tmp_
 def test_scores_that_disagree_with_the_recorded_ones_fail_the_load(tmp_path: Path) -> None:
     version = _version(tmp_path, 0.01)
     with pytest.raises(ModelLoadError) as caught:
-        warm_up(load_backend("onnx", version, 1), version)
+        warm_up(with_spec_transform(load_backend("onnx", version, 1), version), version)
     assert str(caught.value).startswith(
         "raw warm-up record 0: the served raw path differs from the scores recorded at export "
         "(FeatureSpec.transform + PyTorch) by 0.01"
@@ -60,7 +60,9 @@ def test_scores_that_disagree_with_the_recorded_ones_fail_the_load(tmp_path: Pat
 
 def test_without_recorded_scores_a_spec_that_is_not_the_graphs_fails_the_load(tmp_path: Path) -> None:
     version = _version(tmp_path, None)
-    assert warm_up(load_backend("onnx", version, 1), version) == 6  # checked against model_raw.onnx
+    assert (
+        warm_up(with_spec_transform(load_backend("onnx", version, 1), version), version) == 6
+    )  # checked against model_raw.onnx
     path = version / "assets.extra" / "feature_spec.json"
     doc = json.loads(path.read_text())
     doc["numeric"]["mean"][0] += 1.0  # a spec file that no longer matches the graph exported with it
@@ -70,7 +72,7 @@ def test_without_recorded_scores_a_spec_that_is_not_the_graphs_fails_the_load(tm
         match=r"^raw warm-up record 0: the served raw path differs from the "
         r"version's raw graph by [0-9.e-]+ \(> 0.0001\); re-export the version with this code$",
     ):
-        warm_up(load_backend("onnx", version, 1), version)
+        warm_up(with_spec_transform(load_backend("onnx", version, 1), version), version)
 
 
 def test_without_raw_records_two_probe_rows_still_check_the_spec_against_the_graph(tmp_path: Path) -> None:
@@ -81,12 +83,12 @@ def test_without_raw_records_two_probe_rows_still_check_the_spec_against_the_gra
     doc["numeric"]["std"] = [s * 2 for s in doc["numeric"]["std"]]
     path.write_text(json.dumps(doc))
     with pytest.raises(ModelLoadError, match="the version's raw graph"):
-        warm_up(load_backend("onnx", version, 1), version)
+        warm_up(with_spec_transform(load_backend("onnx", version, 1), version), version)
 
 
 def test_a_version_without_a_spec_serves_raw_through_its_graph(tmp_path: Path) -> None:
     version = _version(tmp_path, 0.0)
     (version / "assets.extra" / "feature_spec.json").unlink()
-    backend = load_backend("onnx", version, 1)
+    backend = with_spec_transform(load_backend("onnx", version, 1), version)
     assert isinstance(backend, OnnxRuntimeBackend) and backend.signature.has_raw
     assert warm_up(backend, version) == 6  # the graph against the recorded scores
