@@ -61,6 +61,12 @@ def categories(values: list[Any], n: int) -> np.ndarray | None:
         return None
     if type(None) in types:
         values = list(map(_NULL_IS_BLANK.get, values, values))
+    try:
+        "".join(values).encode(
+            "utf-8"
+        )  # one C call: a lone surrogate ("\ud800") is the exact path's to judge
+    except UnicodeEncodeError:
+        return None
     return np.array(values, dtype=object).reshape(-1, n)
 
 

@@ -160,3 +160,10 @@ def test_serving_bucket_hash_is_trainings_fnv1a() -> None:
 
     for text in ["", "C1:68fd1e64", "C7:héllo", "C26:日本語", "C3:😀", "C9:" + "a" * 300, "C2:\t"]:
         assert serving_fnv1a_32(text) == training_fnv1a_32(text)
+
+
+def test_a_lone_surrogate_goes_to_the_per_value_path_which_judges_strings() -> None:
+    rows: list[dict[str, Any]] = [{"C1": "ok"}] * 12
+    rows[4] = {"C2": "\ud800"}  # not UTF-8 encodable: valid JSON, but no string a Criteo file holds
+    assert fast_instances(rows) is None
+    assert fast_columns({"C2": [r.get("C2") for r in rows]}, 12) is None
