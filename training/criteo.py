@@ -20,6 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS
+from training.compressed import codec, open_text, truncated_message
+from training.sources import DataError
 
 BLOCK_SIZE = 32 << 20  # bytes of text per batch: bounds memory for files of any size
 _COUNT_RE = r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"  # an integer count, also written as 260.0 or 1e3
@@ -64,8 +66,9 @@ class FileFormat:
 
 def detect_format(path: Path) -> FileFormat:
     """Tab without header (Kaggle train.txt) or comma with a `label,I1,...,C26` header."""
-    with path.open("r", encoding="utf-8", errors="replace") as f:
-        first = f.readline().rstrip("\r\n")
+    with open_text(path) as f:
+        head = f.read(1 << 16)  # a header or a Criteo record is far shorter
+    first = head.split(b"\n", 1)[0].decode("utf-8", errors="replace").rstrip("\r")
     if not first:
         raise MalformedRowError(f"{path}:1: empty first line; expected a Criteo record or a header")
     delimiter = "\t" if "\t" in first else ","
@@ -97,6 +100,15 @@ def read_batches(
         raise FileNotFoundError(f"data file not found: {p}")
     fmt = detect_format(p)
     report = report if report is not None else ReadReport()
+    try:
+        yield from _read(p, fmt, skip_bad_rows, report)
+    except OSError as e:
+        if isinstance(e, FileNotFoundError) or codec(p) is None:
+            raise
+        raise DataError(truncated_message(p, e)) from e
+
+
+def _read(p: Path, fmt: FileFormat, skip_bad_rows: bool, report: ReadReport) -> Iterator[pa.RecordBatch]:
     done = 0  # rows already yielded by the fast path; row ids are the same on both paths
     if not skip_bad_rows:
         try:
@@ -126,7 +138,7 @@ def _typed_batches(path: Path, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
         **{f: pa.string() for f in CATEGORICAL_FIELDS},
     }
     reader = pacsv.open_csv(
-        path,
+        open_text(path),
         read_options=pacsv.ReadOptions(
             column_names=list(FIELDS), skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE
         ),
@@ -151,7 +163,7 @@ def _validated_batches(
 ) -> Iterator[pa.RecordBatch]:
     # One string per physical line (the delimiter never occurs), so row index -> exact line number.
     reader = pacsv.open_csv(
-        path,
+        open_text(path),
         read_options=pacsv.ReadOptions(
             column_names=["line"], skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE
         ),

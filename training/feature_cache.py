@@ -14,14 +14,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
 from training.features import HASH_START, FeatureSpec, categorical_values
 from training.stream import ParquetData, Split, numeric_matrix, string_column
+
+if TYPE_CHECKING:  # torch is imported where records are expanded: `python -m training.prepare` never loads it
+    import torch
 
 N_CAT = len(CATEGORICAL_FIELDS)
 RECORD = np.dtype(
@@ -51,6 +54,8 @@ def encode(spec: FeatureSpec, table: pa.Table, index: np.ndarray) -> np.ndarray:
 
 def expand(rec: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Records -> (x float32 [N, width], y float32 [N, 1], index int64 [N])."""
+    import torch
+
     n = rec.shape[0]
     x = torch.zeros(n, width)
     x[:, :HASH_START] = torch.from_numpy(np.ascontiguousarray(rec["dense"]))
