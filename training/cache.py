@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -98,19 +100,28 @@ def _build(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> None:
     tmp, tmp_meta = (p.with_name(f"{p.name}.{os.getpid()}.tmp") for p in (dst, meta_file))
     before = _source_key(src)
     try:
-        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
+        # Row groups are written on a second thread while the next block parses (both release the GIL);
+        # at most two wait, so memory stays a few blocks.
+        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer, ThreadPoolExecutor(1) as bg:
+            waiting: deque[Future[None]] = deque()
+
+            def write(table: pa.Table) -> None:
+                waiting.append(bg.submit(writer.write_table, table, row_group_size=ROW_GROUP_ROWS))
+                if len(waiting) > 2:
+                    waiting.popleft().result()
+
             pending: list[pa.RecordBatch] = []  # parser blocks, regrouped into full row groups
             for batch in read_batches(src, skip_bad_rows=skip_bad_rows, report=report):
                 pending.append(batch)
                 table = pa.Table.from_batches(pending)
                 while len(table) >= ROW_GROUP_ROWS:
-                    writer.write_table(table.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                    write(table.slice(0, ROW_GROUP_ROWS))
                     table = table.slice(ROW_GROUP_ROWS)
                 pending = table.to_batches()
             if pending:
-                writer.write_table(
-                    pa.Table.from_batches(pending, schema=SCHEMA), row_group_size=ROW_GROUP_ROWS
-                )
+                write(pa.Table.from_batches(pending, schema=SCHEMA))
+            while waiting:
+                waiting.popleft().result()
         if _source_key(src) != before:
             raise DataError(
                 f"{src} changed while it was being parsed (size {before['size']} -> {src.stat().st_size} bytes); "

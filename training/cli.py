@@ -39,6 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--out", type=Path, default=d.out, help=f"run directory to write (default {d.out})")
     g.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="folder for the Parquet caches and prepared records (default: beside the data when writable, "
+        "else $XDG_CACHE_HOME/ctr-pipeline or ~/.cache/ctr-pipeline)",
+    )
+    g.add_argument(
         "--skip-bad-rows",
         action="store_true",
         help="count and skip malformed rows instead of failing on the first",

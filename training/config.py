@@ -17,6 +17,7 @@ class TrainConfig:
 
     data: Path = Path("artifacts/data/train.txt")
     out: Path = Path("artifacts/run")
+    cache_dir: Path | None = None
     skip_bad_rows: bool = False
     max_rows: int | None = None
     val_fraction: float = DEFAULT_VAL_FRACTION
@@ -48,6 +49,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.data, self.out = Path(self.data), Path(self.out)
         self.init_from = Path(self.init_from) if self.init_from is not None else None
+        self.cache_dir = Path(self.cache_dir) if self.cache_dir is not None else None
         checks = {
             "batch_size": self.batch_size >= 1,
             "max_epochs": self.max_epochs >= 1,
@@ -76,4 +78,5 @@ class TrainConfig:
         d = asdict(self)
         d["data"], d["out"] = str(self.data), str(self.out)
         d["init_from"] = str(self.init_from) if self.init_from is not None else None
+        d["cache_dir"] = str(self.cache_dir) if self.cache_dir is not None else None
         return d

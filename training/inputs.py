@@ -16,14 +16,15 @@ import pyarrow as pa
 import torch
 
 from ctr_contract.schema import LABEL
-from training.cache import ensure_cache
 from training.config import TrainConfig
 from training.criteo import ReadReport
-from training.dataset import PreparedData, choose_loader, load_in_memory, prepare_streaming
+from training.dataset import PreparedData, choose_loader, load_in_memory
 from training.feature_cache import expand, iter_records, read_records
 from training.features import FeatureSpec
 from training.net import CTRNet
-from training.sources import DataError, resolve_data
+from training.preparation import prepare_data
+from training.rank_group import launched_group
+from training.sources import DataError
 from training.stream import ParquetData, Split
 
 _SCORE_ROWS = 1 << 16  # rows per forward pass when scoring the validation split
@@ -110,31 +111,19 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
         say: prints progress once per job.
     """
     pin_malloc_mmap_threshold()
-    files = resolve_data(cfg.data)
-    report = ReadReport()
-    if files[0].parquet:
-        parquet = [f.path for f in files]
-    else:
-        parquet = []
-        for f in files:
-            cache, r = ensure_cache(f.path, skip_bad_rows=cfg.skip_bad_rows, say=say)
-            parquet.append(cache)
-            report.rows += r.rows
-            for kind, k in r.skipped.items():
-                report.skipped[kind] = report.skipped.get(kind, 0) + k
-            report.examples.extend(r.examples[: max(0, 5 - len(report.examples))])
-    pa.default_memory_pool().release_unused()  # the parse's buffers: do not carry them into training
     width = frozen.width if frozen is not None else cfg.width
-    data, spec, encoded = prepare_streaming(parquet, cfg.val_fraction, width, cfg.max_rows, say, frozen)
-    if files[0].parquet:
-        report.rows = data.rows("train") + data.rows("val")
+    with launched_group(cfg.ddp_timeout) as group:  # under torchrun every rank prepares its share
+        prepared = prepare_data(cfg.data, cfg.cache_dir, cfg.val_fraction, width, cfg.max_rows,
+                                cfg.skip_bad_rows, say, frozen, group)  # fmt: skip
+    pa.default_memory_pool().release_unused()  # the preparation's buffers: do not carry them into training
+    data, spec, encoded, report = prepared.data, prepared.spec, prepared.encoded, prepared.report
     if data.rows("train") < cfg.world_size:
         raise DataError(
             f"{data.rows('train')} training rows cannot be shared by {cfg.world_size} processes; "
             "use fewer --devices / --num_nodes or more data"
         )
     loader, why = choose_loader(cfg.loader, data, spec.width, cfg.devices)
-    n_files = f" ({len(files)} files)" if len(files) > 1 else ""
+    n_files = f" ({len(data.files)} files)" if len(data.files) > 1 else ""
     say(f"data: {cfg.data}{n_files}: {report.summary()}")
     say(
         f"loader: {loader} ({why})"

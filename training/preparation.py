@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from training.spec_fit import assemble_spec, carry_sum
 from training.stream import ParquetData, Piece, Split, numeric_matrix
 
 _ENCODE_ROWS = 1 << 15
+_THREADS = min(4, os.cpu_count() or 1)  # row groups encoded at once: Arrow and numpy release the GIL
 _MIN_COUNT = 1000  # FeatureSpec.fit's rate-table default
 
 
@@ -87,6 +89,8 @@ def _fit(data: ParquetData, mine: list[Piece], width: int, group: RankGroup) -> 
     """The spec `fit_streaming` fits on the training rows, from every rank's counts (see module docstring)."""
     counts = [FieldCounts() for _ in CATEGORICAL_FIELDS]
     rows, clicks = 0, 0.0
+    background = ThreadPoolExecutor(1)  # rank 0's numeric pass runs beside its counting
+    numeric = background.submit(_numeric_moments, _copy(data)) if group.rank == 0 else None
     for piece in mine:
         if piece.train_rows:
             table = data.read_splits(piece, ("train",), (LABEL, *CATEGORICAL_FIELDS), dictionary=True)[
@@ -96,7 +100,8 @@ def _fit(data: ParquetData, mine: list[Piece], width: int, group: RankGroup) -> 
             rows, clicks = rows + len(y), clicks + float(y.sum())  # 0/1 labels: exact integer sums
             for j, name in enumerate(CATEGORICAL_FIELDS):
                 counts[j].add(table.column(name), y)
-    moments = _numeric_moments(data) if group.rank == 0 else None
+    moments = numeric.result() if numeric is not None else None
+    background.shutdown()
     gathered = group.gather((rows, clicks, [c.table() for c in counts]))
     spec_dict = None
     if gathered is not None and moments is not None:
@@ -117,18 +122,31 @@ def _fit(data: ParquetData, mine: list[Piece], width: int, group: RankGroup) -> 
     return FeatureSpec.from_dict(group.broadcast(spec_dict))
 
 
+def _copy(data: ParquetData) -> ParquetData:
+    """The same data set with its own open files, for another thread."""
+    return ParquetData.from_json(data.to_json())
+
+
 def _encode(data: ParquetData, mine: list[Piece], spec: FeatureSpec, tmp: dict[Split, Path]) -> None:
-    """Write this rank's records into the preallocated temporaries."""
+    """Write this rank's records into the preallocated temporaries, a few row groups at once (threads)."""
     fields = lookups(spec)
     fds = {s: os.open(p, os.O_WRONLY) for s, p in tmp.items()}
-    try:
-        for piece in mine:
+    workers = max(1, min(_THREADS, len(mine)))
+
+    def run(k: int) -> None:
+        own = _copy(data)
+        for piece in mine[k::workers]:
             splits: tuple[Split, ...] = tuple(s for s in ("train", "val") if piece.count(s))  # type: ignore[misc]
-            for split, chunk in data.read_splits(piece, splits, dictionary=True).items():
+            for split, chunk in own.read_splits(piece, splits, dictionary=True).items():
                 for a in range(0, len(chunk.ids), _ENCODE_ROWS):
                     part = chunk.table.slice(a, _ENCODE_ROWS)
                     rec = encode_records(spec, fields, part, chunk.index[a : a + len(part)])
                     write_at(fds[split], rec, piece.start(split) + a)
+
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            for done in [pool.submit(run, k) for k in range(workers)]:
+                done.result()
     finally:
         for fd in fds.values():
             os.close(fd)
