@@ -6,6 +6,9 @@ gzip file without its suffix all read the same way; the suffix only decides what
 
 from __future__ import annotations
 
+import bz2
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,14 +39,29 @@ def text_name(path: Path) -> str:
     return name
 
 
+def _decompressor(name: str | None) -> Callable[[bytes], bytes] | None:
+    """An incremental decompressor that returns every byte it can before an error (stdlib codecs)."""
+    if name == "gzip":
+        return zlib.decompressobj(wbits=47).decompress  # 47: gzip or zlib header, read from the data
+    if name == "bz2":
+        return bz2.BZ2Decompressor().decompress
+    return None
+
+
 def truncated_message(path: Path, cause: BaseException) -> str:
-    """The error for compressed data that ends early or is corrupt: the file, and the last row that decompresses."""
-    complete = 0  # newline-terminated rows that decompress before the failure (small reads: to the row)
+    """The error for compressed data that ends early or is corrupt: the file, and the last whole row in it."""
+    complete = 0  # newline-terminated rows that decompress before the failure
+    step = _decompressor(codec(path))
     try:
-        with open_text(path) as f:
-            while block := f.read(1 << 12):
-                complete += block.count(b"\n")
-    except OSError:
+        if step is None:  # zstd: Arrow's stream, read in small steps (it can hold back a few rows)
+            with open_text(path) as f:
+                while block := f.read(1 << 12):
+                    complete += block.count(b"\n")
+        else:
+            with path.open("rb") as raw:
+                while block := raw.read(1 << 16):
+                    complete += step(block).count(b"\n")
+    except (OSError, EOFError, zlib.error):
         pass  # the same failure, reached again: `complete` now counts every row before it
     return (
         f"{path}: compressed data breaks off after row {complete} ({cause}); "

@@ -98,10 +98,9 @@ def read_batches(
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"data file not found: {p}")
-    fmt = detect_format(p)
     report = report if report is not None else ReadReport()
     try:
-        yield from _read(p, fmt, skip_bad_rows, report)
+        yield from _read(p, detect_format(p), skip_bad_rows, report)
     except OSError as e:
         if isinstance(e, FileNotFoundError) or codec(p) is None:
             raise
