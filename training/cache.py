@@ -101,13 +101,13 @@ def _build(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> None:
     before = _source_key(src)
     try:
         # Row groups are written on a second thread while the next block parses (both release the GIL);
-        # at most two wait, so memory stays a few blocks.
+        # one waits at most, so memory stays a couple of row groups.
         with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer, ThreadPoolExecutor(1) as bg:
             waiting: deque[Future[None]] = deque()
 
             def write(table: pa.Table) -> None:
                 waiting.append(bg.submit(writer.write_table, table, row_group_size=ROW_GROUP_ROWS))
-                if len(waiting) > 2:
+                if len(waiting) > 1:
                     waiting.popleft().result()
 
             pending: list[pa.RecordBatch] = []  # parser blocks, regrouped into full row groups

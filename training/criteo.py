@@ -23,7 +23,9 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUM
 from training.compressed import codec, open_text, truncated_message
 from training.sources import DataError
 
-BLOCK_SIZE = 32 << 20  # bytes of text per batch: bounds memory for files of any size
+# Bytes of text per batch. Arrow's streaming reader reads and parses a number of blocks ahead, so this
+# bounds memory: measured peak Arrow allocation 150 MB at 4 MiB (any file size), 0.53 GB at 32 MiB on 2M rows.
+BLOCK_SIZE = 4 << 20
 _COUNT_RE = r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$"  # an integer count, also written as 260.0 or 1e3
 _LABEL_RE = r"^[01]$"
 _EXAMPLES_KEPT = 5
@@ -139,7 +141,9 @@ def _typed_batches(path: Path, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
     reader = pacsv.open_csv(
         open_text(path),
         read_options=pacsv.ReadOptions(
-            column_names=list(FIELDS), skip_rows=int(fmt.has_header), block_size=BLOCK_SIZE
+            column_names=list(FIELDS),
+            skip_rows=int(fmt.has_header),
+            block_size=BLOCK_SIZE,
         ),
         parse_options=pacsv.ParseOptions(delimiter=fmt.delimiter, quote_char=False, ignore_empty_lines=True),
         convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""], strings_can_be_null=False),

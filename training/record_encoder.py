@@ -76,7 +76,7 @@ def encode_records(
 
 def write_at(fd: int, rec: np.ndarray, first: int) -> None:
     """Write records at record position `first` of the open file `fd` (ranks write disjoint ranges)."""
-    data = memoryview(np.ascontiguousarray(rec)).cast("B")
+    data = np.ascontiguousarray(rec).data.cast("B")
     offset = first * RECORD.itemsize
     while data:
         n = os.pwrite(fd, data, offset)
