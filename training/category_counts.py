@@ -5,8 +5,9 @@ group's categorical columns as a dictionary of distinct values plus one index pe
 (`ParquetData.read_splits(..., dictionary=True)`), a chunk is counted with `bincount` over the indices,
 without touching a string per row. Chunks, and the tables of other ranks, merge by a hash group-by on the
 value. Views and 0/1 click sums are integers, so the merged counts are exact in any order. Memory is the
-distinct values seen: per value its bytes plus about 24 bytes (offset, views, clicks), doubled while a
-merge runs; it never grows with the row count.
+distinct values seen (measured: about 110 bytes per value at peak, merges and the final sort included),
+never the rows, and at most `MAX_VALUES` per field: a field with more distinct values keeps its most
+viewed ones and its counts become approximate (the fit then says so, with the bound).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import pyarrow.compute as pc
 from training.spec_fit import Counts
 
 _COLUMNS = ("value", "views", "clicks")
+# Distinct values a field keeps (~110 bytes each at peak, measured): past this, the least viewed half is
+# dropped. Exact below it; above it a value's views may fall short by at most `FieldCounts.error`.
+MAX_VALUES = 1 << 18
 
 
 def dictionary_parts(column: pa.ChunkedArray | pa.Array) -> Iterator[tuple[pa.Array, np.ndarray]]:
@@ -55,6 +59,7 @@ class FieldCounts:
         self._parts: list[pa.Table] = []
         self._merged = 0  # distinct values in the last merged table
         self._pending = 0  # value entries added since
+        self.error = 0  # most views any value may have lost to the cap (0: exact)
 
     def add(self, column: pa.ChunkedArray | pa.Array, labels: np.ndarray) -> None:
         """Count one chunk: values (string, binary or dictionary), labels float64 0/1 [N]."""
@@ -76,8 +81,16 @@ class FieldCounts:
 
     def _merge(self) -> None:
         if self._pending:
-            self._parts = [merge_tables(self._parts)]
-            self._merged, self._pending = len(self._parts[0]), 0
+            merged = merge_tables(self._parts)
+            if (
+                len(merged) > MAX_VALUES
+            ):  # keep the most viewed half; ties by value, so the cut is deterministic
+                order = pc.sort_indices(merged, [("views", "descending"), ("value", "ascending")])
+                dropped = merged.column("views").take(order[MAX_VALUES // 2 :])
+                self.error += int(pc.max(dropped).as_py())  # a later-seen value lost at most this per cut
+                merged = merged.take(order[: MAX_VALUES // 2])
+            self._parts = [merged]
+            self._merged, self._pending = len(merged), 0
 
     def table(self) -> pa.Table:
         """The merged counts: value binary, views int64, clicks float64, one row per distinct value."""

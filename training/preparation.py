@@ -29,7 +29,7 @@ import numpy as np
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.cache import ensure_cache
 from training.cache_dir import cached_name, choose_cache_dir
-from training.category_counts import FieldCounts
+from training.category_counts import MAX_VALUES, FieldCounts
 from training.criteo import ReadReport
 from training.dataset import PREPARED_VERSION
 from training.feature_cache import RECORD
@@ -85,7 +85,9 @@ def _numeric_moments(data: ParquetData) -> tuple[np.ndarray, np.ndarray, np.ndar
     return count, mean, sq
 
 
-def _fit(data: ParquetData, mine: list[Piece], width: int, group: RankGroup) -> FeatureSpec:
+def _fit(
+    data: ParquetData, mine: list[Piece], width: int, group: RankGroup, say: Callable[[str], None]
+) -> FeatureSpec:
     """The spec `fit_streaming` fits on the training rows, from every rank's counts (see module docstring)."""
     counts = [FieldCounts() for _ in CATEGORICAL_FIELDS]
     rows, clicks = 0, 0.0
@@ -102,7 +104,7 @@ def _fit(data: ParquetData, mine: list[Piece], width: int, group: RankGroup) -> 
                 counts[j].add(table.column(name), y)
     moments = numeric.result() if numeric is not None else None
     background.shutdown()
-    gathered = group.gather((rows, clicks, [c.table() for c in counts]))
+    gathered = group.gather((rows, clicks, [c.table() for c in counts], [c.error for c in counts]))
     spec_dict = None
     if gathered is not None and moments is not None:
         total_rows = sum(g[0] for g in gathered)
@@ -111,6 +113,11 @@ def _fit(data: ParquetData, mine: list[Piece], width: int, group: RankGroup) -> 
         for j, m in enumerate(merged):
             for g in gathered:
                 m.add_table(g[2][j])
+            m.error = sum(g[3][j] for g in gathered)
+            m.table()  # the last merge, which may apply the cap
+            if m.error:
+                say(f"warning: {CATEGORICAL_FIELDS[j]} has more than {MAX_VALUES} distinct values: the counts of "
+                    f"its rarest values may fall short by up to {m.error} views (frequent ones are exact)")  # fmt: skip
         keep = min(VOCAB_MIN_COUNT, _MIN_COUNT)
         spec = assemble_spec(
             total_rows, total_clicks, *moments, lambda j: merged[j].counts(keep), width, _MIN_COUNT, 100.0,
@@ -195,7 +202,7 @@ def _targets(parquet: list[Path], cache_dir: Path, val_fraction: float, width: i
 
 def _build(parquet: list[Path], target: Path, encoded: dict[Split, Path], val_fraction: float, width: int,
            max_rows: int | None, frozen: FeatureSpec | None, group: RankGroup,
-           timings: dict[str, tuple[int, float]]) -> None:  # fmt: skip
+           timings: dict[str, tuple[int, float]], say: Callable[[str], None]) -> None:  # fmt: skip
     """Fit and encode with every rank; rank 0 renames the results into place once all are written."""
     data = ParquetData.open(parquet, val_fraction, max_rows)
     train, val = data.rows("train"), data.rows("val")
@@ -206,7 +213,7 @@ def _build(parquet: list[Path], target: Path, encoded: dict[Split, Path], val_fr
         )
     mine = _my_pieces(data.pieces, group)
     t = time.perf_counter()
-    spec = frozen if frozen is not None else _fit(data, mine, width, group)
+    spec = frozen if frozen is not None else _fit(data, mine, width, group, say)
     timings["fit"] = (train, time.perf_counter() - t)
     t = time.perf_counter()
     token = group.broadcast(uuid.uuid4().hex[:12])
@@ -276,11 +283,11 @@ def prepare_data(data: str | Path, cache_dir: Path | None, val_fraction: float, 
     if group.world == 1:
         lock = target.with_name(target.name.removesuffix(".json") + ".lock")
         build_once(lock, ready, lambda: _build(parquet, target, encoded, val_fraction, width, max_rows,
-                                                frozen, group, timings), say)  # fmt: skip
+                                                frozen, group, timings, say), say)  # fmt: skip
     elif not group.broadcast(ready()):
         error: BaseException | None = None
         try:
-            _build(parquet, target, encoded, val_fraction, width, max_rows, frozen, group, timings)
+            _build(parquet, target, encoded, val_fraction, width, max_rows, frozen, group, timings, say)
         except (DataError, ValueError, OSError) as e:
             error = e
         group.raise_any(error)

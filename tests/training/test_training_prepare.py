@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -206,3 +207,26 @@ def test_preparation_memory_does_not_grow_with_the_row_count(tmp_path: Path) -> 
     peaks = {n: _peak_rss_mib(p, tmp_path / f"cache_{n}") for n, p in (("small", small), ("large", large))}
     # Holding the rows would add ~250 bytes each, 200 MiB for the 900k extra rows; streaming adds nothing.
     assert peaks["large"] < peaks["small"] + 40, peaks
+
+
+def test_value_counts_are_exact_under_the_cap_and_keep_the_frequent_values_above_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import training.category_counts as cc
+
+    monkeypatch.setattr(cc, "MAX_VALUES", 8)
+    exact, capped = cc.FieldCounts(), cc.FieldCounts()
+    rng = np.random.default_rng(0)
+    chunks = [rng.choice([b"a", b"b", b"c", "é".encode()], size=50) for _ in range(3)]
+    for chunk in chunks:  # 4 distinct values: under the cap
+        exact.add(pa.array(chunk.tolist(), pa.binary()), np.ones(50))
+    values, views, clicks = exact.counts(1)
+    assert clicks.tolist() == views.tolist()  # every label was 1
+    allv, alln = np.unique(np.concatenate(chunks), return_counts=True)
+    assert values.tolist() == allv.tolist() and views.tolist() == alln.tolist() and exact.error == 0
+    for k in range(3):  # 3 frequent values, then 20 singletons per chunk: 63 distinct values, cap 8
+        chunk = [b"x"] * 30 + [b"y"] * 20 + [b"z"] * 10 + [f"s{k}-{i}".encode() for i in range(20)]
+        capped.add(pa.array(chunk, pa.binary()), np.zeros(len(chunk)))
+    values, views, _ = capped.counts(2)
+    assert values.tolist() == [b"x", b"y", b"z"] and views.tolist() == [90, 60, 30]
+    assert capped.error == 1  # only singletons were ever dropped
