@@ -1,7 +1,9 @@
 """From Parquet to model input: open the data set, fit the FeatureSpec once, and pick how training reads rows.
 
-`prepare_streaming` is what a run uses: one process opens the files and fits the spec by streaming the
-training rows (`training.spec_fit`), writes both to a small JSON beside the data, and every rank loads it.
+`prepare_streaming` is the one-process reference preparation (the benchmarks use it): it opens the files and
+fits the spec by streaming the training rows (`training.spec_fit`) and writes both to a small JSON beside the
+data. A run uses `training.preparation.prepare_data`, which makes the same files faster and shares the work
+among ranks (tested equal to this).
 `choose_loader` then picks `stream` (bounded memory, `training.stream_batches`) or `memory` (transformed
 arrays held in each process, `load_in_memory`): `auto` takes memory only when the arrays are small.
 """
