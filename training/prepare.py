@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from training.config import TrainConfig
-from training.criteo import MalformedRowError
+from training.errors import TrainingError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         TrainConfig(data=args.data, max_rows=args.max_rows, val_fraction=args.val_fraction, width=args.width)
-    except ValueError as e:
+    except TrainingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from training.preparation import prepare_data
-    from training.rank_group import launched_group
+    from training.data.preparation import prepare_data
+    from training.data.rank_group import launched_group
 
     start = time.perf_counter()
     try:
@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             say = print if group.rank == 0 else (lambda _: None)
             out = prepare_data(args.data, args.cache_dir, args.val_fraction, args.width, args.max_rows,
                                args.skip_bad_rows, say, group=group)  # fmt: skip
-    except (MalformedRowError, FileNotFoundError, ValueError) as e:
+    except (TrainingError, OSError) as e:
+        if isinstance(e, OSError) and not isinstance(e, TrainingError) and e.filename is None:
+            raise  # not a file the user named: a bug, with its traceback
         print(f"error: {e}", file=sys.stderr)
         return 1
     if group.rank == 0:

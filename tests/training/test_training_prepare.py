@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import training.cache
-from training.cache import ensure_cache
-from training.dataset import prepare_streaming
-from training.preparation import prepare_data
+import training.data.cache
+from training.data.cache import ensure_cache
+from training.data.preparation import prepare_data
+from training.data.prepare import prepare_streaming
 
 Run = Callable[..., subprocess.CompletedProcess]
 
@@ -37,7 +37,7 @@ def _prepared(cache_dir: Path) -> tuple[dict, bytes, bytes]:
 def test_prepare_equals_todays_streaming_fit_and_records_over_many_row_groups(
     data_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(training.cache, "ROW_GROUP_ROWS", 300)  # 4000 rows -> 14 row groups
+    monkeypatch.setattr(training.data.cache, "ROW_GROUP_ROWS", 300)  # 4000 rows -> 14 row groups
     new = prepare_data(data_copy, tmp_path / "new", 0.1, 128, None, False, lambda _: None)
     assert len(new.data.pieces) == 14
     old_cache = tmp_path / "old" / "train.txt.cache.parquet"
@@ -212,7 +212,7 @@ def test_preparation_memory_does_not_grow_with_the_row_count(tmp_path: Path) -> 
 def test_value_counts_are_exact_under_the_cap_and_keep_the_frequent_values_above_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import training.category_counts as cc
+    import training.data.category_counts as cc
 
     monkeypatch.setattr(cc, "MAX_VALUES", 8)
     exact, capped = cc.FieldCounts(), cc.FieldCounts()
