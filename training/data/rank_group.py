@@ -81,7 +81,10 @@ def launched_group(timeout_s: float = 600.0) -> Iterator[RankGroup]:
     leaves it afterwards, so the training's own DDP setup starts clean. A single process gets a plain group.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or "MASTER_ADDR" not in os.environ:
+    # torchrun (and so a PyTorchJob) starts every rank at once and says so with TORCHELASTIC_RUN_ID.
+    # Lightning's own launcher (`--devices N`) starts ranks 1.. only once rank 0 is in `fit`: it prepared
+    # alone, and they must not wait for it here.
+    if world <= 1 or "TORCHELASTIC_RUN_ID" not in os.environ:
         yield RankGroup()
         return
     import torch.distributed as dist
