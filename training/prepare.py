@@ -57,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if group.rank == 0:
-        for step, (rows, seconds) in out.timings.items():
-            print(f"{step}: {rows} rows in {seconds:.2f}s ({rows / max(seconds, 1e-9):,.0f} rows/s)")
         if not out.timings:
-            print("already prepared: reused")
+            print(f"already prepared in {out.cache_dir}: reused")
         print(
             f"prepared {out.report.summary()} in {time.perf_counter() - start:.2f}s with {group.world} rank(s)"
         )

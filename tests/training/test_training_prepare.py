@@ -230,3 +230,17 @@ def test_value_counts_are_exact_under_the_cap_and_keep_the_frequent_values_above
     values, views, _ = capped.counts(2)
     assert values.tolist() == [b"x", b"y", b"z"] and views.tolist() == [90, 60, 30]
     assert capped.error == 1  # only singletons were ever dropped
+
+
+def test_training_reuses_what_prepare_left(data_copy: Path, tmp_path: Path, run_module: Run) -> None:
+    from train_runs import TINY_RUN
+
+    cache = tmp_path / "cache"
+    first = run_module("training.prepare", "--data", data_copy, "--cache-dir", cache, check=True)
+    assert [line.split(":")[0] for line in first.stdout.splitlines()[1:4]] == ["parse", "fit", "encode"]
+    again = run_module("training.prepare", "--data", data_copy, "--cache-dir", cache, check=True)
+    assert again.stdout.splitlines()[1] == f"already prepared in {cache}: reused"
+    run = run_module("training", "--data", data_copy, "--out", tmp_path / "run", "--cache-dir", cache, *TINY_RUN,
+                     check=True)  # fmt: skip
+    assert f"cache folder: {cache}" in run.stdout
+    assert not [line for line in run.stdout.splitlines() if line.startswith(("parse:", "fit:", "encode:"))]

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.data.cache import ensure_cache
+from training.data.cache import cache_path, ensure_cache
 from training.data.cache_dir import cached_name, choose_cache_dir
 from training.data.category_counts import MAX_VALUES, FieldCounts
 from training.data.criteo import ReadReport
@@ -282,8 +282,10 @@ def prepare_data(data: str | Path, cache_dir: Path | None, val_fraction: float, 
     if files[0].parquet:
         parquet, report = [f.path for f in files], ReadReport()
     else:
+        before = [_mtime(cache_path(f.path, cache)) for f in files]
         parquet, report = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
-        timings["parse"] = (report.rows, time.perf_counter() - t)
+        if [_mtime(p) for p in parquet] != before:  # some cache was (re)built, not only reused
+            timings["parse"] = (report.rows, time.perf_counter() - t)
     target, encoded = _targets(parquet, cache, val_fraction, width, max_rows, frozen)
 
     def ready() -> bool:
@@ -309,4 +311,10 @@ def prepare_data(data: str | Path, cache_dir: Path | None, val_fraction: float, 
     if files[0].parquet:
         report.rows = prepared.rows("train") + prepared.rows("val")
     spec = frozen if frozen is not None else FeatureSpec.from_dict(d["spec"])
+    for step, (rows, seconds) in timings.items():
+        say(f"{step}: {rows} rows in {seconds:.2f}s ({rows / max(seconds, 1e-9):,.0f} rows/s)")
     return Prepared(prepared, spec, encoded, report, cache, timings)
+
+
+def _mtime(path: Path) -> int | None:
+    return path.stat().st_mtime_ns if path.is_file() else None
