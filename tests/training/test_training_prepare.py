@@ -194,7 +194,6 @@ def _peak_rss_mib(data: Path, cache_dir: Path) -> float:
     return int(proc.stdout.split("peak_kib ")[1].split()[0]) / 1024
 
 
-@pytest.mark.slow
 def test_preparation_memory_does_not_grow_with_the_row_count(tmp_path: Path) -> None:
     from training.synth import generate
 
