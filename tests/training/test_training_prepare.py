@@ -243,3 +243,24 @@ def test_training_reuses_what_prepare_left(data_copy: Path, tmp_path: Path, run_
                      check=True)  # fmt: skip
     assert f"cache folder: {cache}" in run.stdout
     assert not [line for line in run.stdout.splitlines() if line.startswith(("parse:", "fit:", "encode:"))]
+
+
+def test_torchrun_training_prepares_on_every_rank_then_trains_with_ddp(
+    data_copy: Path, tmp_path: Path
+) -> None:
+    from train_runs import TINY_RUN
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    argv = ["-m", "training", "--data", str(data_copy), "--out", str(tmp_path / "run"), *TINY_RUN,
+            "--devices", "2", "--accelerator", "cpu", "--strategy", "ddp"]  # fmt: skip
+    proc = subprocess.run([*torchrun, *argv], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [
+        line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith(("parse:", "encode:"))
+    ] == [
+        "parse",
+        "encode",
+    ]  # printed once (rank 0), after both ranks prepared together
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["train_rows"] + metrics["val_rows"] == 4000

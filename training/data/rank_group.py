@@ -81,18 +81,25 @@ def launched_group(timeout_s: float = 600.0) -> Iterator[RankGroup]:
     leaves it afterwards, so the training's own DDP setup starts clean. A single process gets a plain group.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    # torchrun (and so a PyTorchJob) starts every rank at once and says so with TORCHELASTIC_RUN_ID.
+    # torchrun (and so a PyTorchJob) starts every rank at once, with its agent's store for them all.
     # Lightning's own launcher (`--devices N`) starts ranks 1.. only once rank 0 is in `fit`: it prepared
     # alone, and they must not wait for it here.
-    if world <= 1 or "TORCHELASTIC_RUN_ID" not in os.environ:
+    if world <= 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         yield RankGroup()
         return
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_initialized():
         yield RankGroup(dist.get_rank(), dist.get_world_size(), None)
         return
-    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)  # fmt: skip
+    # Keys under their own prefix: the DDP group Lightning makes next on the same store must not find ours.
+    store = dist.PrefixStore("ctr-pipeline/prepare/", agent)
+    dist.init_process_group(
+        "gloo", store=store, rank=int(os.environ["RANK"]), world_size=world, timeout=timeout
+    )
     try:
         yield RankGroup(dist.get_rank(), dist.get_world_size(), None)
     finally:
