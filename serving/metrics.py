@@ -207,6 +207,11 @@ class ServingMetrics:
             ("model_name",),
             CTR_BUCKETS,
         )
+        self.nonfinite_outputs = self._counter(
+            "ctr_serving_nonfinite_outputs_total",
+            "Model outputs that were NaN or infinite, withheld from the client (serving/output_check.py).",
+            ("model_name",),
+        )
         # Sampled request logs (serving/request_log.py); the drift gauges are rendered by serving/drift.py.
         self.request_log_lines = self._counter(
             "ctr_serving_request_log_lines_total", "Request log lines written.", ("model_name",)

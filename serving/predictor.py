@@ -15,6 +15,7 @@ from serving.batching import INLINE_MAX_ROWS
 from serving.drift import DriftMonitor
 from serving.errors import ServingError, Unavailable
 from serving.metrics import ServingMetrics
+from serving.output_check import check_outputs
 from serving.raw_codec import RawBatch, check_raw_batch
 from serving.request_log import RequestLog
 from serving.signatures import Signature
@@ -34,6 +35,9 @@ class Predictor:
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
+        metrics.nonfinite_outputs.inc(
+            manager.name, amount=0
+        )  # present from the start: alerts see 0, not no data
         self.drift: DriftMonitor | None = None  # the server sets these two (serving/drift.py, request_log.py)
         self.request_log: RequestLog | None = None
 
@@ -71,7 +75,7 @@ class Predictor:
                 check_raw_batch(features, self.limits, unit)
             else:
                 check_batch(features, servable.backend.signature, self.limits, unit)
-            scores = await self._run(servable, features)
+            scores = await self._run(servable, features, unit)
             status = "OK"
             if self.drift is not None or self.request_log is not None:
                 self._watch(servable, features, scores, request_id, inputs)
@@ -115,7 +119,7 @@ class Predictor:
             log.exception("drift tracking and request logging are off from now on: they failed on a request")
             self.drift = self.request_log = None
 
-    async def _run(self, servable: LoadedVersion, features: np.ndarray | RawBatch) -> np.ndarray:
+    async def _run(self, servable: LoadedVersion, features: np.ndarray | RawBatch, unit: str) -> np.ndarray:
         self.manager.acquire(servable)
         self.inflight += 1
         try:
@@ -138,6 +142,7 @@ class Predictor:
         finally:
             self.inflight -= 1
             self.manager.release(servable)
+        check_outputs(scores, self.metrics, self.manager.name, unit)  # before the histogram: no NaN in it
         if len(scores) == 1:
             self.metrics.predicted_ctr.observe(float(scores[0, 0]), self.manager.name)
         else:

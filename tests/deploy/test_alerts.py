@@ -22,6 +22,7 @@ EXPECTED_ALERTS = {
     "CtrServingFeatureDrift",
     "CtrServingScoreDrift",
     "CtrServingRequestLogDropping",
+    "CtrServingNonFiniteOutputs",
 }
 
 
