@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
 from serving.backends import BACKENDS
+from serving.tls import load_tls_config
 from serving.version_policy import VersionPolicy
 
 
@@ -83,6 +84,8 @@ class ServerConfig:
     request_log_dir: Path | None = None
     request_log_sample_rate: float = 0.0
     request_log_max_bytes: int = 64 << 20
+    # TLS for gRPC and REST (serving/tls.py)
+    ssl_config_file: Path | None = None
 
     def __post_init__(self) -> None:
         """Check every bound here, so that `dataclasses.replace()` is checked as much as the command line."""
@@ -151,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument(
         "--rest_api_timeout_in_ms", type=int, default=30000, help="deadline of a queued request; 0 = none"
     )
+    tf.add_argument("--ssl_config_file", type=Path, default=None,
+                    help="SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): TLS on gRPC and REST")  # fmt: skip
     ours = p.add_argument_group("ctr-pipeline flags")
     ours.add_argument("--host", default="0.0.0.0", help="bind address (0.0.0.0 in containers)")
     ours.add_argument(
@@ -216,6 +221,9 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return ServerConfig(**vars(args))
-    except ValueError as exc:  # ServerConfig checks its own bounds
+        cfg = ServerConfig(**vars(args))
+        if cfg.ssl_config_file is not None:
+            load_tls_config(cfg.ssl_config_file)  # a bad file fails here with one line, before any port opens
+        return cfg
+    except ValueError as exc:  # ServerConfig checks its own bounds; TlsConfigError is a ValueError
         parser.error(str(exc))

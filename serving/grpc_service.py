@@ -7,7 +7,7 @@ Generic method handlers serve `/tensorflow.serving.PredictionService/{Predict,Ge
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -125,12 +125,19 @@ def _unary(
 
 
 def build_grpc_server(
-    predictor: Predictor, host: str, port: int, max_message_bytes: int, reuse_port: bool = False
+    predictor: Predictor,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    reuse_port: bool = False,
+    extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet).
 
     `reuse_port`: share the port with the other workers of `--num_workers N` (SO_REUSEPORT); otherwise a port
-    already in use must fail, not be silently shared.
+    already in use must fail, not be silently shared. `extra_handlers`: further services (the v2 protocol).
+    `credentials`: TLS (serving/tls.py); None: plaintext.
     """
     servicer = PredictionServicer(predictor)
     server = grpc.aio.server(
@@ -153,11 +160,16 @@ def build_grpc_server(
                 "tensorflow.serving.ModelService",
                 {"GetModelStatus": _unary(servicer.get_model_status, protos.GetModelStatusRequest)},
             ),
+            *extra_handlers,
         )
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
     except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") on a busy port
         raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
     if bound == 0:

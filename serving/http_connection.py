@@ -40,7 +40,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class _Request:
-    __slots__ = ("body", "error", "keep_alive", "method", "path", "request_id")
+    __slots__ = ("body", "error", "header_length", "keep_alive", "method", "path", "request_id")
 
     def __init__(
         self,
@@ -50,8 +50,12 @@ class _Request:
         keep_alive: bool,
         error: bytes = b"",
         request_id: str = "",
+        header_length: int | None = None,
     ) -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+        self.header_length = (
+            header_length  # the v2 binary extension's JSON header length (serving/v2/rest.py)
+        )
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
         self.request_id = request_id  # the client's x-request-id, or a fresh one (serving/request_log.py)
 
@@ -91,6 +95,7 @@ class HttpConnection(asyncio.Protocol):
         self._length: int | None = None
         self._expect = False
         self._request_id = b""
+        self._header_length: int | None = None
         self._chunks: list[bytes] = []
         self._size = 0
 
@@ -203,6 +208,8 @@ class HttpConnection(asyncio.Protocol):
             self._expect = True
         elif name == b"x-request-id":
             self._request_id = value
+        elif name == b"inference-header-content-length":
+            self._header_length = int(value) if value.isdigit() and len(value) < 19 else -1  # -1: a 400 later
 
     def on_headers_complete(self) -> None:
         self._header_left = None
@@ -255,6 +262,7 @@ class HttpConnection(asyncio.Protocol):
             self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks),
             self.parser.should_keep_alive(),
             request_id=request_id_from(self._request_id),
+            header_length=self._header_length,
         )
         self._chunks, self._size = [], 0
         self.pending.append(request)
@@ -286,7 +294,7 @@ class HttpConnection(asyncio.Protocol):
                 head_only = request.method == "HEAD"
                 method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
                 status, body, content_type = await self.app.handle(
-                    method, request.path, request.body, request.request_id
+                    method, request.path, request.body, request.request_id, request.header_length
                 )
                 if len(request.body) >= LARGE_BODY_BYTES:
                     self.server.freed_bytes += len(request.body)
@@ -324,6 +332,7 @@ class HttpConnection(asyncio.Protocol):
         head_only: bool = False,
         request_id: str = "",
     ) -> bytes:
+        # `content_type` may end with further CRLF-separated header lines (the v2 binary extension's header length).
         head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s%s\r\n" % (
             status,
             _REASONS.get(status, b""),

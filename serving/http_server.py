@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from email.utils import formatdate
@@ -81,9 +82,16 @@ class HttpServer:
         """Count a connection closed for the timeout `kind` (header, body, keepalive, write)."""
         self.metrics.connection_timeouts.inc(kind)
 
-    async def start(self, sock: socket.socket) -> None:
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
+        """Serve `sock`; `tls`: HTTPS only (serving/tls.py), the handshake bounded like a header section."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self),
+            sock=sock,
+            backlog=2048,
+            ssl=tls,
+            ssl_handshake_timeout=self.limits.header_timeout_s if tls is not None else None,
+        )
         self._sweeper = loop.create_task(self._sweep_forever())
 
     async def _sweep_forever(self) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctr_contract.repository import MAX_VERSION, parse_version_dir
 from serving.errors import (
@@ -32,6 +32,9 @@ from serving.predictor import Predictor
 from serving.rest_body import BodyDecoder, BodyOverLimits
 from serving.rest_codec import encode_predictions
 from serving.signatures import Signature
+
+if TYPE_CHECKING:
+    from serving.v2.rest import V2RestApp
 
 log = logging.getLogger(__name__)
 client_log = RateLimitedLog(log)  # lines a client can cause at will: at most a few a minute
@@ -54,19 +57,33 @@ class RestApp:
     """The REST handlers; `predictor` holds the models, `metrics_text` renders the exposition."""
 
     def __init__(
-        self, predictor: Predictor, metrics_text: Callable[[], str], decoder: BodyDecoder | None = None
+        self,
+        predictor: Predictor,
+        metrics_text: Callable[[], str],
+        decoder: BodyDecoder | None = None,
+        v2: V2RestApp | None = None,
     ) -> None:
+        """`v2`: the Open Inference Protocol routes under /v2 (serving/v2/rest.py); None: no /v2 routes."""
         self.predictor, self.manager, self._metrics_text = predictor, predictor.manager, metrics_text
         self.decoder = decoder or BodyDecoder(predictor.limits.max_instances)
+        self.v2 = v2
 
     async def handle(
-        self, method: str, path: str, body: bytes | bytearray, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray,
+        request_id: str | None = None,
+        header_length: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Answer one request; never raises. Returns (status, body, content type).
 
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
+        `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
         """
         try:
+            if self.v2 is not None and (path == "/v2" or path.startswith("/v2/")):
+                return await self.v2.dispatch(method, path, body, header_length, request_id)
             return await self._dispatch(method, path, body, request_id)
         except ServingError as exc:
             return exc.http_status, error_body(exc.message), JSON
@@ -88,7 +105,7 @@ class RestApp:
                 return 200, self._metrics_text().encode(), METRICS_TEXT
             raise NotFound(f"Malformed request: {method} {path}")
         name, label, action = route["name"], route["label"], route["action"]
-        version = _parse_version(route["version"])
+        version = parse_version(route["version"])
         if action == ":predict":
             _require(method, "POST")
             return 200, await self._predict(body, name, version, label, request_id), JSON
@@ -156,7 +173,7 @@ def _require(method: str, expected: str) -> None:
         raise MethodNotAllowed(f"method {method} is not allowed here; use {expected}")
 
 
-def _parse_version(text: str | None) -> int | None:
+def parse_version(text: str | None) -> int | None:
     if text is None:
         return None
     # The version-folder rule: 1..2**63-1 without leading zeros (and no int() of 5,000 digits).

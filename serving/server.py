@@ -29,6 +29,7 @@ from serving.batching import DynamicBatcher
 from serving.config import ServerConfig
 from serving.curl_example import curl_example
 from serving.drift import DriftMonitor
+from serving.grpc_health import HealthReporter
 from serving.grpc_service import build_grpc_server
 from serving.http_server import HttpLimits, HttpServer
 from serving.metrics import ServingMetrics
@@ -37,6 +38,10 @@ from serving.predictor import Predictor, raw_runner
 from serving.request_log import RequestLog
 from serving.rest import RestApp
 from serving.rest_body import BodyDecoder
+from serving.tls import load_tls_config
+from serving.v2.grpc_service import v2_handler
+from serving.v2.models import V2Models
+from serving.v2.rest import V2RestApp
 from serving.validation import Limits
 from serving.versions import LoadedVersion, ModelManager
 
@@ -96,23 +101,37 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 async def _open_ports(
-    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, reuse_port: bool
+    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, reuse_port: bool, health: HealthReporter
 ) -> tuple[grpc.aio.Server, HttpServer | None]:
     """Bind both ports before serving anything (a busy port fails the process, exit 1), then serve them."""
     rest_socket = _bind(cfg.host, cfg.rest_api_port, reuse_port) if cfg.rest_api_port else None
-    grpc_server = build_grpc_server(predictor, cfg.host, cfg.port, cfg.max_body_bytes, reuse_port)
+    models = V2Models(health.predictors)
+    tls = load_tls_config(cfg.ssl_config_file) if cfg.ssl_config_file is not None else None
+    grpc_server = build_grpc_server(
+        predictor,
+        cfg.host,
+        cfg.port,
+        cfg.max_body_bytes,
+        reuse_port,
+        (v2_handler(models),),
+        tls.grpc_credentials() if tls is not None else None,
+    )
+    health.register(grpc_server)
+    await health.refresh()  # grpcio-health-checking starts at SERVING: not before a model is
     await grpc_server.start()
-    log.info("gRPC listening on %s:%d", cfg.host, cfg.port)
+    log.info("gRPC listening on %s:%d%s", cfg.host, cfg.port, " (TLS)" if tls else "")
     http_server = None
     if rest_socket is not None:
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder = BodyDecoder(cfg.max_instances)
         decoder.start()
-        app = RestApp(predictor, lambda: metrics.render() + predictor.drift_text(), decoder)
+        app = RestApp(
+            predictor, lambda: metrics.render() + predictor.drift_text(), decoder, V2RestApp(models)
+        )
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
-        await http_server.start(rest_socket)
-        log.info("REST listening on %s:%d", cfg.host, cfg.rest_api_port)
+        await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
+        log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")
     return grpc_server, http_server
 
 
@@ -169,8 +188,9 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         loop.add_signal_handler(sig, stop.set)
     grpc_server: grpc.aio.Server | None = None
     http_server: HttpServer | None = None
+    health = HealthReporter(lambda: {predictor.manager.name: predictor})
     if worker is None:
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, reuse_port=False)
+        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, False, health)
 
     try:
         await manager.poll_once()
@@ -182,17 +202,20 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     gc.freeze()
     chores = None
     if worker is not None and not stop.is_set():
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, reuse_port=True)
+        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, True, health)
         assert isinstance(metrics, SharedServingMetrics)
         chores = asyncio.create_task(_worker_chores(worker, metrics, stop))
     if cfg.print_curl_example and manager.latest is not None and (worker is None or worker.index == 0):
         print(curl_example(cfg, manager.latest), flush=True)
+    health_task = asyncio.create_task(health.run())
     poller = None
     if cfg.file_system_poll_wait_seconds > 0:
         poller = asyncio.create_task(manager.poll_forever(cfg.file_system_poll_wait_seconds))
 
     await stop.wait()
     log.info("shutting down: readiness off, draining %d in-flight requests", predictor.inflight)
+    health_task.cancel()
+    await health.shut_down()
     if not await predictor.drain(cfg.grace_period_seconds):
         log.warning(
             "grace period of %.1fs ended with %d requests in flight",
