@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
 from serving.backends import BACKENDS
+from serving.model_config import read_model_config
 from serving.tls import load_tls_config
 from serving.version_policy import VersionPolicy
 
@@ -49,7 +50,7 @@ class ServerConfig:
     rest_api_port: int
     host: str
     model_name: str
-    model_base_path: Path
+    model_base_path: Path | None  # None: the models come from --model_config_file
     backend: str
     enable_batching: bool
     max_batch_size: int
@@ -86,6 +87,9 @@ class ServerConfig:
     request_log_max_bytes: int = 64 << 20
     # TLS for gRPC and REST (serving/tls.py)
     ssl_config_file: Path | None = None
+    # Several models from TF Serving's model config file (serving/model_config.py)
+    model_config_file: Path | None = None
+    model_config_file_poll_wait_seconds: int = 0
 
     def __post_init__(self) -> None:
         """Check every bound here, so that `dataclasses.replace()` is checked as much as the command line."""
@@ -108,6 +112,15 @@ class ServerConfig:
             raise ValueError(
                 f"--drift_window must be >= 0 and --request_log_max_bytes >= 1, got {self.drift_window} "
                 f"and {self.request_log_max_bytes}"
+            )
+        if (self.model_base_path is None) == (self.model_config_file is None):
+            raise ValueError(
+                "give --model_base_path (one model, named by --model_name) or --model_config_file (several), "
+                "not both and not neither"
+            )
+        if self.model_config_file_poll_wait_seconds < 0:
+            raise ValueError(
+                f"--model_config_file_poll_wait_seconds must be >= 0, got {self.model_config_file_poll_wait_seconds}"
             )
         for flag in ("port", "rest_api_port"):
             if not 0 <= getattr(self, flag) <= 65535:
@@ -146,8 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument("--rest_api_port", type=int, default=8501, help="REST port; 0 disables REST")
     tf.add_argument("--model_name", default="default", help="name in /v1/models/NAME and ModelSpec.name")
     tf.add_argument(
-        "--model_base_path", type=Path, required=True, help="folder holding numeric version folders"
+        "--model_base_path", type=Path, default=None, help="folder holding numeric version folders"
     )
+    tf.add_argument("--model_config_file", type=Path, default=None,
+                    help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path")  # fmt: skip
+    tf.add_argument("--model_config_file_poll_wait_seconds", type=int, default=0,
+                    help="seconds between re-reads of --model_config_file; 0 reads it once")  # fmt: skip
     tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False)
     tf.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
                     help="seconds between scans for new versions; 0 scans once")  # fmt: skip
@@ -224,6 +241,8 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
         cfg = ServerConfig(**vars(args))
         if cfg.ssl_config_file is not None:
             load_tls_config(cfg.ssl_config_file)  # a bad file fails here with one line, before any port opens
+        if cfg.model_config_file is not None:
+            read_model_config(cfg.model_config_file)  # likewise: the first config must be good
         return cfg
-    except ValueError as exc:  # ServerConfig checks its own bounds; TlsConfigError is a ValueError
+    except ValueError as exc:  # ServerConfig checks its own bounds; the file errors are ValueErrors
         parser.error(str(exc))

@@ -18,7 +18,7 @@ from serving import protos
 from serving.errors import InvalidArgument, ServingError
 from serving.log_limits import RateLimitedLog
 from serving.model_info import metadata_response, status_response
-from serving.predictor import Predictor
+from serving.model_set import ServedModels
 from serving.raw_codec import RawBatch, decode_tensors, looks_raw
 from serving.request_log import request_id_from
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
@@ -39,8 +39,8 @@ def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:
 class PredictionServicer:
     """Implements the three RPCs on top of the shared Predictor."""
 
-    def __init__(self, predictor: Predictor) -> None:
-        self.predictor, self.manager = predictor, predictor.manager
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
 
     async def predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)
@@ -72,11 +72,12 @@ class PredictionServicer:
             return to_ndarray(request.inputs[sig.input_name], sig.input_name)
 
         request_id = None
-        if self.predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+        predictor = self.models.lookup(name)
+        if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
             context.set_trailing_metadata((("x-request-id", request_id),))
-        scores, servable = await self.predictor.predict(name, version, label, decode, "GRPC", request_id)
+        scores, servable = await predictor.predict(name, version, label, decode, "GRPC", request_id)
         response = protos.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = servable.version
@@ -89,14 +90,15 @@ class PredictionServicer:
         if fields != {"signature_def"}:
             raise InvalidArgument(f"metadata_field must be ['signature_def'], got {sorted(fields)}")
         name, version, label = _spec(request.model_spec)
-        servable = self.manager.resolve(name, version, label)
+        servable = self.models.lookup(name).manager.resolve(name, version, label)
         return metadata_response(name, servable.version, servable.backend.signature)
 
     async def get_model_status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)
+        manager = self.models.lookup(name).manager
         if label is not None:
-            version = self.manager.resolve(name, None, label).version
-        return status_response(self.manager.status(name, version))
+            version = manager.resolve(name, None, label).version
+        return status_response(manager.status(name, version))
 
 
 def _unary(
@@ -125,7 +127,7 @@ def _unary(
 
 
 def build_grpc_server(
-    predictor: Predictor,
+    models: ServedModels,
     host: str,
     port: int,
     max_message_bytes: int,
@@ -139,7 +141,7 @@ def build_grpc_server(
     already in use must fail, not be silently shared. `extra_handlers`: further services (the v2 protocol).
     `credentials`: TLS (serving/tls.py); None: plaintext.
     """
-    servicer = PredictionServicer(predictor)
+    servicer = PredictionServicer(models)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),

@@ -28,7 +28,7 @@ from serving.errors import (
 )
 from serving.log_limits import RateLimitedLog
 from serving.model_info import metadata_json, status_response, to_json
-from serving.predictor import Predictor
+from serving.model_set import ServedModels
 from serving.rest_body import BodyDecoder, BodyOverLimits
 from serving.rest_codec import encode_predictions
 from serving.signatures import Signature
@@ -54,18 +54,17 @@ def error_body(message: str) -> bytes:
 
 
 class RestApp:
-    """The REST handlers; `predictor` holds the models, `metrics_text` renders the exposition."""
+    """The REST handlers; `models` holds the models (serving/model_set.py), `metrics_text` renders the exposition."""
 
     def __init__(
         self,
-        predictor: Predictor,
+        models: ServedModels,
         metrics_text: Callable[[], str],
-        decoder: BodyDecoder | None = None,
+        decoder: BodyDecoder,
         v2: V2RestApp | None = None,
     ) -> None:
         """`v2`: the Open Inference Protocol routes under /v2 (serving/v2/rest.py); None: no /v2 routes."""
-        self.predictor, self.manager, self._metrics_text = predictor, predictor.manager, metrics_text
-        self.decoder = decoder or BodyDecoder(predictor.limits.max_instances)
+        self.models, self._metrics_text, self.decoder = models, metrics_text, decoder
         self.v2 = v2
 
     async def handle(
@@ -113,7 +112,7 @@ class RestApp:
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         _require(method, "GET")
         if action == "/metadata":
-            servable = self.manager.resolve(name, version, label)
+            servable = self.models.lookup(name).manager.resolve(name, version, label)
             return (
                 200,
                 json.dumps(metadata_json(name, servable.version, servable.backend.signature)).encode(),
@@ -133,11 +132,12 @@ class RestApp:
         # a large body is decoded off the event loop and its errors are still counted by the predictor.
         decoded: tuple[Signature, bool, Any] | None = None
         error: ServingError | None = None
+        predictor = self.models.lookup(name)
         try:
-            sig = self.manager.resolve(name, version, label).backend.signature
+            sig = predictor.manager.resolve(name, version, label).backend.signature
             decoded = (sig, *await self.decoder.decode(body, sig))
         except BodyOverLimits as exc:
-            self.predictor.metrics.requests_refused.inc("instances")
+            predictor.metrics.requests_refused.inc("instances")
             error = exc
         except ServingError as exc:  # e.g. an unknown version: the predictor raises it again and counts it
             error = exc
@@ -153,14 +153,15 @@ class RestApp:
             columnar = decoded[1]
             return decoded[2]
 
-        scores, _ = await self.predictor.predict(name, version, label, decode, "REST", request_id)
+        scores, _ = await predictor.predict(name, version, label, decode, "REST", request_id)
         return encode_predictions(scores, columnar)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
+        predictor = self.models.lookup(name)
         if label is not None:
-            version = self.manager.resolve(name, None, label).version
-        states = self.manager.status(name, version)
-        if self.predictor.draining:
+            version = predictor.manager.resolve(name, None, label).version
+        states = predictor.manager.status(name, version)
+        if predictor.draining:
             raise Unavailable("the server is shutting down")
         body = json.dumps(to_json(status_response(states))).encode()
         # Readiness: 503 until some requested version is AVAILABLE (loaded and warmed).

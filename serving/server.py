@@ -34,6 +34,8 @@ from serving.grpc_service import build_grpc_server
 from serving.http_server import HttpLimits, HttpServer
 from serving.metrics import ServingMetrics
 from serving.metrics_shared import SharedServingMetrics
+from serving.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
+from serving.model_set import ModelSet, ServedModels
 from serving.predictor import Predictor, raw_runner
 from serving.request_log import RequestLog
 from serving.rest import RestApp
@@ -59,7 +61,7 @@ class WorkerRole:
 
 
 def _batcher_factory(
-    cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor
+    cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor, model_name: str
 ) -> Callable[..., DynamicBatcher]:
     """One DynamicBatcher per loaded version, all sharing the inference thread."""
 
@@ -73,7 +75,7 @@ def _batcher_factory(
             timeout_s=cfg.rest_api_timeout_in_ms / 1e3 or float("inf"),  # 0: no deadline
             executor=executor,
             metrics=metrics,
-            model_name=cfg.model_name,
+            model_name=model_name,
             runtime=servable.backend.runtime,
         )
 
@@ -101,19 +103,19 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 async def _open_ports(
-    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, reuse_port: bool, health: HealthReporter
+    cfg: ServerConfig, models: ServedModels, metrics: ServingMetrics, reuse_port: bool, health: HealthReporter
 ) -> tuple[grpc.aio.Server, HttpServer | None]:
     """Bind both ports before serving anything (a busy port fails the process, exit 1), then serve them."""
     rest_socket = _bind(cfg.host, cfg.rest_api_port, reuse_port) if cfg.rest_api_port else None
-    models = V2Models(health.predictors)
+    v2 = V2Models(models.current)
     tls = load_tls_config(cfg.ssl_config_file) if cfg.ssl_config_file is not None else None
     grpc_server = build_grpc_server(
-        predictor,
+        models,
         cfg.host,
         cfg.port,
         cfg.max_body_bytes,
         reuse_port,
-        (v2_handler(models),),
+        (v2_handler(v2),),
         tls.grpc_credentials() if tls is not None else None,
     )
     health.register(grpc_server)
@@ -126,9 +128,7 @@ async def _open_ports(
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder = BodyDecoder(cfg.max_instances)
         decoder.start()
-        app = RestApp(
-            predictor, lambda: metrics.render() + predictor.drift_text(), decoder, V2RestApp(models)
-        )
+        app = RestApp(models, lambda: metrics.render() + models.drift_text(), decoder, V2RestApp(v2))
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
         log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")
@@ -168,63 +168,67 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     # a slow disk never delays inference. Each model load gets a thread of its own (serving/version_loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
     disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
-    manager = ModelManager(
-        cfg.model_name,
-        cfg.model_base_path,
-        cfg.backend,
-        cfg.intra_op_threads,
-        cfg.model_version_policy,
-        cfg.version_labels,
-        metrics,
-        disk_executor,
-        make_batcher=_batcher_factory(cfg, metrics, run_executor) if cfg.enable_batching else None,
-        manifest_wait_s=cfg.manifest_wait_timeout_seconds,
-        load_timeout_s=cfg.model_load_timeout_seconds,
-    )
-    predictor = Predictor(manager, Limits(cfg.max_instances, cfg.allow_nonfinite), metrics, run_executor)
-    _watch_traffic(cfg, predictor, metrics, worker)
+    limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
+
+    def build(spec: ModelSpec) -> Predictor:
+        """One model's version manager and predictor; all share the metrics, the limits and the threads."""
+        batcher = _batcher_factory(cfg, metrics, run_executor, spec.name) if cfg.enable_batching else None
+        manager = ModelManager(
+            spec.name,
+            spec.base_path,
+            cfg.backend,
+            cfg.intra_op_threads,
+            spec.policy,
+            spec.labels,
+            metrics,
+            disk_executor,
+            make_batcher=batcher,
+            manifest_wait_s=cfg.manifest_wait_timeout_seconds,
+            load_timeout_s=cfg.model_load_timeout_seconds,
+        )
+        return Predictor(manager, limits, metrics, run_executor)
+
+    models = _served_models(cfg, build, metrics, worker)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     grpc_server: grpc.aio.Server | None = None
     http_server: HttpServer | None = None
-    health = HealthReporter(lambda: {predictor.manager.name: predictor})
+    health = HealthReporter(models.current)
     if worker is None:
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, False, health)
+        grpc_server, http_server = await _open_ports(cfg, models, metrics, False, health)
 
-    try:
-        await manager.poll_once()
-    except Exception:  # e.g. an unreadable base path: keep serving liveness and retry on the next poll
-        log.exception("first scan of %s failed", cfg.model_base_path)
+    await _first_scan(cfg, models)
     # Objects alive now (modules, the model) live as long as the process: keep the cyclic GC from
     # rescanning them on every collection, which showed as multi-ms p99 spikes under load.
     gc.collect()
     gc.freeze()
     chores = None
     if worker is not None and not stop.is_set():
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, True, health)
+        grpc_server, http_server = await _open_ports(cfg, models, metrics, True, health)
         assert isinstance(metrics, SharedServingMetrics)
         chores = asyncio.create_task(_worker_chores(worker, metrics, stop))
-    if cfg.print_curl_example and manager.latest is not None and (worker is None or worker.index == 0):
-        print(curl_example(cfg, manager.latest), flush=True)
+    latest = models.lookup(cfg.model_name).manager.latest if not isinstance(models, ModelSet) else None
+    if cfg.print_curl_example and latest is not None and (worker is None or worker.index == 0):
+        print(curl_example(cfg, latest), flush=True)
     health_task = asyncio.create_task(health.run())
-    poller = None
-    if cfg.file_system_poll_wait_seconds > 0:
-        poller = asyncio.create_task(manager.poll_forever(cfg.file_system_poll_wait_seconds))
+    pollers = _start_polling(cfg, models)
 
     await stop.wait()
-    log.info("shutting down: readiness off, draining %d in-flight requests", predictor.inflight)
+    log.info("shutting down: readiness off, draining %d in-flight requests", models.inflight)
     health_task.cancel()
     await health.shut_down()
-    if not await predictor.drain(cfg.grace_period_seconds):
+    if not await models.drain(cfg.grace_period_seconds):
         log.warning(
             "grace period of %.1fs ended with %d requests in flight",
             cfg.grace_period_seconds,
-            predictor.inflight,
+            models.inflight,
         )
-    for task in (poller, chores):
+    for task in (*pollers, chores):
         if task is not None:
             task.cancel()
+    if isinstance(models, ModelSet):
+        models.stop()
     if http_server is not None:
         await http_server.close(timeout_s=1.0)
         http_server.app.decoder.close()
@@ -232,9 +236,57 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         await grpc_server.stop(grace=1.0)
     run_executor.shutdown(wait=False, cancel_futures=True)
     disk_executor.shutdown(wait=False, cancel_futures=True)
-    if predictor.request_log is not None:
-        predictor.request_log.stop()
+    for predictor in models.current().values():
+        if predictor.request_log is not None:
+            predictor.request_log.stop()
     log.info("stopped")
+
+
+def _served_models(
+    cfg: ServerConfig,
+    build: Callable[[ModelSpec], Predictor],
+    metrics: ServingMetrics,
+    worker: WorkerRole | None,
+) -> ServedModels:
+    """`--model_name` + `--model_base_path`: one model with drift and request log; or the config file's models."""
+    if cfg.model_base_path is not None:
+        predictor = build(
+            ModelSpec(cfg.model_name, cfg.model_base_path, cfg.model_version_policy, cfg.version_labels)
+        )
+        _watch_traffic(cfg, predictor, metrics, worker)
+        return ServedModels.one(predictor)
+    if cfg.request_log_sample_rate > 0:  # one log folder and one drift reference belong to one model
+        log.warning("--request_log_sample_rate is ignored with --model_config_file: it serves one model only")
+    log.info("drift metrics are off with --model_config_file (they watch a single --model_base_path)")
+    return ModelSet(build, cfg.file_system_poll_wait_seconds)
+
+
+async def _first_scan(cfg: ServerConfig, models: ServedModels) -> None:
+    """Load what is there before polling starts; a failure leaves the server live and polling."""
+    if isinstance(models, ModelSet):
+        assert cfg.model_config_file is not None
+        try:
+            await models.apply(read_model_config(cfg.model_config_file))
+        except ModelConfigError as exc:  # it parsed at start: it was edited since; the poller retries it
+            log.error("%s; serving no model until it is fixed", exc)
+        return
+    try:
+        await models.lookup(cfg.model_name).manager.poll_once()
+    except Exception:  # e.g. an unreadable base path: keep serving liveness and retry on the next poll
+        log.exception("first scan of %s failed", cfg.model_base_path)
+
+
+def _start_polling(cfg: ServerConfig, models: ServedModels) -> list[asyncio.Task[None]]:
+    """Version polling of the one model (the ModelSet polls each of its own), and config-file polling."""
+    if isinstance(models, ModelSet):
+        if cfg.model_config_file is None or cfg.model_config_file_poll_wait_seconds <= 0:
+            return []
+        poller = ModelConfigPoller(cfg.model_config_file, models.apply)
+        return [asyncio.create_task(poller.poll_forever(cfg.model_config_file_poll_wait_seconds))]
+    if cfg.file_system_poll_wait_seconds <= 0:
+        return []
+    manager = models.lookup(cfg.model_name).manager
+    return [asyncio.create_task(manager.poll_forever(cfg.file_system_poll_wait_seconds))]
 
 
 def _watch_traffic(
@@ -245,6 +297,7 @@ def _watch_traffic(
 
         def newest_dir() -> Path | None:
             latest = predictor.manager.latest
+            assert cfg.model_base_path is not None  # drift is watched on single-model servers only
             return None if latest is None else cfg.model_base_path / str(latest.version)
 
         shared = worker.metrics_dir if worker is not None else None
