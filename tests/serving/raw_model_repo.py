@@ -9,7 +9,7 @@ import onnx
 
 from export.raw_onnx import build_raw_model
 from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 from training.synth import sample_rows
 
 

@@ -18,7 +18,7 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from tests.serving.raw_model_repo import fit_spec, write_raw_version
 from tests.serving.server_process import ServerProcess, http
 from tests.serving.v2_inputs import FEATURES, raw_columns, v1_predictions
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
