@@ -39,11 +39,11 @@ from serving.backends import Backend
 from serving.config import ServerConfig
 from serving.curl_example import curl_example
 from serving.http.server import HttpLimits, HttpServer
-from serving.tls import load_tls_config
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.observability.metrics_shared import SharedServingMetrics
 from serving.observability.request_log import RequestLog
+from serving.tls import load_tls_config
 from serving.versions.manager import ModelManager
 from serving.versions.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
 from serving.versions.servable import BatchingOptions, Runner, build_runners
@@ -126,7 +126,7 @@ async def _open_ports(
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder.start()
-        app = RestApp(models, lambda: metrics.render() + models.drift_text(), decoder, V2RestApp(v2))
+        app = RestApp(models, lambda: metrics.render() + models.drift_text(), decoder, V2RestApp(v2, decoder))
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
         log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from serving.api.rest_body import BodyDecoder
 from serving.api.v2_models import V2Models
 from serving.batches import DecodedRequest
 from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
@@ -36,8 +37,9 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 class V2RestApp:
     """The v2 REST handlers over the served models; `handle` answers (status, body, content type)."""
 
-    def __init__(self, models: V2Models) -> None:
-        self.models = models
+    def __init__(self, models: V2Models, decoder: BodyDecoder) -> None:
+        """`decoder`: parses a large body in its child process, as for v1 (serving/api/rest_body.py)."""
+        self.models, self.decoder = models, decoder
 
     async def dispatch(
         self,
@@ -79,7 +81,7 @@ class V2RestApp:
         request_id: str | None,
     ) -> tuple[int, bytes, bytes]:
         predictor, signature = self.models.lookup(v2_name)
-        request = parse_infer(body, header_length)
+        request = await self.decoder.run(parse_infer, body, header_length)
         wanted = _requested_outputs(request)
 
         async def decode(sig: Signature) -> DecodedRequest:

@@ -219,3 +219,14 @@ def test_nonfinite_output_is_a_500_naming_the_instance(server: ServerProcess) ->
 def test_health_routes_answer_without_a_model_name(server: ServerProcess) -> None:
     assert http(server.url("/v2/health/live")) == (200, {"live": True})
     assert http(server.url("/v2/health/ready")) == (200, {"ready": True})
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_large_body_is_parsed_off_the_event_loop_and_matches_v1(
+    server: ServerProcess, client: triton.InferenceServerClient, binary: bool
+) -> None:
+    rows = np.random.default_rng(11).random((600, 128), np.float32)  # over 256 KiB either way: the child parses
+    tensor = triton.InferInput("features", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows, binary_data=binary)
+    scores = client.infer("ctr", [tensor]).as_numpy("ctr")
+    np.testing.assert_array_equal(scores, v1_predictions(server, {"instances": rows.tolist()}))
