@@ -12,11 +12,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.harness.timing import time_calls
 
 BACKEND = "JAX jit"
 PROBE_ROWS = 256
@@ -69,15 +70,6 @@ def measure(
     return rows, " ".join(cmd)
 
 
-def _time_calls(predict: Any, x: np.ndarray, calls: int) -> np.ndarray:
-    out = np.empty(calls)
-    for i in range(calls):
-        t0 = time.perf_counter()
-        predict(x)
-        out[i] = (time.perf_counter() - t0) * 1e3
-    return out
-
-
 def worker_main(argv: list[str] | None = None) -> int:
     import importlib.metadata as m
 
@@ -113,8 +105,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     for batch_text, calls in plan["calls"].items():
         batch = int(batch_text)
         x = rng.standard_normal((batch, w["w0"].shape[1])).astype(np.float32)
-        _time_calls(predict, x, plan["warmup_calls"])
-        runs = [_time_calls(predict, x, calls) for _ in range(plan["repeats"])]
+        time_calls(predict, x, plan["warmup_calls"])
+        runs = [time_calls(predict, x, calls) for _ in range(plan["repeats"])]
         p50 = [float(np.percentile(r, 50)) for r in runs]
         p99 = [float(np.percentile(r, 99)) for r in runs]
         rows.append({"backend": BACKEND, "batch": batch, "p50_ms": float(np.median(p50)), "p99_ms": float(np.median(p99)),

@@ -12,7 +12,6 @@ import functools
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness.timing import time_calls
 from ctr_contract.repository import (
     FEATURE_SPEC_PATH,
     MANIFEST_PATH,
@@ -97,16 +97,6 @@ def _source_checkpoint(version_dir: Path) -> Path | None:
     return path if path.is_file() else None
 
 
-def _time_calls(predict: Callable[[np.ndarray], np.ndarray], x: np.ndarray, calls: int) -> np.ndarray:
-    """Wall time of each call in ms."""
-    out = np.empty(calls)
-    for i in range(calls):
-        t0 = time.perf_counter()
-        predict(x)
-        out[i] = (time.perf_counter() - t0) * 1e3
-    return out
-
-
 def run(
     mode: str,
     version_dir: Path,
@@ -140,9 +130,9 @@ def run(
     for name, predict in backends.items():
         for batch in BATCHES:
             x = rng.standard_normal((batch, width)).astype(np.float32)
-            _time_calls(predict, x, plan.warmup_calls)
+            time_calls(predict, x, plan.warmup_calls)
             calls = plan.calls(batch)
-            runs = [_time_calls(predict, x, calls) for _ in range(plan.repeats)]
+            runs = [time_calls(predict, x, calls) for _ in range(plan.repeats)]
             p50 = [float(np.percentile(r, 50)) for r in runs]
             p99 = [float(np.percentile(r, 99)) for r in runs]
             rows.append(
@@ -191,9 +181,9 @@ def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list
     for name, predict in raw.items():
         for batch in RAW_BATCHES:
             x = (numeric[:batch], categorical[:batch])
-            call = functools.partial(_call_raw, predict)  # _time_calls passes one argument
-            _time_calls(call, x, plan.warmup_calls)  # type: ignore[arg-type]
-            runs = [_time_calls(call, x, plan.calls(batch)) for _ in range(plan.repeats)]  # type: ignore[arg-type]
+            call = functools.partial(_call_raw, predict)  # time_calls passes one argument
+            time_calls(call, x, plan.warmup_calls)  # type: ignore[arg-type]
+            runs = [time_calls(call, x, plan.calls(batch)) for _ in range(plan.repeats)]  # type: ignore[arg-type]
             p50 = [float(np.percentile(r, 50)) for r in runs]
             p99 = [float(np.percentile(r, 99)) for r in runs]
             rows.append({"backend": name, "batch": batch, "p50_ms": float(np.median(p50)),

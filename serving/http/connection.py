@@ -80,7 +80,7 @@ class HttpConnection(asyncio.Protocol):
         if not self.budget.admit(self):
             # Refused at once, never queued: the client can retry elsewhere (another worker or replica).
             message = f"too many open connections (--max_connections={self.limits.max_connections})"
-            self.transport.write(self._render(503, error_body(message), JSON, keep_alive=False))
+            self.transport.write(self._final_error(503, message))
             self.transport.close()
             self.parser = None
             return
@@ -260,9 +260,17 @@ class HttpConnection(asyncio.Protocol):
                 self.budget.count_freed(len(request.body))
                 if self.transport is None:
                     return
+                date, extra = self.budget.date_header(), self.budget.extra_headers
                 self.transport.write(
-                    self._render(
-                        status, body, content_type, request.keep_alive, head_only, request.request_id
+                    render(
+                        status,
+                        body,
+                        content_type,
+                        request.keep_alive,
+                        date,
+                        extra,
+                        head_only,
+                        request.request_id,
                     )
                 )
                 if not request.keep_alive:
@@ -283,18 +291,11 @@ class HttpConnection(asyncio.Protocol):
         elif not self._in_message and self.transport is not None:
             self._set_phase("keepalive", self.limits.keepalive_timeout_s)
 
-    def _render(
-        self,
-        status: int,
-        body: bytes,
-        content_type: bytes,
-        keep_alive: bool,
-        head_only: bool = False,
-        request_id: str = "",
-    ) -> bytes:
-        # `content_type` may end with further CRLF-separated header lines (the v2 binary extension's length).
-        date, extra = self.budget.date_header(), self.budget.extra_headers
-        return render(status, body, content_type, keep_alive, date, extra, head_only, request_id)
+    def _final_error(self, status: int, message: str) -> bytes:
+        """An error response after which the connection closes: `{"error": message}`, `connection: close`."""
+        return render(
+            status, error_body(message), JSON, False, self.budget.date_header(), self.budget.extra_headers
+        )
 
     def _fail(self, status: int, message: str, kind: str) -> None:
         """Stop parsing; answer `status` after the answers already owed, then close. `kind`: refusal metric."""
@@ -308,9 +309,7 @@ class HttpConnection(asyncio.Protocol):
         # sends more, rather than reading megabytes only to discard them.
         self._fail_fast = kind == "buffered_bytes"
         self._discard_left = 0 if self._fail_fast else self.limits.max_body_bytes * DISCARD_FACTOR
-        self.pending.append(
-            PendingRequest("", "", b"", False, self._render(status, error_body(message), JSON, False))
-        )
+        self.pending.append(PendingRequest("", "", b"", False, self._final_error(status, message)))
         self._set_phase("linger", self.limits.body_timeout_s)
         self._serve_soon()
 

@@ -49,7 +49,10 @@ def render(
     head_only: bool = False,
     request_id: str = "",
 ) -> bytes:
-    """One HTTP/1.1 response: status line, headers (`extra_headers` are raw CRLF-ended lines), then `body`."""
+    """One HTTP/1.1 response: status line, headers (`extra_headers` are raw CRLF-ended lines), then `body`.
+
+    `content_type` may end with further CRLF-separated header lines (the v2 binary extension's header length).
+    """
     head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s%s\r\n" % (
         status,
         _REASONS.get(status, b""),
