@@ -225,7 +225,9 @@ def test_health_routes_answer_without_a_model_name(server: ServerProcess) -> Non
 def test_large_body_is_parsed_off_the_event_loop_and_matches_v1(
     server: ServerProcess, client: triton.InferenceServerClient, binary: bool
 ) -> None:
-    rows = np.random.default_rng(11).random((600, 128), np.float32)  # over 256 KiB either way: the child parses
+    rows = np.random.default_rng(11).random(
+        (600, 128), np.float32
+    )  # over 256 KiB either way: the child parses
     tensor = triton.InferInput("features", list(rows.shape), "FP32")
     tensor.set_data_from_numpy(rows, binary_data=binary)
     scores = client.infer("ctr", [tensor]).as_numpy("ctr")
