@@ -117,7 +117,7 @@ def parse_infer(body: bytes | bytearray, header_length: int | None) -> InferRequ
     """The JSON header (and the binary tensors after it) of an infer body; 400 naming what is wrong."""
     if header_length is not None and not 0 <= header_length <= len(body):
         raise InvalidArgument(
-            f"{HEADER_LENGTH} is {header_length}, but the body has {len(body)} bytes; send the JSON header's length"
+            f"{HEADER_LENGTH} must be the JSON header's length in bytes, at most the body's {len(body)} bytes"
         )
     head = body if header_length is None else memoryview(body)[:header_length]
     binary = b"" if header_length is None else memoryview(body)[header_length:]
@@ -137,11 +137,17 @@ def parse_infer(body: bytes | bytearray, header_length: int | None) -> InferRequ
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidArgument(f"inputs[{i}] must be an object with a string 'name'")
         name, datatype = item["name"], item.get("datatype")
+        _check_parameters(item, f"input '{name}'")
         if not isinstance(datatype, str):
             raise InvalidArgument(f"input '{name}' needs a string 'datatype' such as \"FP32\"")
         shape = check_shape(name, item.get("shape"))
         size = (item.get("parameters") or {}).get("binary_data_size")
         if size is not None:
+            if header_length is None:
+                raise InvalidArgument(
+                    f"input '{name}' has binary_data_size but the request has no {HEADER_LENGTH} header; "
+                    "send the JSON header's length in it"
+                )
             if type(size) is not int or size < 0 or offset + size > len(binary):
                 raise InvalidArgument(
                     f"input '{name}' has binary_data_size {size!r}, but {len(binary) - offset} binary bytes are "
@@ -156,11 +162,20 @@ def parse_infer(body: bytes | bytearray, header_length: int | None) -> InferRequ
     if offset != len(binary):
         raise InvalidArgument(f"{len(binary) - offset} bytes after the JSON header belong to no input")
     outputs = doc.get("outputs", [])
+    for output in outputs if isinstance(outputs, list) else ():
+        _check_parameters(
+            output, f"output {output.get('name')!r}" if isinstance(output, dict) else "an output"
+        )
     if not isinstance(outputs, list) or not all(
         isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
     ):
         raise InvalidArgument("'outputs' must be a list of objects with a string 'name'")
     return InferRequest(doc, tensors)
+
+
+def _check_parameters(item: Any, what: str) -> None:
+    if isinstance(item, dict) and not isinstance(item.get("parameters", {}), dict):
+        raise InvalidArgument(f"{what} has 'parameters' {item['parameters']!r}; send an object")
 
 
 def _loads(text: bytes) -> Any:

@@ -180,6 +180,31 @@ def test_binary_data_output_splits_the_body_at_the_header_length(server: ServerP
             "row 0 field 'I1' is 1.5, a fractional count; counts are integers",
         ),
         ("/v2/models/ctr/ready", {}, 405, "method POST is not allowed here; use GET"),
+        (
+            "/v2/models/ctr/infer",
+            {
+                "inputs": [
+                    {
+                        "name": "features",
+                        "shape": [1, 128],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": 512},
+                    }
+                ]
+            },
+            400,
+            "input 'features' has binary_data_size but the request has no Inference-Header-Content-Length header; "
+            "send the JSON header's length in it",
+        ),
+        (
+            "/v2/models/ctr/infer",
+            {
+                "inputs": [{"name": "features", "shape": [1, 128], "datatype": "FP32", "data": [0.5] * 128}],
+                "outputs": [{"name": "ctr", "parameters": 5}],
+            },
+            400,
+            "output 'ctr' has 'parameters' 5; send an object",
+        ),
     ],
 )
 def test_errors_are_an_error_object_with_the_v1_status(
