@@ -23,6 +23,11 @@ def fit_spec(seed: int = 3, n: int = 3_000) -> FeatureSpec:
     return FeatureSpec.fit(numeric, categorical, labels, min_count=20)
 
 
+def seen_values(spec: FeatureSpec, n: int = 2) -> list[str]:
+    """The first `n` values of C1 that the spec saw in training (they map to their own embedding rows)."""
+    return [v.decode() for v in spec.tables[0].vocab[:n]]
+
+
 def write_raw_version(base: Path, version: int, spec: FeatureSpec, seed: int = 11) -> Path:
     """`<base>/<version>/` serving `serving_default` and `raw` from ONNX, renamed into place like export does."""
     stage = base / f".tmp-{version}"

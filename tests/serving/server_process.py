@@ -31,7 +31,6 @@ class ServerProcess:
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
-        self.seen: list[str] = []  # raw tests: categorical values the version saw in training
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.rest_port}{path}"

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from tests.serving.raw_model_repo import fit_spec, write_raw_version
+from tests.serving.raw_model_repo import fit_spec, seen_values, write_raw_version
 from tests.serving.server_process import ServerProcess, http
 from tests.serving.v2_inputs import FEATURES, raw_columns, v1_predictions
 from training.features.spec import FeatureSpec
@@ -27,7 +27,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 @pytest.fixture(scope="module")
 def spec_and_seen() -> tuple[FeatureSpec, list[str]]:
     spec = fit_spec()
-    return spec, [v.decode() for v in spec.tables[0].vocab[:2]]
+    return spec, seen_values(spec)
 
 
 @pytest.fixture(scope="module")

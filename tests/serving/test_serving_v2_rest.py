@@ -13,19 +13,23 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from ctr_contract.schema import NUMERIC_FIELDS
-from tests.serving.raw_model_repo import fit_spec, write_raw_version
+from tests.serving.raw_model_repo import fit_spec, seen_values, write_raw_version
 from tests.serving.server_process import ServerProcess, http
 from tests.serving.v2_inputs import FEATURES, raw_columns, v1_predictions
+from training.features.spec import FeatureSpec
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def spec() -> FeatureSpec:
+    return fit_spec()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, spec: FeatureSpec) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("v2rest") / "ctr"
-    spec = fit_spec()
     write_raw_version(base, 1, spec)
     proc = ServerProcess(base, tmp_path_factory.mktemp("logs") / "server.log", "--enable_batching")
     proc.wait_ready()
-    proc.seen = [v.decode() for v in spec.tables[0].vocab[:2]]  # C1 values seen in training
     yield proc
     proc.stop()
 
@@ -81,9 +85,9 @@ def test_infer_matches_v1_predictions(
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_ctr_raw_equals_v1_raw_predictions(
-    server: ServerProcess, client: triton.InferenceServerClient, binary: bool
+    server: ServerProcess, client: triton.InferenceServerClient, spec: FeatureSpec, binary: bool
 ) -> None:
-    columns, rows = raw_columns(server.seen)
+    columns, rows = raw_columns(seen_values(spec))
     tensors = []
     for name, values in columns.items():
         tensor = triton.InferInput(name, [2], "FP64" if name in NUMERIC_FIELDS else "BYTES")
