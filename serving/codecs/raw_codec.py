@@ -250,7 +250,8 @@ def decode_tensors(inputs: Any) -> RawBatch:
         if key not in _NUMERIC and key not in _CATEGORICAL:
             raise InvalidArgument(f"inputs has unknown field {_shown(key)}; {_FIELDS_HINT}")
         decoded[key] = _tensor_values(inputs[key], key)
-    lengths = {k: n for k, (_, n) in decoded.items()}
+    # Schema order, not the proto map's (which is unordered): the message is the same on every run.
+    lengths = {k: decoded[k][1] for k in (*NUMERIC_FIELDS, *CATEGORICAL_FIELDS) if k in decoded}
     if len(set(lengths.values())) > 1:
         raise InvalidArgument(f"raw inputs have different lengths {lengths}; send one value per row in each")
     n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
