@@ -235,18 +235,11 @@ def _tensor_values(tensor: Any, key: str) -> tuple[list[Any] | np.ndarray, int]:
     return values, n
 
 
-def _field_order(key: str) -> tuple[int, int]:
-    """Unknown fields first (the first error names one), then the schema's order: I1..I13, C1..C26."""
-    if key in _NUMERIC:
-        return 1, _NUMERIC[key]
-    return (2, _CATEGORICAL[key]) if key in _CATEGORICAL else (0, 0)
-
-
 def decode_tensors(inputs: Any) -> RawBatch:
     """gRPC `PredictRequest.inputs` for the `raw` signature: C* DT_STRING [N]; I* DT_DOUBLE (NaN = missing),
     DT_FLOAT, DT_INT64, DT_INT32 or DT_STRING ("" = missing) [N]. An absent input is all missing."""
     decoded: dict[str, tuple[list[Any] | np.ndarray, int]] = {}
-    for key in sorted(inputs, key=_field_order):  # a protobuf map has no fixed order; messages must not vary
+    for key in inputs:
         if key not in _NUMERIC and key not in _CATEGORICAL:
             raise InvalidArgument(f"inputs has unknown field {_shown(key)}; {_FIELDS_HINT}")
         decoded[key] = _tensor_values(inputs[key], key)
