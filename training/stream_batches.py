@@ -5,7 +5,8 @@ of the split are cut into `world` contiguous ranges that differ by at most one r
 row groups its range touches (two ranks share a boundary group, each keeping its own rows), so there are
 never idle ranks, even with more ranks than row groups. Each rank fills a buffer of `buffer_rows`
 transformed rows, hands out whole batches of randomly drawn rows until half of it is left, then refills,
-so rows mix across row groups. Every rank makes ceil(ceil(N / world) / batch) batches (DDP needs equal step
+so rows mix across row groups; while it first fills, it already hands out half of each slice's rows (so the
+first step does not wait for a whole buffer). Every rank makes ceil(ceil(N / world) / batch) batches (DDP needs equal step
 counts): across ranks each row is seen exactly once per epoch. The order depends only on (seed, epoch,
 rank), so a resumed run replays it. A background thread reads and transforms the next row groups while
 the model trains on the current ones. Memory per process: the buffer (buffer_rows + 32k feature rows), one
@@ -112,6 +113,11 @@ class StreamedBatches(IterableDataset):
                 k = yield from buf.drain(
                     sizes, k, self.buffer_rows // 2 if self.shuffle else 0, g if self.shuffle else None
                 )
+            elif self.shuffle:
+                # Ramp-up: while the buffer first fills, hand out half of each new slice's rows (drawn from all
+                # rows held), so training starts after one slice instead of a whole buffer and the buffer still
+                # grows by half a slice per slice.
+                k = yield from buf.drain(sizes, k, buf.n - x.shape[0] // 2, g)
         k = yield from buf.drain(sizes, k, 0, g if self.shuffle else None)
         if k != len(sizes) or buf.n:
             raise RuntimeError(f"streamed {k} of {len(sizes)} batches, {buf.n} rows left over; a bug")
