@@ -147,11 +147,23 @@ class _RowBuffer:
             rows = order[pos : pos + sizes[k]]
             yield self.x.index_select(0, rows), self.y.index_select(0, rows), self.idx.index_select(0, rows)
             pos, k = pos + sizes[k], k + 1
-        rest = order[pos:]  # move the rows kept back to the front (a copy of at most `keep` + a batch rows)
-        self.x[: rest.numel()] = self.x.index_select(0, rest)
-        self.y[: rest.numel()] = self.y.index_select(0, rest)
-        self.idx[: rest.numel()] = self.idx.index_select(0, rest)
-        self.n = rest.numel()
+        if (
+            g is None
+        ):  # in order: move the rows kept back to the front, keeping their order (less than a batch)
+            rest = order[pos:]
+            self.x[: rest.numel()] = self.x.index_select(0, rest)
+            self.y[: rest.numel()] = self.y.index_select(0, rest)
+            self.idx[: rest.numel()] = self.idx.index_select(0, rest)
+        else:  # shuffled: the next drain draws a fresh order, so only kept rows past the end fill the holes
+            n_kept = self.n - pos
+            holes, movers = order[:pos], order[pos:]
+            holes, movers = (
+                holes[holes < n_kept],
+                movers[movers >= n_kept],
+            )  # equal counts; copies <= pos rows
+            for t in (self.x, self.y, self.idx):
+                t.index_copy_(0, holes, t.index_select(0, movers))
+        self.n -= pos
         return k
 
 
