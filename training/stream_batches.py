@@ -33,6 +33,7 @@ from training.stream import ParquetData, Piece, Split
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)
 _TRANSFORM_ROWS = 1 << 15
+_FIRST_SLICE_ROWS = 1 << 12  # two batches of 2048: the ramp-up hands out one while the next slices load
 
 
 def epoch_plan(
@@ -84,15 +85,15 @@ class StreamedBatches(IterableDataset):
         return epoch_plan(self.data.pieces, self.split, order, self.rank, self.world_size)
 
     def _chunks(self, plan: list[tuple[Piece, int, int]]) -> Iterator[Batch]:
+        first = [True]  # the epoch's first slice is small, so its first batch comes after a few thousand rows
         for piece, lo, hi in plan:
             if self.encoded is not None:  # transformed once already: read and expand
-                for a in range(lo, hi, _TRANSFORM_ROWS):
-                    n = min(_TRANSFORM_ROWS, hi - a)
+                for a, n in _slices(lo, hi, first):
                     yield expand(read_records(self.encoded, piece.start(self.split) + a, n), self.spec.width)
                 continue
             chunk = self.data.read(piece, self.split)
-            for a in range(lo, hi, _TRANSFORM_ROWS):  # slices bound the transform's temporaries
-                table = chunk.table.slice(a, min(_TRANSFORM_ROWS, hi - a))
+            for a, n in _slices(lo, hi, first):  # slices bound the transform's temporaries
+                table = chunk.table.slice(a, n)
                 x = torch.from_numpy(transform_chunk(self.spec, table))
                 y = torch.from_numpy(table.column(LABEL).to_numpy().astype(np.float32)).reshape(-1, 1)
                 yield x, y, torch.from_numpy(chunk.index[a : a + len(table)])
@@ -121,6 +122,16 @@ class StreamedBatches(IterableDataset):
         k = yield from buf.drain(sizes, k, 0, g if self.shuffle else None)
         if k != len(sizes) or buf.n:
             raise RuntimeError(f"streamed {k} of {len(sizes)} batches, {buf.n} rows left over; a bug")
+
+
+def _slices(lo: int, hi: int, first: list[bool]) -> Iterator[tuple[int, int]]:
+    """(start, rows) slices of [lo, hi): `_TRANSFORM_ROWS` each, the first of the epoch (`first[0]`) smaller."""
+    a = lo
+    while a < hi:
+        n = min(_FIRST_SLICE_ROWS if first[0] else _TRANSFORM_ROWS, hi - a)
+        first[0] = False
+        yield a, n
+        a += n
 
 
 class _RowBuffer:
