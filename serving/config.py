@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
+from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.backends import BACKENDS
-from serving.version_policy import VersionPolicy
+from serving.versions.policy import VersionPolicy
 
 
 def _bool(text: str) -> bool:
@@ -66,7 +67,7 @@ class ServerConfig:
     num_workers: int
     print_curl_example: bool
     log_level: str
-    # REST connection limits (serving/http_server.py HttpLimits)
+    # REST connection limits (serving/http/shared.py HttpLimits)
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
     keepalive_timeout_seconds: float = 75.0
@@ -75,10 +76,10 @@ class ServerConfig:
     max_connections: int = 1024
     max_output_bytes: int = 1 << 20
     max_buffered_bytes: int = 64 << 20
-    # Version folders (serving/versions.py)
+    # Version folders (serving/versions/manager.py)
     manifest_wait_timeout_seconds: float = 600.0
     model_load_timeout_seconds: float = 600.0
-    # Drift metrics (serving/drift.py) and sampled request logs (serving/request_log.py)
+    # Drift metrics (serving/observability/drift.py) and sampled request logs (serving/observability/request_log.py)
     drift_window: int = 10_000
     request_log_dir: Path | None = None
     request_log_sample_rate: float = 0.0
@@ -216,6 +217,9 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return ServerConfig(**vars(args))
+        cfg = ServerConfig(**vars(args))
     except ValueError as exc:  # ServerConfig checks its own bounds
         parser.error(str(exc))
+    if cfg.backend == "tf":  # before any worker imports TensorFlow; `--log_level debug` keeps its C++ log
+        quiet_tensorflow_log(verbose=cfg.log_level == "debug")
+    return cfg

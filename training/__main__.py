@@ -1,6 +1,6 @@
 import sys
 
-from training.speed import prefer_passive_omp_wait
+from training.model.speed import prefer_passive_omp_wait
 
 prefer_passive_omp_wait()  # before anything imports torch
 

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from training.fast_dropout import FastDropout
-from training.net import CTRNet
+from training.model.fast_dropout import FastDropout
+from training.model.net import CTRNet
 
 MILLION = 1 << 20
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from export.onnx_export import export_onnx
-from training.checkpoint import load_net, read_checkpoint
-from training.fast_dropout import FastDropout
-from training.lightning_module import CTRModule
-from training.speed import SpeedSettings
+from training.model.checkpoint import load_net, read_checkpoint
+from training.model.fast_dropout import FastDropout
+from training.model.lightning_module import CTRModule
+from training.model.speed import SpeedSettings
 from training.synth import generate
 
 # Written by the code before issue 17 (torch nn.Dropout, no fast_dropout hyperparameter): width 8, hidden 8/4.
