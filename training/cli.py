@@ -8,8 +8,8 @@ from pathlib import Path
 
 from training.config import LOADERS, TrainConfig
 from training.errors import TrainingError
-from training.model.lightning_module import ADAM_IMPLS
 from training.model.net import ACTIVATIONS
+from training.model.speed import ADAM_IMPLS
 from training.tune.params import load_tuned_params
 
 _EPILOG = """examples:
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--adam-impl",
         choices=ADAM_IMPLS,
         default=d.adam_impl,
-        help="torch Adam implementation (default: torch's choice)",
+        help="torch Adam implementation (default auto: foreach on CPU, fused on GPU; `default` is torch's choice)",
     )
     g.add_argument(
         "--patience",
@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads per process (default: torch's choice; CPU DDP: cores // devices)",
+        help="torch intra-op threads per process (default: CPU DDP cores // devices; one CPU process times a "
+        "few steps at 1 and at all cores' threads and keeps the faster)",
     )
     g = p.add_argument_group("hardware and distribution")
     g.add_argument("--accelerator", default=d.accelerator, help=f"cpu, gpu or auto (default {d.accelerator})")
@@ -129,7 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--precision",
         default=d.precision,
-        help=f"Lightning precision: 32-true, 16-mixed, bf16-mixed (default {d.precision})",
+        help=f"Lightning precision: 32-true, 16-mixed, bf16-mixed (default {d.precision}: bf16-mixed on CPUs "
+        "with AVX512_BF16/AMX and on GPUs, else 32-true)",
+    )
+    g.add_argument(
+        "--no-fast-dropout",
+        dest="fast_dropout",
+        action="store_false",
+        help="use torch's dropout on CPU too (default: numpy-drawn masks on CPU, same keep probabilities)",
     )
     g.add_argument(
         "--ddp-timeout",
