@@ -6,8 +6,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.repository import parse_version_dir
 from serving.backends import BACKENDS
+from serving.cpu_plan import cpu_plan
 from serving.version_policy import VersionPolicy
 
 
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m serving",
         description="TF-Serving-compatible model server (REST + gRPC) for the CTR model repository.",
+        formatter_class=DefaultsHelpFormatter,
     )
     tf = p.add_argument_group("TF Serving flags (same names and meaning)")
     tf.add_argument("--port", type=int, default=8500, help="gRPC port")
@@ -145,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument(
         "--model_base_path", type=Path, required=True, help="folder holding numeric version folders"
     )
-    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False)
+    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
+                    help="merge concurrent requests into batches of up to --max_batch_size rows")  # fmt: skip
     tf.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
                     help="seconds between scans for new versions; 0 scans once")  # fmt: skip
     tf.add_argument(
@@ -177,9 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--model_load_timeout_seconds", type=float, default=600.0,
                       help="a version whose check, load and warm-up take longer fails alone; 0 = no limit")  # fmt: skip
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
-    ours.add_argument("--intra_op_threads", type=int, default=1, help="threads per model call")
-    ours.add_argument("--num_workers", type=int, default=1,
-                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model")  # fmt: skip
+    ours.add_argument("--intra_op_threads", type=int, default=None,
+                      help="ONNX Runtime threads per model call; default: the cgroup CPU limit / --num_workers, "
+                      "1 without a limit (serving/cpu_plan.py)")  # fmt: skip
+    ours.add_argument("--num_workers", type=int, default=None,
+                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model; "
+                      "default: the cgroup CPU limit rounded up, 1 without a limit")  # fmt: skip
     ours.add_argument("--print_curl_example", type=_bool, nargs="?", const=True, default=False,
                       help="print a ready-to-paste curl predict command once a version is loaded")  # fmt: skip
     ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -215,6 +222,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     """Parse and check the command line; argparse exits with a message on a bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.num_workers, args.intra_op_threads = cpu_plan(args.num_workers, args.intra_op_threads)
     try:
         return ServerConfig(**vars(args))
     except ValueError as exc:  # ServerConfig checks its own bounds
