@@ -105,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse when its expected calibration error is higher by more than this (default: %(default)s)",
     )
     quality.add_argument(
-        "--force", action="store_true", help="publish even when the gate refuses; the manifest records it"
+        "--force",
+        action="store_true",
+        help="publish even when the gate refuses, or cannot run for want of --eval-data; the manifest records it",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log each step")
     return p
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     g = result.quality_gate
     if g is not None and g.get("skipped"):
-        print(f"quality gate: skipped: {g['skipped']}")
+        print(f"quality gate: skipped: {g['skipped']}" + (" (published with --force)" if g["forced"] else ""))
     elif g is not None:
         c, o = g["candidate"], g["served"]
         line = f"quality gate: candidate AUC {c['auc']:.4f} ECE {c['ece']:.4f}"
