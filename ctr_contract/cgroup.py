@@ -11,7 +11,7 @@ import math
 import os
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # a test may point this at a fake tree
 _UNLIMITED_BYTES = 1 << 60  # v1 writes "no limit" as a page-rounded 2**63 - 1
 
 
@@ -22,8 +22,9 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
+def cpu_quota(root: Path | None = None) -> float | None:
     """CPUs the cgroup may use (quota / period, e.g. 2.5), or None when unlimited or unknown."""
+    root = root or CGROUP_ROOT
     v2 = _read(root / "cpu.max")  # "max 100000" or "200000 100000"
     if v2 is not None:
         quota, _, period = v2.partition(" ")
@@ -37,7 +38,7 @@ def cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
     return int(quota_us) / int(period_us)
 
 
-def available_cpus(root: Path = CGROUP_ROOT) -> int:
+def available_cpus(root: Path | None = None) -> int:
     """Whole CPUs this process may keep busy: the CPU affinity, capped by the cgroup quota (rounded up)."""
     try:
         cores = len(os.sched_getaffinity(0))
@@ -47,8 +48,9 @@ def available_cpus(root: Path = CGROUP_ROOT) -> int:
     return max(1, min(cores, math.ceil(quota) if quota else cores))
 
 
-def memory_limit(root: Path = CGROUP_ROOT) -> int | None:
+def memory_limit(root: Path | None = None) -> int | None:
     """The cgroup's memory limit in bytes, or None when unlimited or unknown."""
+    root = root or CGROUP_ROOT
     text = _read(root / "memory.max")  # v2: "max" or bytes
     if text is None:
         text = _read(root / "memory" / "memory.limit_in_bytes")  # v1
@@ -57,8 +59,9 @@ def memory_limit(root: Path = CGROUP_ROOT) -> int | None:
     return int(text)
 
 
-def memory_used(root: Path = CGROUP_ROOT) -> int | None:
+def memory_used(root: Path | None = None) -> int | None:
     """Bytes the cgroup uses now, less its inactive page cache (reclaimable), or None when unknown."""
+    root = root or CGROUP_ROOT
     used, stat = _read(root / "memory.current"), _read(root / "memory.stat")
     inactive_key = "inactive_file"
     if used is None:
@@ -85,7 +88,7 @@ def _meminfo_available() -> int | None:
     return None
 
 
-def available_memory(root: Path = CGROUP_ROOT) -> int | None:
+def available_memory(root: Path | None = None) -> int | None:
     """Bytes this process can still allocate: the host's MemAvailable, capped by the cgroup's headroom."""
     host = _meminfo_available()
     limit = memory_limit(root)

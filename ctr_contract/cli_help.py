@@ -23,3 +23,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         ):
             return action.help
         return super()._get_help_string(action)
+
+
+class RawDescriptionDefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
+    """DefaultsHelpFormatter that keeps the description's and epilog's own line breaks."""
