@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctr_contract import cgroup
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from training.feature_cache import expand, iter_records, transform_chunk, write_split
 from training.features import FeatureSpec
@@ -203,11 +204,6 @@ def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: in
 
 
 def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
+    # The container's memory limit, not the node's: /proc/meminfo alone would size a 4 GiB pod by its node.
+    return cgroup.available_memory()
     return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 import warnings
@@ -18,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from ctr_contract import run_dir
+from ctr_contract import cgroup, run_dir
 from training.callbacks import SampleAudit, TrainThroughput
 from training.checkpoint import load_net
 from training.config import TrainConfig
@@ -63,8 +62,9 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     t_start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     threads = cfg.threads
-    if threads is None and cfg.accelerator == "cpu" and cfg.devices > 1:
-        threads = max(1, (os.cpu_count() or 1) // cfg.devices)  # N CPU ranks must not each take every core
+    if threads is None and cfg.accelerator == "cpu":
+        # N CPU ranks share the container's CPU limit (cgroup), not the node's cores.
+        threads = max(1, cgroup.available_cpus() // cfg.devices)
     if threads:
         torch.set_num_threads(threads)
     ckpt_dir = cfg.out / run_dir.CHECKPOINTS_DIR
