@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ctr_contract import run_dir
+from ctr_contract.cli_help import DefaultsHelpFormatter
 from export.errors import ExportError, InputError
 from export.parity import MIN_ROWS
 from export.request import ExportRequest, request_defaults
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m export",
         description="Export a CTR checkpoint to ONNX + SavedModel (+ TorchScript), gate it on parity, and "
         "publish it as the next version of the model repository.",
+        formatter_class=DefaultsHelpFormatter,
     )
     src = p.add_argument_group("source")
     src.add_argument(
