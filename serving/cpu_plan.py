@@ -13,8 +13,13 @@ from ctr_contract import cgroup
 
 def cpu_plan(num_workers: int | None, intra_op_threads: int | None) -> tuple[int, int]:
     """(workers, threads per worker): the given values, the rest filled from the cgroup CPU limit."""
+    # `is None`, not `or`: a given 0 must reach ServerConfig's check ("--num_workers must be >= 1").
     if cgroup.cpu_quota() is None:
-        return num_workers or 1, intra_op_threads or 1
+        return _given(num_workers, 1), _given(intra_op_threads, 1)
     cpus = cgroup.available_cpus()
-    workers = num_workers or cpus
-    return workers, intra_op_threads or max(1, cpus // workers)
+    workers = _given(num_workers, cpus)
+    return workers, _given(intra_op_threads, max(1, cpus // max(1, workers)))
+
+
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
