@@ -12,11 +12,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.inputs import PROJECT_ROOT
-from bench.measurements import flatten
-from bench.modes import MODES, SECTIONS, get_mode
-from bench.procs import install_cleanup
-from bench.suite import run_bench
+from bench.harness.inputs import PROJECT_ROOT
+from bench.harness.modes import MODES, SECTIONS, get_mode
+from bench.harness.procs import install_cleanup
+from bench.harness.suite import run_bench
+from bench.report.measurements import flatten
 
 RESULTS_ROOT = PROJECT_ROOT / "bench" / "results"
 

@@ -7,9 +7,12 @@ those files. docs/design.md describes the same contract in prose.
 - `ctr_contract.schema`: the Criteo record (field names and types).
 - `ctr_contract.run_dir`: what `python -m training --out RUN` writes and `python -m export --run RUN` reads.
 - `ctr_contract.repository`: the versioned model repository that export writes and serving polls.
+- `ctr_contract.manifest`: the format of a version's manifest, and the sha256 of its files.
 - `ctr_contract.signatures`: signature keys and tensor names of every served version.
+- `ctr_contract.tf_log`: every entrypoint's rule for TensorFlow's C++ log (quiet unless asked).
 """
 
+from ctr_contract.manifest import FILES_KEY, MANIFEST_KEYS, file_hashes, sha256_file
 from ctr_contract.repository import (
     ASSETS_EXTRA,
     DRIFT_REFERENCE_PATH,
@@ -59,10 +62,12 @@ __all__ = [
     "FEATURE_SPEC",
     "FEATURE_SPEC_PATH",
     "FIELDS",
+    "FILES_KEY",
     "INPUT_NAME",
     "LABEL",
     "LAST_CHECKPOINT",
     "LOGS_DIR",
+    "MANIFEST_KEYS",
     "MANIFEST_PATH",
     "MAX_VERSION",
     "METRICS",
@@ -83,6 +88,8 @@ __all__ = [
     "VAL_LABELS",
     "VAL_RAW",
     "WARMUP_PATH",
+    "file_hashes",
     "parse_version_dir",
+    "sha256_file",
     "version_dirs",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ctr_contract import run_dir
 from ctr_contract.cli_help import DefaultsHelpFormatter
+from ctr_contract.tf_log import import_tensorflow
 from export.errors import ExportError, InputError
 from export.parity import MIN_ROWS
 from export.request import ExportRequest, request_defaults
@@ -111,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="publish even when the gate refuses, or cannot run for want of --eval-data; the manifest records it",
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="log each step")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="log each step, and TensorFlow's C++ start-up log"
+    )
     return p
 
 
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="export: %(message)s")
     try:
         req = request_from_args(args)
+        import_tensorflow(verbose=args.verbose)  # before export.pipeline imports it: ctr_contract/tf_log.py
         from export.pipeline import export_version
 
         result = export_version(req)

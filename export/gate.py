@@ -30,10 +30,10 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from export.errors import ExportError, InputError
 from export.request import ExportRequest
 from export.runtimes import onnxruntime_predictor, torch_predictor
-from training.criteo import read_batches
-from training.features import FeatureSpec
-from training.metrics import log_loss, roc_auc
-from training.split import validation_mask
+from training.data.criteo import read_batches
+from training.data.split import validation_mask
+from training.features.spec import FeatureSpec
+from training.model.metrics import log_loss, roc_auc
 
 ECE_BINS = 10
 MAX_EVAL_ROWS = 100_000

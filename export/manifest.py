@@ -1,8 +1,10 @@
-"""`assets.extra/manifest.json`: what a version is, where it came from and how it was checked."""
+"""`assets.extra/manifest.json`: what a version is, where it came from and how it was checked.
+
+The format (its keys, the `files` map and its sha256) is `ctr_contract.manifest`, which serving checks against.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import platform
@@ -10,18 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ctr_contract.manifest import FILES_KEY, sha256_file
 from export.errors import InputError
 
 PACKAGES = ("torch", "onnx", "onnxscript", "onnxruntime", "tensorflow", "tensorflow-serving-api", "numpy")
-
-
-def sha256(path: Path) -> str:
-    """Hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def package_versions() -> dict[str, str | None]:
@@ -73,7 +67,7 @@ def build_manifest(
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "source_checkpoint": {
             "path": str(checkpoint.resolve()),
-            "sha256": sha256(checkpoint),
+            "sha256": sha256_file(checkpoint),
             "epoch": ckpt.get("epoch"),
             "global_step": ckpt.get("global_step"),
             "model": (ckpt.get("hyper_parameters") or {}).get("model"),
@@ -85,7 +79,7 @@ def build_manifest(
         "op_patches": patches,
         "parity": parity,
         "quality_gate": quality_gate,  # export/gate.py: both models' figures; "forced" when --force published it
-        "files": files,
+        FILES_KEY: files,
         "export_seconds": round(export_seconds, 3),
         "packages": package_versions(),
     }

@@ -16,7 +16,7 @@ from ctr_contract import signatures as contract
 from export.errors import ExportError, UnsupportedOpError
 from export.patches import PATCHES
 from export.targets import Target
-from training.net import CTRNet, CTRProbability
+from training.model.net import CTRNet, CTRProbability
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from ctr_contract.manifest import file_hashes
 from ctr_contract.repository import (
     ASSETS_EXTRA,
     DRIFT_REFERENCE_PATH,
@@ -27,7 +28,7 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 from export.errors import InputError
 from export.gate import gate_export
-from export.manifest import build_manifest, read_metrics, sha256, write_manifest
+from export.manifest import build_manifest, read_metrics, write_manifest
 from export.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
 from export.parity import build_rows, run_gate, saturation
 from export.patches import apply_patches
@@ -50,9 +51,9 @@ from export.runtimes import (
     torchscript_predictor,
     write_torchscript,
 )
-from training.checkpoint import CheckpointError, load_net
-from training.features import FeatureSpec
-from training.net import CTRNet
+from training.features.spec import FeatureSpec
+from training.model.checkpoint import CheckpointError, load_net
+from training.model.net import CTRNet
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ def export_version(req: ExportRequest) -> ExportResult:
             "outputs": {OUTPUT_NAME: {"dtype": "float32", "shape": [-1, 1], "onnx_shape": [BATCH_DIM, 1]}},
             RAW_SIGNATURE: raw_io(raw_proto),
         }
-        files = {p.relative_to(stage).as_posix(): sha256(p) for p in sorted(stage.rglob("*")) if p.is_file()}
+        files = file_hashes(stage)
         manifest = build_manifest(
             version=version,
             checkpoint=req.checkpoint,

@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import INPUT_NAME, OUTPUT_NAME
 from export.errors import ExportError
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 
 ML_DOMAIN = "ai.onnx.ml"
 MIN_OPSET = 13

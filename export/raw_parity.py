@@ -19,7 +19,7 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import OUTPUT_NAME, RAW_SIGNATURE
 from export.errors import InputError, ParityError
 from export.parity import MIN_ROWS, ParityRows, compare
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 
 RawRows = tuple[np.ndarray, np.ndarray]  # numeric float64 (N, 13), NaN = missing; categorical str (N, 26)
 RawPredictFn = Callable[[np.ndarray, np.ndarray], np.ndarray]

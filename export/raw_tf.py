@@ -17,7 +17,7 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, OUTPUT_NAME, RAW_SIGNATURE
 from export.raw_onnx import field_entries
 from export.translator import OnnxModule
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 
 
 def raw_specs() -> list[tf.TensorSpec]:

@@ -2,7 +2,7 @@
 
 For each model-input feature, the bin edges of its training distribution (deciles; one bin per value for
 columns with few distinct values, such as indicators) and the share of training rows in each bin; the same for the
-model's scores on the validation rows. The server (serving/drift.py) bins its recent traffic with these
+model's scores on the validation rows. The server (serving/observability/drift.py) bins its recent traffic with these
 edges and exports the population stability index against these shares:
 
     PSI = sum over bins of (live - reference) * ln(live / reference), shares floored at PSI_FLOOR.
@@ -26,7 +26,7 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from export.errors import InputError
-from training.features import HASH_START
+from training.features.layout import HASH_START
 
 log = logging.getLogger(__name__)
 REFERENCE_VERSION = 1

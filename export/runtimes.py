@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ctr_contract.signatures import DEFAULT_SIGNATURE, INPUT_NAME, OUTPUT_NAME
-from training.net import CTRProbability
+from training.model.net import CTRProbability
 
 PredictFn = Callable[[np.ndarray], np.ndarray]
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.repository import parse_version_dir
+from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.backends import BACKENDS
 from serving.cpu_plan import cpu_plan
-from serving.version_policy import VersionPolicy
+from serving.versions.policy import VersionPolicy
 
 
 def _bool(text: str) -> bool:
@@ -68,7 +69,7 @@ class ServerConfig:
     num_workers: int
     print_curl_example: bool
     log_level: str
-    # REST connection limits (serving/http_server.py HttpLimits)
+    # REST connection limits (serving/http/shared.py HttpLimits)
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 30.0
     keepalive_timeout_seconds: float = 75.0
@@ -77,10 +78,10 @@ class ServerConfig:
     max_connections: int = 1024
     max_output_bytes: int = 1 << 20
     max_buffered_bytes: int = 64 << 20
-    # Version folders (serving/versions.py)
+    # Version folders (serving/versions/manager.py)
     manifest_wait_timeout_seconds: float = 600.0
     model_load_timeout_seconds: float = 600.0
-    # Drift metrics (serving/drift.py) and sampled request logs (serving/request_log.py)
+    # Drift metrics (serving/observability/drift.py) and sampled request logs (serving/observability/request_log.py)
     drift_window: int = 10_000
     request_log_dir: Path | None = None
     request_log_sample_rate: float = 0.0
@@ -224,6 +225,9 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     args = parser.parse_args(argv)
     args.num_workers, args.intra_op_threads = cpu_plan(args.num_workers, args.intra_op_threads)
     try:
-        return ServerConfig(**vars(args))
+        cfg = ServerConfig(**vars(args))
     except ValueError as exc:  # ServerConfig checks its own bounds
         parser.error(str(exc))
+    if cfg.backend == "tf":  # before any worker imports TensorFlow; `--log_level debug` keeps its C++ log
+        quiet_tensorflow_log(verbose=cfg.log_level == "debug")
+    return cfg

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from serving.config import ServerConfig
-from serving.versions import LoadedVersion
-from serving.warmup import warmup_batches
+from serving.versions.servable import LoadedVersion
+from serving.versions.warmup import warmup_batches
 
 # The first row of Criteo's Kaggle train.txt (label 0), as a client sends it to the `raw` signature: counts as
 # JSON integers, categoricals as strings, and "" (or null, or no key) where the file has an empty cell.

@@ -6,7 +6,16 @@ The `code` string is TF Serving's error-code name, used as the `status` label of
 
 from __future__ import annotations
 
+import json
+
 import grpc
+
+JSON = b"application/json"  # the content type of every REST answer but the metrics page
+
+
+def error_body(message: str) -> bytes:
+    """The REST body of an error: `{"error": "<message>"}`, as TF Serving writes it."""
+    return json.dumps({"error": message}).encode()
 
 
 class ServingError(Exception):

@@ -1,4 +1,4 @@
-"""One process serving REST (serving/http_server.py) and gRPC (grpc.aio) on one event loop (uvloop).
+"""One process serving REST (serving/http/server.py) and gRPC (grpc.aio) on one event loop (uvloop).
 
 Lifecycle: bind both ports, load the model in the background (readiness is 503 meanwhile), poll for
 new versions; on SIGTERM/SIGINT stop being ready, refuse new predicts, let in-flight ones finish within
@@ -7,7 +7,7 @@ new versions; on SIGTERM/SIGINT stop being ready, refuse new predicts, let in-fl
 As one of the workers of `--num_workers N` (serving/workers.py) it differs in three ways: it joins the
 shared ports with SO_REUSEPORT only after its first model scan (so the kernel sends a starting or restarted
 worker no connection before it can answer), its metrics go to the run's shared files
-(serving/metrics_shared.py), and it stops by itself if the parent process is gone.
+(serving/observability/metrics_shared.py), and it stops by itself if the parent process is gone.
 """
 
 from __future__ import annotations
@@ -25,20 +25,21 @@ from pathlib import Path
 
 import grpc
 
-from serving.batching import DynamicBatcher
+from serving.api.grpc_service import build_grpc_server
+from serving.api.predictor import Predictor
+from serving.api.rest import RestApp
+from serving.api.rest_body import BodyDecoder
+from serving.api.validation import Limits
+from serving.backends import Backend
 from serving.config import ServerConfig
 from serving.curl_example import curl_example
-from serving.drift import DriftMonitor
-from serving.grpc_service import build_grpc_server
-from serving.http_server import HttpLimits, HttpServer
-from serving.metrics import ServingMetrics
-from serving.metrics_shared import SharedServingMetrics
-from serving.predictor import Predictor, raw_runner
-from serving.request_log import RequestLog
-from serving.rest import RestApp
-from serving.rest_body import BodyDecoder
-from serving.validation import Limits
-from serving.versions import LoadedVersion, ModelManager
+from serving.http.server import HttpLimits, HttpServer
+from serving.observability.drift import DriftMonitor
+from serving.observability.metrics import ServingMetrics
+from serving.observability.metrics_shared import SharedServingMetrics
+from serving.observability.request_log import RequestLog
+from serving.versions.manager import ModelManager
+from serving.versions.servable import BatchingOptions, Runner, build_runners
 
 log = logging.getLogger(__name__)
 PARENT_CHECK_S = 0.25  # how often a worker publishes its in-flight gauge and checks that its parent lives
@@ -53,26 +54,19 @@ class WorkerRole:
     metrics_dir: Path  # the run's shared metrics files
 
 
-def _batcher_factory(
+def _runner_factory(
     cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor
-) -> Callable[..., DynamicBatcher]:
-    """One DynamicBatcher per loaded version, all sharing the inference thread."""
-
-    def make(servable: LoadedVersion, raw: bool = False) -> DynamicBatcher:
-        """`raw`: the batcher of the version's `raw` signature (RawBatch in, predict_raw)."""
-        return DynamicBatcher(
-            raw_runner(servable) if raw else servable.backend.predict,
+) -> Callable[[Backend], dict[str, Runner]]:
+    """Each loaded version's runner per signature, all sharing the inference thread."""
+    batching = None
+    if cfg.enable_batching:
+        batching = BatchingOptions(
             max_batch_size=cfg.max_batch_size,
             batch_timeout_s=cfg.batch_timeout_micros / 1e6,
             max_enqueued_batches=cfg.max_enqueued_batches,
             timeout_s=cfg.rest_api_timeout_in_ms / 1e3 or float("inf"),  # 0: no deadline
-            executor=executor,
-            metrics=metrics,
-            model_name=cfg.model_name,
-            runtime=servable.backend.runtime,
         )
-
-    return make
+    return lambda backend: build_runners(backend, batching, executor, metrics, cfg.model_name)
 
 
 def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -96,7 +90,7 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 async def _open_ports(
-    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, reuse_port: bool
+    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, decoder: BodyDecoder, reuse_port: bool
 ) -> tuple[grpc.aio.Server, HttpServer | None]:
     """Bind both ports before serving anything (a busy port fails the process, exit 1), then serve them."""
     rest_socket = _bind(cfg.host, cfg.rest_api_port, reuse_port) if cfg.rest_api_port else None
@@ -107,7 +101,6 @@ async def _open_ports(
     if rest_socket is not None:
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
-        decoder = BodyDecoder(cfg.max_instances)
         decoder.start()
         app = RestApp(predictor, lambda: metrics.render() + predictor.drift_text(), decoder)
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
@@ -147,7 +140,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
     metrics.start_at_zero(cfg.model_name)
     # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
-    # a slow disk never delays inference. Each model load gets a thread of its own (serving/version_loading.py).
+    # a slow disk never delays inference. Each model load gets a thread of its own (serving/versions/loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
     disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
     manager = ModelManager(
@@ -159,19 +152,20 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         cfg.version_labels,
         metrics,
         disk_executor,
-        make_batcher=_batcher_factory(cfg, metrics, run_executor) if cfg.enable_batching else None,
+        make_runners=_runner_factory(cfg, metrics, run_executor),
         manifest_wait_s=cfg.manifest_wait_timeout_seconds,
         load_timeout_s=cfg.model_load_timeout_seconds,
     )
-    predictor = Predictor(manager, Limits(cfg.max_instances, cfg.allow_nonfinite), metrics, run_executor)
+    predictor = Predictor(manager, Limits(cfg.max_instances, cfg.allow_nonfinite), metrics)
     _watch_traffic(cfg, predictor, metrics, worker)
+    decoder = BodyDecoder(cfg.max_instances)  # started with the REST port (a child process for large bodies)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     grpc_server: grpc.aio.Server | None = None
     http_server: HttpServer | None = None
     if worker is None:
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, reuse_port=False)
+        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, decoder, reuse_port=False)
 
     try:
         await manager.poll_once()
@@ -183,7 +177,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     gc.freeze()
     chores = None
     if worker is not None and not stop.is_set():
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, reuse_port=True)
+        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, decoder, reuse_port=True)
         assert isinstance(metrics, SharedServingMetrics)
         chores = asyncio.create_task(_worker_chores(worker, metrics, stop))
     if cfg.print_curl_example and manager.latest is not None and (worker is None or worker.index == 0):
@@ -205,7 +199,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
             task.cancel()
     if http_server is not None:
         await http_server.close(timeout_s=1.0)
-        http_server.app.decoder.close()
+    decoder.close()
     if grpc_server is not None:
         await grpc_server.stop(grace=1.0)
     run_executor.shutdown(wait=False, cancel_futures=True)

@@ -20,4 +20,4 @@ class Signature:
     output_name: str
     width: int
     output_width: int
-    has_raw: bool = False  # the version also serves RAW_SIGNATURE (serving/raw_codec.py)
+    has_raw: bool = False  # the version also serves RAW_SIGNATURE (serving/codecs/raw_codec.py)

@@ -13,7 +13,7 @@ scan is done. The kernel spreads new connections over the listening workers by a
 address, so a worker that is starting or restarting gets none. Both protocols scale this way. Serving
 gRPC in one worker only would make it a single point of failure.
 
-Metrics. The parent creates a per-run directory for serving/metrics_shared.py, deletes a worker's gauges
+Metrics. The parent creates a per-run directory for serving/observability/metrics_shared.py, deletes a worker's gauges
 when it exits (its counters stay in the totals), and removes the directory at exit.
 
 Failures. A worker that dies is logged at ERROR and restarted. If a worker dies within CRASH_WINDOW_S of its

@@ -8,11 +8,10 @@ from pathlib import Path
 
 from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
 from training.config import LOADERS, TrainConfig
-from training.criteo import MalformedRowError
-from training.distributed import DistributedSetupError
-from training.lightning_module import ADAM_IMPLS, NonFiniteLossError
-from training.net import ACTIVATIONS
-from training.tune_params import load_tuned_params
+from training.errors import TrainingError
+from training.model.lightning_module import ADAM_IMPLS
+from training.model.net import ACTIVATIONS
+from training.tune.params import load_tuned_params
 
 _EPILOG = """examples:
   python -m training --data artifacts/data/train.txt --out artifacts/run
@@ -148,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="warm start: weights and frozen feature spec from a checkpoint, run dir, published version "
-        "folder or model base path (its newest version); see training/warm_start.py",
+        "folder or model base path (its newest version); see training/model/warm_start.py",
     )
     g.add_argument(
         "--no-progress-bar", dest="progress_bar", action="store_false", help="disable the progress bar"
@@ -162,7 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit 0 on success, 1 when the run fails (bad data, NaN loss, DDP setup), 2 on invalid options."""
+    """Exit 0 on success, 1 when the run fails (bad data, NaN loss, DDP setup), 2 on invalid options.
+
+    Only a `TrainingError` or an `OSError` that names a file is the user's to fix and prints one line; any
+    other exception is a bug and propagates with its traceback.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -171,14 +174,20 @@ def main(argv: list[str] | None = None) -> int:
             parser.set_defaults(**load_tuned_params(args.config))
             args = parser.parse_args(argv)
         cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "config"})
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (TrainingError, OSError) as e:
+        return _user_error(e, 2)
     from training.train import run_training  # heavy imports after argument checks (fast --help)
 
     try:
         run_training(cfg)
-    except (MalformedRowError, NonFiniteLossError, DistributedSetupError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except (TrainingError, OSError) as e:
+        return _user_error(e, 1)
     return 0
+
+
+def _user_error(e: TrainingError | OSError, code: int) -> int:
+    """Print `error: <message>` and return `code`; re-raise an OSError that names no file (not the user's)."""
+    if isinstance(e, OSError) and not isinstance(e, TrainingError) and e.filename is None:
+        raise e
+    print(f"error: {e}", file=sys.stderr)
+    return code

@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from training.split import DEFAULT_VAL_FRACTION
+from ctr_contract.signatures import DEFAULT_WIDTH
+from training.data.split import DEFAULT_VAL_FRACTION
+from training.errors import ConfigError
+from training.features.layout import HASH_START
 
 LOADERS = ("auto", "stream", "memory")
 
@@ -20,7 +23,7 @@ class TrainConfig:
     skip_bad_rows: bool = False
     max_rows: int | None = None
     val_fraction: float = DEFAULT_VAL_FRACTION
-    width: int = 128
+    width: int = DEFAULT_WIDTH
     loader: str = "auto"
     shuffle_buffer: int = 1 << 17
     activation: str = "relu"
@@ -58,6 +61,8 @@ class TrainConfig:
             "ddp_timeout": self.ddp_timeout > 0,
             "patience": self.patience >= 0,
             "max_rows": self.max_rows is None or self.max_rows > 0,
+            "val_fraction": 0 < self.val_fraction < 1,
+            "width": self.width > HASH_START + 1,  # 52 fixed columns and the out-of-vocabulary count
             "threads": self.threads is None or self.threads >= 1,
             "loader": self.loader in LOADERS,
             "shuffle_buffer": self.shuffle_buffer >= 1,
@@ -66,7 +71,9 @@ class TrainConfig:
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(", ".join(f"invalid --{k.replace('_', '-')}: {getattr(self, k)!r}" for k in bad))
+            raise ConfigError(
+                ", ".join(f"invalid --{k.replace('_', '-')}: {getattr(self, k)!r}" for k in bad)
+            )
 
     @property
     def world_size(self) -> int:

@@ -18,18 +18,19 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from ctr_contract import cgroup, run_dir
-from training.callbacks import SampleAudit, TrainThroughput
-from training.checkpoint import load_net
 from training.config import TrainConfig
-from training.datamodule import CTRDataModule
-from training.distributed import build_strategy, explain_rendezvous_failures, launch_rank
-from training.inputs import RunInputs, load_inputs
-from training.lightning_module import CTRModule
-from training.metrics import log_loss, roc_auc
-from training.net import ModelConfig
+from training.data.datamodule import CTRDataModule
+from training.data.inputs import RunInputs, load_inputs
+from training.data.samples import first_val_rows, samples, save_val_raw, score_val
+from training.errors import CheckpointError
+from training.model.callbacks import SampleAudit, TrainThroughput
+from training.model.checkpoint import load_net
+from training.model.distributed import build_strategy, explain_rendezvous_failures, launch_rank
+from training.model.lightning_module import CTRModule
+from training.model.metrics import log_loss, roc_auc
+from training.model.net import ModelConfig
+from training.model.warm_start import load_warm_start
 from training.synth import oracle_paths
-from training.val_raw import first_val_rows, save_val_raw
-from training.warm_start import load_warm_start
 
 VAL_FEATURES_ROWS = 10_000
 
@@ -130,9 +131,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     )
     if warm is not None:
         warm.apply(module.net)
-    datamodule = CTRDataModule(
-        data.batches_source(), cfg.batch_size, cfg.seed, buffer_rows=cfg.shuffle_buffer
-    )
+    datamodule = CTRDataModule(data, cfg.batch_size, cfg.seed, buffer_rows=cfg.shuffle_buffer)
     with warnings.catch_warnings():
         # Batches come from memory or from a prefetching thread; worker processes would only add IPC copies.
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -147,12 +146,9 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     metrics = _final_metrics(cfg, data, trainer, throughput, best)
     metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
     # Capped samples for export: parity and the quality gate (first validation rows), drift (spread training rows).
-    val_x, val_y, train_sample = data.samples(VAL_FEATURES_ROWS)
+    val_x, val_y, train_sample = samples(data, VAL_FEATURES_ROWS)
     np.save(cfg.out / run_dir.VAL_FEATURES, val_x)
-    save_val_raw(
-        cfg.out / run_dir.VAL_RAW,
-        *first_val_rows(data.data.files, cfg.val_fraction, cfg.max_rows, VAL_FEATURES_ROWS),
-    )
+    save_val_raw(cfg.out / run_dir.VAL_RAW, *first_val_rows(data.data, VAL_FEATURES_ROWS))
     np.save(cfg.out / run_dir.VAL_LABELS, val_y)
     np.save(cfg.out / run_dir.TRAIN_FEATURES_SAMPLE, train_sample)
     (cfg.out / run_dir.METRICS).write_text(
@@ -167,7 +163,7 @@ def _resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> str | None:
         return None
     last = cfg.out / run_dir.LAST_CHECKPOINT
     if not last.is_file():
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"--resume needs {last}, which does not exist; run without --resume to start fresh"
         )
     return str(last)
@@ -178,7 +174,7 @@ def _final_metrics(
 ) -> dict[str, Any]:
     """Score the best checkpoint as export will load it (via `load_net`), beside the oracle."""
     net, ckpt = load_net(best.best_model_path)
-    probs, val_y, val_ids = data.score_val(net)
+    probs, val_y, val_ids = score_val(data, net)
     oracle_auc, oracle_logloss = _oracle(cfg, val_y, val_ids)
     return {
         "val_auc": roc_auc(val_y, probs),

@@ -9,7 +9,7 @@ import pytest
 from bench_results import make_results
 
 from bench.compare import main
-from bench.measurements import flatten
+from bench.report.measurements import flatten
 
 
 def _write_run(path: Path, speed: float) -> Path:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mdtables import read_sections, read_tables
 
-from bench.measurements import flatten
+from bench.report.measurements import flatten
 from tests.helpers import REPO_ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

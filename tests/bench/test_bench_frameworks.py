@@ -10,21 +10,25 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
 from bench_results import make_results
+from matplotlib.axes import Axes
+from matplotlib.container import BarContainer
 from mdtables import read_sections, read_tables
 
-from bench import procs, torchserve_server
-from bench.foreign_venvs import JAX, MLX, TORCHSERVE, ForeignVenv, unavailable_reason
-from bench.inputs import child_env
-from bench.measurements import flatten
-from bench.plots import write_plots
-from bench.report import render_report
-from bench.serving_load import Server, free_port
+from bench.harness import procs
+from bench.harness.foreign_venvs import JAX, MLX, TORCHSERVE, ForeignVenv, unavailable_reason
+from bench.harness.inputs import child_env
+from bench.harness.servers import Server, free_port
+from bench.peers import torchserve_server
+from bench.report.markdown import render_report
+from bench.report.measurements import flatten
+from bench.report.plots import draw_figures, write_plots
 from tests.helpers import REPO_ROOT
-from training.net import CTRNet, CTRProbability, ModelConfig
+from training.model.net import CTRNet, CTRProbability, ModelConfig
 
 PLOTS = {"training_throughput.png", "inference_latency.png", "latency_vs_load.png"}
 MLX_ERROR = "could not build .venv-mlx: exit code 1: pip install mlx[cpu]\nERROR: No matching distribution found for mlx-cpu"
@@ -38,7 +42,7 @@ def with_new_rows(results: dict[str, Any]) -> dict[str, Any]:
          "val_auc": 0.7512, "ratio_vs_bare": 1.5, "versions": {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8"}},
         {"name": "MLX (mlx.nn, CPU)", "error": MLX_ERROR, "versions": {}},
     ]  # fmt: skip
-    # bench.scaling's DDP point (its section owns the measurement; the framework table reuses it)
+    # bench.sections.scaling's DDP point (its section owns the measurement; the framework table reuses it)
     ddp = {"rows": 12_000, "samples_per_sec_1": 40_000.0, "samples_per_sec_2": 60_000.0, "speedup": 1.5,
            "backend": "gloo", "usable_cores": 2}  # fmt: skip
     results["sections"]["scaling"] = {"status": "ok", "seconds": 30.0, "rows": [], "ddp": ddp}
@@ -189,11 +193,66 @@ def test_serving_section_gives_each_servers_rss_and_request_api() -> None:
     ]  # fmt: skip
 
 
-def test_plots_draw_the_new_rows_and_skip_a_row_that_could_not_run(tmp_path: Path) -> None:
-    written = write_plots(with_new_rows(make_results()), tmp_path)
+def bar_lengths(ax: Axes, horizontal: bool = False) -> dict[str, list[float]]:
+    """Each bar series of `ax` by its label: widths (horizontal bars) or heights, in drawing order."""
+    return {
+        str(c.get_label()): [float(b.get_width() if horizontal else b.get_height()) for b in c]
+        for c in ax.containers
+        if isinstance(c, BarContainer)
+    }
 
-    assert written == PLOTS
-    for name in written:
+
+def tick_labels(ticks: list[Any]) -> list[str]:
+    return [t.get_text() for t in ticks]
+
+
+def test_plots_draw_the_new_rows_and_skip_a_row_that_could_not_run(tmp_path: Path) -> None:
+    results = with_new_rows(make_results())
+    figures = draw_figures(results)
+    try:
+        for fig in figures.values():
+            fig.canvas.draw()  # categorical tick labels exist once drawn
+        assert set(figures) == PLOTS  # the scaling section has no rows: no plot
+
+        [training] = figures["training_throughput.png"].axes
+        names = [
+            "bare PyTorch loop",
+            "our Lightning pipeline",
+            "naive Lightning DataLoader",
+            "Keras model.fit",
+        ]
+        assert tick_labels(training.get_yticklabels()) == [
+            *names,
+            "JAX + Flax (jax.jit)",
+        ]  # MLX failed: no bar
+        [widths] = bar_lengths(training, horizontal=True).values()
+        assert widths == [40_000.0, 36_000.0, 4_000.0, 52_000.0, 60_000.0]
+        assert [t.get_text() for t in training.texts][-1] == "  60,000  (AUC 0.7512)"
+
+        panels = figures["inference_latency.png"].axes
+        assert [ax.get_title() for ax in panels] == ["batch 1", "batch 64", "batch 1024"]
+        backends = ["PyTorch eager", "TorchScript", "ONNX Runtime", "TF SavedModel", "JAX jit"]
+        for ax, batch in zip(panels, (1, 64, 1024), strict=True):
+            assert tick_labels(ax.get_xticklabels()) == backends
+            series = bar_lengths(ax)
+            assert list(series) == ["p50", "p99"]
+            assert (series["p50"][-1], series["p99"][-1]) == pytest.approx((0.1 * batch, 0.2 * batch))
+
+        latency, throughput = figures["latency_vs_load.png"].axes
+        servers = ["ours (batching off)", "ours (batching on)", "kserve ModelServer", "naive fastapi+pytorch",
+                   "torchserve (TorchScript)"]  # fmt: skip
+        assert latency.get_legend_handles_labels()[1] == [f"{s} p99" for s in servers]
+        qps = {line.get_label(): list(line.get_ydata()) for line in throughput.get_lines()}
+        assert list(qps) == servers
+        assert qps["torchserve (TorchScript)"] == [300.0, 2_400.0, 2_400.0]
+        p99 = {line.get_label(): list(line.get_ydata()) for line in latency.get_lines()}
+        assert p99["torchserve (TorchScript) p99"] == [5.0, 40.0, 320.0]
+    finally:
+        for fig in figures.values():
+            plt.close(fig)
+
+    assert write_plots(results, tmp_path) == PLOTS
+    for name in PLOTS:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -239,7 +298,7 @@ def run_worker(venv: ForeignVenv, module: str, features: Path, out: Path) -> dic
 
 def test_jax_worker_trains_the_mlp_and_learns(features: Path, tmp_path: Path) -> None:
     require(JAX)
-    result = run_worker(JAX, "bench.jax_train", features, tmp_path / "jax.json")
+    result = run_worker(JAX, "bench.peers.jax_train", features, tmp_path / "jax.json")
 
     assert result["val_auc"] > 0.85  # chance is 0.5; the noise caps it near 0.95
     assert result["samples_per_sec"] == result["samples_per_sec_runs"][0] > 0
@@ -248,7 +307,7 @@ def test_jax_worker_trains_the_mlp_and_learns(features: Path, tmp_path: Path) ->
 
 def test_mlx_worker_trains_the_mlp_and_learns(features: Path, tmp_path: Path) -> None:
     require(MLX)
-    result = run_worker(MLX, "bench.mlx_train", features, tmp_path / "mlx.json")
+    result = run_worker(MLX, "bench.peers.mlx_train", features, tmp_path / "mlx.json")
 
     assert result["val_auc"] > 0.85  # chance is 0.5; the noise caps it near 0.95
     assert result["samples_per_sec"] == result["samples_per_sec_runs"][0] > 0
@@ -256,7 +315,7 @@ def test_mlx_worker_trains_the_mlp_and_learns(features: Path, tmp_path: Path) ->
 
 
 def write_checkpoint(path: Path) -> CTRNet:
-    """A Lightning-shaped checkpoint of a random CTRNet (what `training.checkpoint.load_net` reads)."""
+    """A Lightning-shaped checkpoint of a random CTRNet (what `training.model.checkpoint.load_net` reads)."""
     torch.manual_seed(0)
     net = CTRNet(ModelConfig(activation="hardtanh")).eval()
     state = {f"net.{k}": v for k, v in net.state_dict().items()}
@@ -266,7 +325,7 @@ def write_checkpoint(path: Path) -> CTRNet:
 
 def test_jax_forward_reproduces_the_checkpoint_and_times_each_batch(tmp_path: Path) -> None:
     require(JAX)
-    from bench import jax_forward
+    from bench.peers import jax_forward
 
     write_checkpoint(tmp_path / "best.ckpt")
     plan = {"warmup_calls": 2, "repeats": 2, "calls": {"1": 5, "64": 3}}
@@ -278,7 +337,7 @@ def test_jax_forward_reproduces_the_checkpoint_and_times_each_batch(tmp_path: Pa
         ("JAX jit", 64, 3, 2),
     ]
     assert all(r["max_abs_diff_vs_torch"] <= 1e-4 and 0 < r["p50_ms"] <= r["p99_ms"] for r in rows)
-    assert command.startswith(f"{JAX.python} -m bench.jax_forward --weights ")
+    assert command.startswith(f"{JAX.python} -m bench.peers.jax_forward --weights ")
 
 
 # export traces model.pt with torch.jit.trace too; its deprecation warning is not this test's subject
@@ -329,7 +388,7 @@ def test_foreign_venv_builds_on_first_use_or_says_why_not(venv: ForeignVenv, tmp
 def test_ddp_scaling_reports_both_rates_and_their_efficiency(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench import ddp_scaling
+    from bench.sections import ddp_scaling
 
     argv = ["--rows", "3000", "--epochs", "1", "--batch-size", "256", "--workdir", str(tmp_path)]
     assert ddp_scaling.main(argv) == 0

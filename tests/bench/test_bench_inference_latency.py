@@ -1,10 +1,10 @@
-"""bench/inference_latency.py on a published version: every backend, every batch size."""
+"""bench/sections/inference_latency.py on a published version: every backend, every batch size."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.inference_latency import BATCHES, RAW_BATCHES, run
+from bench.sections.inference_latency import BATCHES, RAW_BATCHES, run
 from ctr_contract import BEST_CHECKPOINT
 from tests.conftest import Published
 
@@ -22,6 +22,6 @@ def test_latency_rows_cover_every_backend_and_batch(published: Callable[..., Pub
         assert 0 < r["p50_ms"] <= r["p99_ms"], r
         assert r["runs"] == len(r["p50_ms_runs"]) == len(r["p99_ms_runs"]) == 2
     assert result["commands"] == [
-        f"python -m bench.inference_latency --mode tiny --version-dir {p.version_dir} "
+        f"python -m bench.sections.inference_latency --mode tiny --version-dir {p.version_dir} "
         f"--checkpoint {p.run / BEST_CHECKPOINT}"
     ]

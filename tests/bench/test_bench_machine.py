@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime
 import torch
 
-from bench.machine import cpu_model, memory_gib, package_version, venv_package_version
+from bench.harness.machine import cpu_model, memory_gib, package_version, venv_package_version
 from tests.helpers import REPO_ROOT
 
 
@@ -34,7 +34,7 @@ def test_memory_is_total_gib_from_meminfo(tmp_path: Path) -> None:
 
 def test_machine_reports_the_versions_the_frameworks_report_without_importing_them() -> None:
     code = (
-        "import json, sys; from bench.machine import collect_machine; m = collect_machine(); "
+        "import json, sys; from bench.harness.machine import collect_machine; m = collect_machine(); "
         "print(json.dumps([m, sorted(x for x in ('torch', 'tensorflow', 'lightning') if x in sys.modules)]))"
     )
     out = subprocess.run(

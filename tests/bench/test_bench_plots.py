@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.plots import write_plots
+from bench.report.plots import write_plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.procs import StepError, run_bounded, start, stop_all
+from bench.harness.procs import StepError, run_bounded, start, stop_all
 
 
 def pid_alive(pid: int) -> bool:

@@ -7,7 +7,7 @@ from typing import Any
 from bench_results import make_results
 from mdtables import read_sections, read_tables
 
-from bench.report import render_report
+from bench.report.markdown import render_report
 
 ALL_PLOTS = {"training_throughput.png", "inference_latency.png", "latency_vs_load.png"}
 

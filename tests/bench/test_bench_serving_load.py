@@ -1,4 +1,4 @@
-"""bench.serving_load drives a real server with wrk and parses its numbers."""
+"""bench.sections.serving_load drives a real server with wrk and parses its numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import procs, serving_load
+from bench.harness import procs
+from bench.sections import serving_load
 from tests.serving.model_repo import make_weights, write_version
 
 pytestmark = pytest.mark.skipif(

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from mdtables import read_sections
 
-from bench import suite
-from bench.modes import BenchMode
-from bench.procs import StepError
-from bench.suite import exit_code, run_bench
+from bench.harness import suite
+from bench.harness.modes import BenchMode
+from bench.harness.procs import StepError
+from bench.harness.suite import exit_code, run_bench
 from tests.helpers import REPO_ROOT
 
 

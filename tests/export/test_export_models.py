@@ -20,7 +20,7 @@ from export.runtimes import (
     torchscript_predictor,
 )
 from export.warmup import read_warmup
-from training.checkpoint import load_net
+from training.model.checkpoint import load_net
 
 CASES = [("relu", "standard"), ("hardtanh", "standard"), ("hardtanh", "minimal")]
 EXPECTED_OPS = {

@@ -7,7 +7,7 @@ from torch import nn
 
 from export.patches import PATCHES, HardtanhAsRelu, LeakyReluAsRelu, apply_patches
 from export.targets import PROFILES
-from training.net import CTRNet, ModelConfig
+from training.model.net import CTRNet, ModelConfig
 
 
 def _inputs() -> torch.Tensor:

@@ -28,8 +28,8 @@ from export.raw_parity import (
     savedmodel_raw_predictor,
 )
 from export.runtimes import torch_predictor
-from training.checkpoint import load_net
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
+from training.model.checkpoint import load_net
 
 STRESS_GROUPS = (
     "validation",

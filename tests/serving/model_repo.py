@@ -16,7 +16,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-WIDTH = 128
+from ctr_contract.signatures import DEFAULT_WIDTH
+
+WIDTH = DEFAULT_WIDTH  # the width every default-trained version serves (ctr_contract)
 HIDDEN = (32, 16)
 
 

@@ -14,9 +14,9 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from serving.batching import DynamicBatcher
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
-from serving.metrics import ServingMetrics
+from serving.observability.metrics import ServingMetrics
+from serving.versions.batching import DynamicBatcher
 
 
 class RecordingModel:

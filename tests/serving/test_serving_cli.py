@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from serving.config import parse_config
-from serving.version_policy import VersionPolicy
+from serving.versions.policy import VersionPolicy
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess
 

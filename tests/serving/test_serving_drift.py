@@ -21,10 +21,10 @@ from ctr_contract.repository import DRIFT_REFERENCE_PATH, FEATURE_SPEC_PATH, RAW
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from export.raw_onnx import build_raw_model
 from export.reference import build_reference, raw_bins
-from serving.drift import FLUSH_S
+from serving.observability.drift import FLUSH_S
 from tests.serving.model_repo import make_weights, reference_predict, write_manifest, write_onnx
 from tests.serving.server_process import ServerProcess, http
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 from training.synth import hex_values, sample_rows
 
 TRAIN_ROWS, LIVE_ROWS, WINDOW = 5_000, 2_000, 2_000

@@ -27,7 +27,7 @@ from ctr_contract import (
 from tests.conftest import RunModule
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess, http
-from training.checkpoint import load_net
+from training.model.checkpoint import load_net
 
 ROWS = 64
 

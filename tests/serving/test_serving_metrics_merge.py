@@ -11,13 +11,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from serving.metrics_shared import SharedServingMetrics, read_samples
+from serving.observability.metrics_shared import SharedServingMetrics, read_samples
 from tests.helpers import REPO_ROOT
 
 WORKER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from serving.metrics_shared import SharedServingMetrics
+    from serving.observability.metrics_shared import SharedServingMetrics
 
     metrics = SharedServingMetrics(Path(sys.argv[1]))
     n = int(sys.argv[2])

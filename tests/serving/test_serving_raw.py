@@ -27,7 +27,7 @@ from export.raw_onnx import build_raw_model
 from export.raw_tf import save_saved_model_with_raw
 from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
 from tests.serving.server_process import ServerProcess, http
-from training.features import FeatureSpec
+from training.features.spec import FeatureSpec
 from training.synth import sample_rows
 
 N_TRAIN = 3_000

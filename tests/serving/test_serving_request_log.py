@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.request_log import RequestLog, sampled
+from serving.observability.request_log import RequestLog, sampled
 from tests.serving.model_repo import WIDTH
 from tests.serving.server_process import ServerProcess, http
-from training.criteo import read_batches
 
 ROWS = np.random.default_rng(7).random((3, WIDTH)).round(4).astype(np.float32)
 
@@ -159,41 +158,6 @@ def test_a_stuck_writer_never_blocks_record_and_counts_the_overflow(tmp_path: Pa
     took = asyncio.run(scenario())
     assert dropped == [1] * 6  # 3 lines fit in the queue, the other 6 are dropped and counted
     assert max(took) < 0.05
-
-
-def test_logs_joined_with_clicks_become_a_criteo_file(tmp_path: Path, run_module):
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    row = {f"I{i}": i for i in range(1, 14)} | {f"C{i}": f"{i:08x}" for i in range(1, 27)}
-    sparse = {"I1": None, "I2": -1, "C1": "", "C3": "68fd1e64"}  # missing cells: null, "" or absent
-    entries = [
-        {"request_id": "a", "inputs": {"instances": [row, sparse]}, "outputs": [[0.3], [0.1]]},
-        {
-            "request_id": "b",
-            "inputs": {"inputs": {"I5": [7, None], "C2": ["x", "y"]}},
-            "outputs": [[0.2], [0.4]],
-        },
-        {"request_id": "c", "inputs": {"instances": [[0.1] * 128]}, "outputs": [[0.5]]},  # features: skipped
-        {"request_id": "a", "inputs": {"instances": [row]}, "outputs": [[0.3]]},  # a retry: counted once
-    ]
-    text = "".join(json.dumps(e) + "\n" for e in entries) + '{"request_id": "d", "inp'  # cut by a full disk
-    (logs / "requests-1-1.jsonl").write_text(text)
-    clicks = tmp_path / "clicks.tsv"
-    clicks.write_text("a\nb\t1\n")
-    out = tmp_path / "day.txt"
-    proc = run_module(
-        "serving.request_log_to_criteo", "--logs", logs, "--clicks", clicks, "--out", out, check=True
-    )
-    assert proc.stdout.strip() == (
-        f"wrote 4 rows (2 clicked) from 2 requests in 1 files to {out}; skipped 1 repeated request id, "
-        "1 request without raw fields, 1 unreadable line"
-    )
-    lines = out.read_text().splitlines()
-    assert lines[0] == "\t".join(["1", *map(str, range(1, 14)), *(f"{i:08x}" for i in range(1, 27))])
-    assert lines[1] == "\t".join(["0", "", "-1", *[""] * 11, "", "", "68fd1e64", *[""] * 23])
-    assert lines[2] == "\t".join(["0", *[""] * 4, "7", *[""] * 8, "", "x", *[""] * 24])
-    assert lines[3] == "\t".join(["1", *[""] * 13, "", "y", *[""] * 24])
-    assert sum(len(b) for b in read_batches(out)) == 4  # the strict training reader takes the file
 
 
 def test_grpc_requests_are_logged_with_the_clients_id_in_the_trailing_metadata(

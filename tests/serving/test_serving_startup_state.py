@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.metrics import REJECT_REASONS
+from serving.observability.metrics import REJECT_REASONS
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import http
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.batches import ShuffledBatches
+from training.data.batches import ShuffledBatches
 
 
 def epoch_rows(n: int, batch: int, world: int, epoch: int) -> list[list[int]]:

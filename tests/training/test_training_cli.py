@@ -15,14 +15,14 @@ import pytest
 import torch
 from train_runs import TINY_RUN
 
-from training.batches import ShuffledBatches
-from training.cache import cache_path
-from training.checkpoint import load_net
 from training.config import TrainConfig
-from training.dataset import prepare_streaming
-from training.features import FeatureSpec
-from training.net import CTRNet, ModelConfig
-from training.stream_batches import StreamedBatches
+from training.data.batches import ShuffledBatches
+from training.data.cache import cache_path
+from training.data.prepare import prepare_streaming
+from training.data.stream_batches import StreamedBatches
+from training.features.spec import FeatureSpec
+from training.model.checkpoint import load_net
+from training.model.net import CTRNet, ModelConfig
 
 
 def test_tiny_run_writes_checkpoints_spec_metrics_and_val_features(

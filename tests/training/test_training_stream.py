@@ -16,13 +16,12 @@ import pytest
 import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
-from training.cache import ensure_cache
-from training.dataset import fit_chunks, load_in_memory, prepare_streaming
-from training.features import FeatureSpec
-from training.sources import DataError
-from training.spec_fit import fit_streaming
-from training.stream import ParquetData, numeric_matrix, string_column
-from training.stream_batches import StreamedBatches
+from training.data.cache import ensure_cache
+from training.data.parquet import ParquetData, numeric_matrix, string_column
+from training.data.prepare import fit_chunks, load_in_memory, prepare_streaming
+from training.data.sources import DataError
+from training.data.stream_batches import StreamedBatches
+from training.features.spec import FeatureSpec
 
 
 def small_groups(data_copy: Path, rows_per_group: int = 500) -> Path:
@@ -41,7 +40,7 @@ def test_streaming_fit_equals_the_in_memory_fit_exactly(data_copy: Path) -> None
     labels = train.column(LABEL).to_numpy().astype(np.float32)
     for kwargs in ({}, {"min_count": 20, "vocab_min_count": 2, "max_entries": 7}):
         in_memory = FeatureSpec.fit(numeric_matrix(train), cats, labels, **kwargs)  # type: ignore[arg-type]
-        streamed = fit_streaming(fit_chunks(data), 128, **kwargs)  # type: ignore[arg-type]
+        streamed = FeatureSpec.fit_streaming(fit_chunks(data), 128, **kwargs)  # type: ignore[arg-type]
         assert streamed.to_dict() == in_memory.to_dict()
         assert streamed.mean == in_memory.mean and streamed.std == in_memory.std
 
@@ -49,7 +48,7 @@ def test_streaming_fit_equals_the_in_memory_fit_exactly(data_copy: Path) -> None
 def epoch_indices(
     data: ParquetData, world: int, epoch: int, batch: int = 128, buffer: int = 700
 ) -> list[np.ndarray]:
-    spec = fit_streaming(fit_chunks(data), 128)
+    spec = FeatureSpec.fit_streaming(fit_chunks(data), 128)
     out = []
     for rank in range(world):
         ds = StreamedBatches(
@@ -113,7 +112,7 @@ def test_a_file_that_changes_while_read_is_an_error(data_copy: Path) -> None:
 def test_a_text_file_that_changes_while_parsed_leaves_no_cache(
     data_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import training.cache as cache_module
+    import training.data.cache as cache_module
 
     real = cache_module.read_batches
 
@@ -161,7 +160,8 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        import training.cache as cache, training.dataset as dataset
+        import training.data.cache as cache, training.data.prepare as dataset
+        from training.features.spec import FeatureSpec
         counts = {{"parse": 0, "fit": 0}}
         def counting(name, fn):
             def wrapped(*a, **k):
@@ -170,7 +170,7 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
                 return fn(*a, **k)
             return wrapped
         cache._build = counting("parse", cache._build)
-        dataset.fit_streaming = counting("fit", dataset.fit_streaming)
+        FeatureSpec.fit_streaming = counting("fit", FeatureSpec.fit_streaming)
         while not Path({str(data_copy.parent / "go")!r}).exists():
             time.sleep(0.01)
         path, _ = cache.ensure_cache({str(data_copy)!r}, say=print)
@@ -192,12 +192,12 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
 _PEAK_RSS = """
 import sys
 from pathlib import Path
-from training.dataset import fit_chunks, load_in_memory, prepare_streaming
-from training.spec_fit import fit_streaming
-from training.stream import ParquetData
-from training.stream_batches import StreamedBatches
+from training.data.prepare import fit_chunks, load_in_memory, prepare_streaming
+from training.features.spec import FeatureSpec
+from training.data.parquet import ParquetData
+from training.data.stream_batches import StreamedBatches
 data = ParquetData.open([Path(sys.argv[1])], 0.1)
-spec = fit_streaming(fit_chunks(data), 128)
+spec = FeatureSpec.fit_streaming(fit_chunks(data), 128)
 if sys.argv[2] == "stream":
     rows = sum(len(b[2]) for b in StreamedBatches(data, spec, "train", 1024, buffer_rows=4096))
 else:
@@ -245,7 +245,7 @@ def test_a_lock_left_by_a_killed_builder_is_taken_over_at_once(tmp_path: Path) -
     import socket
     import time
 
-    from training.once import build_once
+    from training.data.once import build_once
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from training.criteo import read_batches
-from training.metrics import log_loss
-from training.split import validation_mask
+from training.data.criteo import read_batches
+from training.data.split import validation_mask
+from training.model.metrics import log_loss
 from training.synth import generate, oracle_paths
 
 

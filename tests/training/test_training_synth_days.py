@@ -13,11 +13,12 @@ import torch
 from ctr_contract import repository
 from export.onnx_export import export_onnx
 from tests.training.train_runs import TINY_RUN
-from training.checkpoint import load_net
-from training.metrics import roc_auc
+from training.errors import CheckpointError
+from training.model.checkpoint import load_net
+from training.model.metrics import roc_auc
+from training.model.warm_start import load_warm_start
 from training.synth import generate, make_world, oracle_paths, sample_rows
 from training.truth import CATEGORICAL_DRIFT, NUMERIC_DRIFT, NUMERIC_SHAPE
-from training.warm_start import load_warm_start
 
 N = 20_000
 
@@ -109,7 +110,7 @@ def test_warm_start_reads_checkpoint_run_dir_version_folder_and_base_path(day0_r
         assert warm.spec.to_dict() == json.loads((day0_run / "feature_spec.json").read_text())
         assert all(torch.allclose(warm.state[k], v) for k, v in expected.items()), source
     assert load_warm_start(base).source == base / "1"
-    with pytest.raises(FileNotFoundError, match="expected a checkpoint, a run directory, a version folder"):
+    with pytest.raises(CheckpointError, match="expected a checkpoint, a run directory, a version folder"):
         load_warm_start(tmp_path / "empty")
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from training import tune
-from training.tune_params import TUNED_KEYS, load_tuned_params
+from training.errors import ConfigError
+from training.tune import search as tune
+from training.tune.params import TUNED_KEYS, load_tuned_params
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PROGRESS = re.compile(r"^\[tune\] trial (\d+)/(\d+) \(#(\d+)\) (COMPLETE|PRUNED|FAIL)", re.M)
@@ -115,5 +116,5 @@ def test_config_file_with_an_unknown_parameter_is_refused(tmp_path: Path) -> Non
 
     with pytest.raises(ValueError, match=r"unknown parameters \['momentum'\]"):
         load_tuned_params(config)
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(ConfigError, match="no such file"):
         load_tuned_params(tmp_path / "absent.json")

@@ -1,0 +1,199 @@
+"""Serving load test: our server (batching off/on) vs KServe's ModelServer vs TorchServe vs a naive FastAPI server.
+
+Same machine, same load generator (wrk, POST through a Lua script), single-instance requests at 1, 8 and 64
+connections, the servers measured in interleaved rounds; then 100-instance requests against our server.
+Every server gets 1 worker process and 1 intra-op thread; each one's RSS (whole process group) is taken after
+the load. TorchServe gets the same JSON body on its own predictions API (see `bench.peers.torchserve_server`).
+Called by `make bench` (bench.harness.section_runner).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.harness import procs
+from bench.harness.foreign_venvs import KSERVE as KSERVE_VENV
+from bench.harness.inputs import PROJECT_ROOT
+from bench.harness.inputs import latest_version as latest_version_dir
+from bench.harness.servers import (
+    PREDICT_PATH,
+    Server,
+    base_path_of,
+    free_port,
+    measure,
+    write_lua,
+    write_wrk_script,
+)
+from bench.peers.torchserve_server import REQUEST_API as TS_REQUEST_API
+from ctr_contract.repository import RAW_ONNX_MODEL
+
+# Run by path with .venv-kserve's python (importing it here would need kserve in this venv).
+KSERVE_SCRIPT = PROJECT_ROOT / "bench" / "peers" / "kserve_server.py"
+CONNECTIONS = (1, 8, 64)
+ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 4), "tiny": (1, 2)}  # interleaved rounds, seconds per point
+OURS_OFF, OURS_ON = "ours (batching off)", "ours (batching on)"
+KSERVE, NAIVE = "kserve ModelServer", "naive fastapi+pytorch"
+TORCHSERVE = "torchserve (TorchScript)"
+RANKING_INSTANCES = 100  # one ranking call scores 100 candidate ads
+
+
+def write_raw_lua(path: Path) -> Path:
+    """A wrk script that POSTs one raw Criteo row (the `raw` signature; serving/curl_example.py's row)."""
+    from serving.curl_example import CRITEO_ROW
+
+    return write_wrk_script(path, {"instances": [CRITEO_ROW]})
+
+
+def raw_vs_features(
+    features: dict[tuple[str, int, str], dict[str, Any]], raw: dict[tuple[str, int, str], dict[str, Any]]
+) -> dict[str, float]:
+    """Per server of ours: raw-signature QPS / features QPS at 64 connections (goal: >= 0.7)."""
+    qps = {k[0]: r["qps"] for k, r in features.items() if k[1] == 64}
+    return {k[0]: r["qps"] / qps[k[0]] for k, r in raw.items() if k[1] == 64 and qps.get(k[0])}
+
+
+def torchserve_server_or_note(base: Path, workdir: Path, notes: list[str]) -> list[Server]:
+    """TorchServe on the latest version's model.pt, or [] and a note saying exactly why it cannot run."""
+    from bench.harness.foreign_venvs import TORCHSERVE as TS_VENV
+    from bench.harness.foreign_venvs import unavailable_reason
+    from bench.peers import torchserve_server
+
+    reason = unavailable_reason(TS_VENV, workdir)
+    if reason is None:
+        try:
+            ts = torchserve_server.launch(latest_version_dir(base), workdir, free_port)
+            server = Server(TORCHSERVE, ts.cmd, ts.port, path=ts.path, cwd=ts.cwd, env=ts.env)
+            server.versions = TS_VENV.versions
+            return [server]
+        except (procs.StepError, FileNotFoundError) as e:
+            reason = str(e)
+    notes.append(f"{TORCHSERVE} skipped: {reason}")
+    return []
+
+
+def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Run the serving comparison.
+
+    Args:
+        mode: "full" (3 interleaved rounds of 10 s per point), "quick" (1 round of 4 s) or "tiny" (1 of 2 s).
+        repo: the model base path (`artifacts/models/ctr`) or the repository holding `ctr/`.
+        workdir: scratch space for logs and wrk scripts.
+        checkpoint: the training checkpoint for the naive FastAPI + PyTorch server (skipped when None).
+    Returns:
+        {"rows": [{server, connections, qps, p50_ms, p90_ms, p99_ms, errors, qps_runs}], "raw_rows" (the same
+         for our servers on one raw Criteo row, with `features_qps` measured just before it),
+         "raw_vs_features_qps_at_64",
+         "instances_per_sec_batched", "instances_per_sec_unbatched", "commands", "notes"}.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    rounds, seconds = ROUNDS_SECONDS.get(mode, ROUNDS_SECONDS["quick"])
+    base = base_path_of(repo)
+    single = write_lua(workdir / "single.lua", 1)
+    ranking = write_lua(workdir / f"ranking{RANKING_INSTANCES}.lua", RANKING_INSTANCES)
+    raw = write_raw_lua(workdir / "raw_single.lua")
+    commands: list[str] = []
+    notes: list[str] = []
+
+    def ours(name: str, batching: bool) -> Server:
+        port = free_port()
+        cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}",
+               "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1", "--log_level=warning",
+               f"--enable_batching={str(batching).lower()}"]  # fmt: skip
+        return Server(name, cmd, port)
+
+    servers = [ours(OURS_OFF, batching=False), ours(OURS_ON, batching=True)]
+    try:
+        if mode == "tiny" and not KSERVE_VENV.ready():
+            # The tiny mode runs inside the test suite's time budget; installing KServe takes minutes.
+            raise procs.StepError(f"{KSERVE_VENV.path} is absent; the quick and full modes create it")
+        python = KSERVE_VENV.ensure(workdir / "kserve_install.log")
+        port = free_port()
+        cmd = [str(python), str(KSERVE_SCRIPT), f"--model_path={latest_version_dir(base) / 'model.onnx'}",
+               "--model_name=ctr", f"--http_port={port}", f"--grpc_port={free_port()}", "--workers=1",
+               "--enable_grpc=false", "--enable_latency_logging=false", "--configure_logging=false"]  # fmt: skip
+        servers.append(Server(KSERVE, cmd, port))
+    except procs.StepError as e:
+        notes.append(f"kserve skipped: {e}")
+    servers += torchserve_server_or_note(base, workdir, notes)
+    if checkpoint is not None:
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.peers.naive_fastapi_server",
+            f"--checkpoint={checkpoint}",
+            f"--port={port}",
+        ]
+        servers.append(Server(NAIVE, cmd, port))
+    else:
+        notes.append("naive fastapi+pytorch skipped: no checkpoint given")
+    try:
+        for server in list(servers):
+            try:
+                server.start(workdir, commands)
+            except (RuntimeError, TimeoutError) as e:
+                if server.name in (OURS_OFF, OURS_ON):
+                    raise
+                notes.append(
+                    f"{server.name} skipped: {e}"
+                )  # a baseline that cannot start is reported, not fatal
+                servers.remove(server)
+        single_rows = measure(servers, [(c, single) for c in CONNECTIONS], rounds, seconds, commands)
+        ranking_rows = measure(servers[:2], [(8, ranking)], rounds, seconds, commands)
+        # The `raw` signature (Criteo fields in, FeatureSpec inside the graph) on our server, same run.
+        # Each raw point is measured right after the same server's 128-float point, so the ratio compares
+        # runs under the same background load.
+        raw_rows, paired = {}, {}
+        if (latest_version_dir(base) / RAW_ONNX_MODEL).is_file():
+            plan = [(c, script) for c in CONNECTIONS for script in (single, raw)]
+            both = measure(servers[:2], plan, rounds, seconds, commands)
+            raw_rows = {k: r for k, r in both.items() if k[2] == raw.name}
+            paired = {k: r for k, r in both.items() if k[2] == single.name}
+        else:
+            notes.append(
+                f"raw signature not measured: the version has no {RAW_ONNX_MODEL} (exported before it)"
+            )
+        # Resident memory of each server's whole process group (TorchServe: JVM + worker) after the load.
+        rss_mib = {s.name: procs.group_rss_mib(s.proc.pid) for s in servers if s.proc is not None}
+    finally:
+        procs.stop_all()
+    ranked = {key[0]: row for key, row in ranking_rows.items()}
+    return {
+        "rows": list(single_rows.values()),
+        "instances_per_sec_batched": ranked[OURS_ON]["qps"] * RANKING_INSTANCES,
+        "instances_per_sec_unbatched": ranked[OURS_OFF]["qps"] * RANKING_INSTANCES,
+        "ranking_rows": list(ranked.values()),
+        "raw_rows": [
+            {**row, "signature": "raw", "features_qps": paired[(k[0], k[1], single.name)]["qps"]}
+            for k, row in raw_rows.items()
+        ],
+        "raw_vs_features_qps_at_64": raw_vs_features(paired, raw_rows),
+        "rss_mib": rss_mib,
+        "versions": {s.name: s.versions() for s in servers if s.versions is not None},
+        "request_apis": {
+            s.name: TS_REQUEST_API if s.name == TORCHSERVE else f"POST {PREDICT_PATH}" for s in servers
+        },
+        "commands": commands,
+        "notes": notes,
+    }
+
+
+def main() -> None:
+    """`python -m bench.sections.serving_load REPO [--mode quick] [--checkpoint C]`: print the result as JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("repo", type=Path)
+    parser.add_argument("--mode", default="quick", choices=sorted(ROUNDS_SECONDS))
+    parser.add_argument("--checkpoint", type=Path)
+    parser.add_argument("--workdir", type=Path, default=PROJECT_ROOT / "bench" / "results" / "serving_load")
+    args = parser.parse_args()
+    procs.install_cleanup()
+    print(json.dumps(run(args.mode, args.repo, args.workdir, args.checkpoint), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""What a decoded request hands to a servable: the signature it calls and its batch of rows.
+
+`serving_default` takes float32 features (N, width); `raw` takes a RawBatch of the Criteo fields. Every codec
+(serving/codecs/) ends in a DecodedRequest, and a servable runs it with the runner of its signature
+(serving/versions/servable.py), so nothing past the codecs asks which kind of batch it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from serving.signatures import RAW_SIGNATURE
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """A decoded raw request, field-major so each field's values are one contiguous row.
+
+    numeric: float64 (13, N), NaN = missing; categorical: object str (26, N), "" = missing.
+    """
+
+    numeric: np.ndarray
+    categorical: np.ndarray
+
+    def __len__(self) -> int:
+        return self.numeric.shape[1]
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The `raw` signature's 39 inputs, each (N,) (views, no copy)."""
+        return {**dict(zip(NUMERIC_FIELDS, self.numeric, strict=True)),
+                **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True))}  # fmt: skip
+
+    @staticmethod
+    def from_rows(numeric: np.ndarray, categorical: np.ndarray) -> RawBatch:
+        """Row-major (N, 13) and (N, 26) -> a field-major RawBatch."""
+        return RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
+
+    @staticmethod
+    def concat(parts: list[RawBatch]) -> RawBatch:
+        """The batches one after another (what the dynamic batcher runs as one call): two copies."""
+        return RawBatch(
+            np.concatenate([p.numeric for p in parts], axis=1),
+            np.concatenate([p.categorical for p in parts], axis=1),
+        )
+
+
+Batch = np.ndarray | RawBatch  # float32 (N, width) for `serving_default`, RawBatch for `raw`
+
+
+@dataclass(frozen=True)
+class DecodedRequest:
+    """One predict request after its codec: the signature key it calls and its rows."""
+
+    signature: str  # DEFAULT_SIGNATURE or RAW_SIGNATURE
+    batch: Batch
+
+    def logged_inputs(self) -> dict[str, Any]:
+        """The batch for the request log: `instances` (features) or columnar `inputs` (raw fields)."""
+        if self.signature == RAW_SIGNATURE:
+            raw = cast(RawBatch, self.batch)
+            return {"inputs": {k: v.tolist() for k, v in raw.inputs.items()}}
+        return {"instances": self.batch}

@@ -1,0 +1,376 @@
+"""One HTTP/1.1 client connection: parse (httptools), queue (pipelining), answer in order, within limits.
+
+Every phase of a connection has a deadline that the server's sweep enforces (serving/http/server.py):
+    header     first byte of a request (or the connect) -> end of its headers     --header_timeout_seconds
+    body       end of the headers -> end of the body                             --body_timeout_seconds
+    (busy)     the request is the server's to answer: no HTTP deadline (--rest_api_timeout_in_ms applies)
+    keepalive  idle between requests                                             --keepalive_timeout_seconds
+    write      the client stopped reading: output over --max_output_bytes       --body_timeout_seconds
+    linger     after a final error response, reading and dropping what the client still sends (bounded)
+A request that breaks a limit gets its answer *in order*, after the answers of the requests before it, and
+then the connection is closed; nothing a client sent before its mistake is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from urllib.parse import unquote
+
+import httptools
+
+from serving.errors import JSON, error_body
+from serving.http.messages import CONTINUE, PendingRequest, Rejected, render
+from serving.http.shared import ConnectionBudget, RequestHandler
+from serving.observability.request_log import request_id_from
+
+MAX_PIPELINED = 32  # complete requests queued on one connection before it stops reading
+MAX_URL_BYTES = 8192
+DISCARD_FACTOR = 4  # after a final error, up to 4x --max_body_bytes is read and dropped so the client sees it
+FAIR_SHARE_BYTES = 128 << 10  # a body up to this is read even when the server's body budget is spent
+LINGER_S = 5.0  # and for at most this long
+NEVER = float("inf")
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection; `deadline`/`write_deadline` are read by the server's sweep.
+
+    `budget` is all it shares with the other connections: it never touches the server itself.
+    """
+
+    def __init__(self, app: RequestHandler, budget: ConnectionBudget) -> None:
+        self.app, self.budget, self.limits = app, budget, budget.limits
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.pending: deque[PendingRequest] = deque()
+        self.pending_bytes = 0
+        self.busy = False
+        self.deadline, self.write_deadline, self._phase = NEVER, NEVER, "header"
+        self._task: asyncio.Task[None] | None = None  # held so the running task is not garbage-collected
+        self._in_message = False
+        self._header_left: int | None = self.limits.max_header_bytes  # None once the headers are complete
+        self._tail = b""  # last bytes of the previous chunk, to find a header end split across chunks
+        self._reading_paused = self._write_paused = self._eof = self._continue_owed = False
+        self._closing = self._finished_in_chunk = self._fail_fast = False
+        self._writable: asyncio.Future[None] | None = None
+        self._discard_left = 0
+        self._reset_request()
+
+    def _reset_request(self) -> None:
+        self._url = b""
+        self._headers = 0
+        self._length: int | None = None
+        self._expect = False
+        self._request_id = b""
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def _set_phase(self, phase: str, timeout_s: float) -> None:
+        self._phase, self.deadline = phase, time.monotonic() + timeout_s
+
+    def is_idle(self) -> bool:
+        return not (self.busy or self.pending or self._in_message)
+
+    # --- asyncio.Protocol ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        assert self.transport is not None
+        if not self.budget.admit(self):
+            # Refused at once, never queued: the client can retry elsewhere (another worker or replica).
+            message = f"too many open connections (--max_connections={self.limits.max_connections})"
+            self.transport.write(self._final_error(503, message))
+            self.transport.close()
+            self.parser = None
+            return
+        self.transport.set_write_buffer_limits(high=self.limits.max_output_bytes)
+        self._set_phase("header", self.limits.header_timeout_s)  # a connection that sends nothing is slow too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # Break every reference cycle (the parser holds this protocol) so the memory goes now, not at the
+        # next full GC, which is rare after gc.freeze().
+        self.budget.leave(self, self.pending_bytes + self._size)
+        self.pending_bytes = self._size = 0
+        self.transport = self.parser = None
+        self.pending.clear()
+        self._chunks = []
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.parser is None:  # a final answer is queued or sent: drop what the client still sends
+            self._discard_left -= len(data)
+            if self._discard_left < 0:
+                self.abort()
+            return
+        if self._header_left is not None and len(data) > self._header_left:
+            window = self._tail + data[: self._header_left]
+            if b"\r\n\r\n" not in window and b"\n\n" not in window:
+                self._fail(
+                    431,
+                    f"request header section is over {self.limits.max_header_bytes} bytes",
+                    "header_bytes",
+                )
+                return
+        self._tail, self._finished_in_chunk = data[-3:], False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported", "")
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, Rejected):
+                raise
+            self._fail(exc.__context__.status, exc.__context__.message, exc.__context__.kind)
+        except httptools.HttpParserError as exc:
+            self._fail(400, f"malformed HTTP request: {exc}", "")
+        else:
+            # Bytes of a header section still in progress. When a request ended inside this chunk, the next
+            # header section's share of it is not counted: the limit may be passed by less than one read.
+            if self._header_left is not None and not self._finished_in_chunk:
+                self._header_left -= len(data)
+
+    def eof_received(self) -> bool | None:
+        if self.busy or self.pending:
+            self._eof = True  # the client half-closed after pipelining: answer everything, then close
+            return True
+        return None  # nothing owed: let the transport close
+
+    def pause_writing(self) -> None:
+        """The client is not reading: stop reading and serving it until its output buffer drains."""
+        self._write_paused = True
+        self.write_deadline = time.monotonic() + self.limits.body_timeout_s
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused, self.write_deadline = False, NEVER
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._maybe_resume_reading()
+
+    # --- httptools callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        self._reset_request()
+        self._set_phase("header", self.limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_URL_BYTES:
+            raise Rejected(414, f"request URL is over {MAX_URL_BYTES} bytes", "url_bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers += 1
+        if self._headers > self.limits.max_headers:
+            raise Rejected(431, f"request has over {self.limits.max_headers} header lines", "header_count")
+        name = name.lower()
+        if name == b"content-length":
+            self._length = int(value)  # llhttp has checked that it is one non-negative integer
+        elif name == b"expect" and value.lower() == b"100-continue":
+            self._expect = True
+        elif name == b"x-request-id":
+            self._request_id = value
+
+    def on_headers_complete(self) -> None:
+        self._header_left = None
+        limit = self.limits.max_body_bytes
+        if self._length is not None and self._length > limit:
+            # Refused before reading a byte of it, and with no "100 Continue": the client need not send it.
+            raise Rejected(
+                413,
+                f"request body of {self._length} bytes is over the limit of {limit} (--max_body_bytes)",
+                "body_bytes",
+            )
+        if self._expect and self.transport is not None:
+            if not (self.busy or self.pending):
+                self.transport.write(CONTINUE)  # curl waits for this before sending a large body
+            else:
+                self._continue_owed = True  # after the answers before it, or it would come out of order
+        self._set_phase("body", self.limits.body_timeout_s)
+
+    def on_body(self, chunk: bytes) -> None:
+        self._size += len(chunk)
+        if self._size > self.limits.max_body_bytes:  # chunked encoding: no Content-Length to check first
+            raise Rejected(
+                413,
+                f"request body is over the limit of {self.limits.max_body_bytes} (--max_body_bytes)",
+                "body_bytes",
+            )
+        if not self.budget.hold_body(len(chunk)) and self._size > FAIR_SHARE_BYTES:
+            # Bodies held by all connections are bounded: past the budget only small ones are still read.
+            raise Rejected(
+                503,
+                f"the server holds over {self.limits.max_buffered_bytes} bytes of request bodies "
+                "(--max_buffered_bytes); retry later",
+                "buffered_bytes",
+            )
+        # Joined once at the end: growing one buffer instead copies ~8x the body (realloc after realloc),
+        # which with 40 bodies arriving at once stalled the loop for hundreds of ms.
+        self._chunks.append(chunk)
+
+    def on_message_complete(self) -> None:
+        assert self.parser is not None
+        self._in_message, self._finished_in_chunk = False, True
+        self._header_left = self.limits.max_header_bytes
+        path = self._url.split(b"?", 1)[0].decode("latin-1")
+        if "%" in path:
+            path = unquote(path)
+        request = PendingRequest(
+            self.parser.get_method().decode(),
+            path,
+            self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks),
+            self.parser.should_keep_alive(),
+            request_id=request_id_from(self._request_id),
+        )
+        self._chunks, self._size = [], 0
+        self.pending.append(request)
+        self.pending_bytes += len(request.body)
+        self._phase, self.deadline = "busy", NEVER
+        if len(self.pending) >= MAX_PIPELINED or self.pending_bytes > self.limits.max_body_bytes:
+            self._pause_reading()  # bounds what one connection holds: 32 requests or one full body
+        self._serve_soon()
+
+    # --- answering -----------------------------------------------------------------------------
+    def _serve_soon(self) -> None:
+        if not self.busy:
+            self.busy = True
+            self._task = asyncio.get_running_loop().create_task(self._serve_pending())
+
+    async def _serve_pending(self) -> None:
+        try:
+            while self.pending and self.transport is not None:
+                if self._write_paused:
+                    self._writable = asyncio.get_running_loop().create_future()
+                    await self._writable
+                    continue
+                request = self.pending.popleft()
+                self.pending_bytes -= len(request.body)
+                self.budget.release_body(len(request.body))
+                if request.error:
+                    self._write_final(request.error)
+                    return
+                head_only = request.method == "HEAD"
+                method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
+                status, body, content_type = await self.app.handle(
+                    method, request.path, request.body, request.request_id
+                )
+                self.budget.count_freed(len(request.body))
+                if self.transport is None:
+                    return
+                date, extra = self.budget.date_header(), self.budget.extra_headers
+                self.transport.write(
+                    render(
+                        status,
+                        body,
+                        content_type,
+                        request.keep_alive,
+                        date,
+                        extra,
+                        head_only,
+                        request.request_id,
+                    )
+                )
+                if not request.keep_alive:
+                    self._linger()
+                    return
+                self._maybe_resume_reading()
+                if self.pending:
+                    await asyncio.sleep(0)  # a pipelining client takes turns with the others, not 32 at once
+            if self._continue_owed and self._in_message and self.transport is not None:
+                self.transport.write(CONTINUE)
+            self._continue_owed = False
+        finally:
+            self.busy = False
+        if self._closing:
+            return
+        if self._eof:
+            self.close()
+        elif not self._in_message and self.transport is not None:
+            self._set_phase("keepalive", self.limits.keepalive_timeout_s)
+
+    def _final_error(self, status: int, message: str) -> bytes:
+        """An error response after which the connection closes: `{"error": message}`, `connection: close`."""
+        return render(
+            status, error_body(message), JSON, False, self.budget.date_header(), self.budget.extra_headers
+        )
+
+    def _fail(self, status: int, message: str, kind: str) -> None:
+        """Stop parsing; answer `status` after the answers already owed, then close. `kind`: refusal metric."""
+        if kind:
+            self.budget.refused(kind)
+        self.parser = None
+        self._in_message, self._continue_owed = False, False
+        self.budget.release_body(self._size)  # the partial body is dropped now
+        self._chunks, self._size = [], 0
+        # Over the body budget the client is likely one of many holding bodies: drop it as soon as it
+        # sends more, rather than reading megabytes only to discard them.
+        self._fail_fast = kind == "buffered_bytes"
+        self._discard_left = 0 if self._fail_fast else self.limits.max_body_bytes * DISCARD_FACTOR
+        self.pending.append(PendingRequest("", "", b"", False, self._final_error(status, message)))
+        self._set_phase("linger", self.limits.body_timeout_s)
+        self._serve_soon()
+
+    def _write_final(self, response: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(response)
+            self._linger()
+
+    def _linger(self) -> None:
+        """After the last answer: half-close, keep dropping what the client sends for a while, then close.
+
+        Closing with unread input makes the kernel send RST, which can destroy the answer before the client
+        reads it (e.g. a 413 while the client is still sending its body).
+        """
+        self.parser, self._closing = None, True
+        self._discard_left = 0 if self._fail_fast else self.limits.max_body_bytes * DISCARD_FACTOR
+        self._set_phase("linger", LINGER_S)
+        self._maybe_resume_reading()
+        if self.transport is not None and self.transport.can_write_eof():
+            self.transport.write_eof()
+        else:
+            self.close()
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume_reading(self) -> None:
+        if (
+            self._reading_paused
+            and self.transport is not None
+            and not self._write_paused
+            and len(self.pending) < MAX_PIPELINED
+            and self.pending_bytes <= self.limits.max_body_bytes
+        ):
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def expire(self) -> None:
+        """Called by the server's sweep when a deadline has passed: count the timeout and drop the client."""
+        now = time.monotonic()
+        if self._write_paused:
+            if self.write_deadline >= now:
+                return  # not reading its answers: only the write deadline decides
+            kind = "write"
+        elif self._reading_paused and self._phase in ("header", "body"):
+            # We stopped reading (its earlier requests are still being answered): not the client's delay.
+            timeout = self.limits.header_timeout_s if self._phase == "header" else self.limits.body_timeout_s
+            self.deadline = now + timeout
+            return
+        else:
+            kind = self._phase
+        if kind != "linger":
+            self.budget.timed_out(kind)
+        self.abort()
+
+    def close(self) -> None:
+        """Close after flushing what is buffered (the sweep aborts it if the client never reads)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._closing = True
+            self.transport.close()
+            self._set_phase("linger", self.limits.body_timeout_s)
+
+    def abort(self) -> None:
+        """Close now, dropping any unsent output."""
+        if self.transport is not None:
+            self.transport.abort()

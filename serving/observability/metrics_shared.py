@@ -1,0 +1,186 @@
+"""Metrics of `--num_workers N`: each worker writes through to its own files in a directory of the run,
+and a scrape on any worker reads all of them, so every scrape shows the totals of all workers.
+
+The directory is created and removed by the parent (serving/workers.py) and holds, per worker pid:
+    totals_<pid>.db  counters and histogram buckets. Kept after the worker exits, so the totals never go
+                     back when a worker is restarted.
+    live_<pid>.db    gauges. The parent deletes it when the worker exits; over the live workers the
+                     in-flight gauge is summed ("livesum") and the loaded version is the maximum ("max").
+The files are prometheus_client's MmapedDict, the storage of its own multiprocess mode: append-only keys
+and 8-byte aligned doubles, written by one process and readable by others at any time. Its collector is
+not used because it would rename TF Serving's counters (`*_total`, `*_created`); serving/observability/metrics.py
+formats the text. A write-through is a dict lookup and a 16-byte store into the mmap (no lock: only the
+event-loop thread of a worker writes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+from prometheus_client.mmap_dict import MmapedDict
+
+from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetrics
+
+SUM_SLOT = "sum"  # slot of a histogram's sum; its buckets are slots 0..len(bounds) (+Inf last)
+VALUE_SLOT = ""  # slot of a counter's or gauge's value
+GAUGE_MODES: dict[str, Callable[[Iterable[float]], float]] = {"livesum": sum, "max": max}
+
+Sample = tuple[str, tuple[str, ...], int | str]  # (metric name, label values, slot)
+
+
+class _WriteThrough:
+    """Mixin: mirrors each sample this worker changes into its file, under a JSON key (name, labels, slot)."""
+
+    name: str
+
+    def _attach(self, store: MmapedDict) -> None:
+        self._store = store
+        self._keys: dict[tuple[tuple[str, ...], int | str], str] = {}
+
+    def _write(self, labels: tuple[str, ...], slot: int | str, value: float) -> None:
+        key = self._keys.get((labels, slot))
+        if key is None:
+            key = self._keys[(labels, slot)] = json.dumps([self.name, list(labels), slot])
+        self._store.write_value(key, value, 0.0)
+
+
+class SharedCounter(_WriteThrough, Counter):
+    def __init__(self, name: str, help_text: str, labelnames: Sequence[str], store: MmapedDict) -> None:
+        super().__init__(name, help_text, labelnames)
+        self._attach(store)
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        value = self.values[labels] = self.values.get(labels, 0.0) + amount
+        self._write(labels, VALUE_SLOT, value)
+
+
+class SharedGauge(_WriteThrough, Gauge):
+    """A gauge whose workers' values combine by `mode`: "livesum" or "max" (see GAUGE_MODES)."""
+
+    def __init__(
+        self, name: str, help_text: str, labelnames: Sequence[str], store: MmapedDict, mode: str
+    ) -> None:
+        if mode not in GAUGE_MODES:
+            raise ValueError(
+                f"gauge {name}: multiprocess mode must be one of {sorted(GAUGE_MODES)}, got {mode!r}"
+            )
+        super().__init__(name, help_text, labelnames)
+        self._attach(store)
+        self.mode = mode
+
+    def set(self, value: float, *labels: str) -> None:
+        self.values[labels] = value
+        self._write(labels, VALUE_SLOT, value)
+
+    def publish(self) -> None:
+        """Write the tracked values, which one process reads only at its own scrape, for the other workers."""
+        self.refresh()
+        for labels in self._callbacks:
+            self._write(labels, VALUE_SLOT, self.values[labels])
+
+
+class SharedHistogram(_WriteThrough, Histogram):
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        store: MmapedDict,
+    ) -> None:
+        super().__init__(name, help_text, labelnames, buckets)
+        self._attach(store)
+
+    def observe(self, value: float, *labels: str) -> None:
+        counts, total = self._series(labels)
+        i = bisect.bisect_left(self.bounds, value)
+        counts[i] += 1
+        total[0] += value
+        self._write(labels, i, counts[i])
+        self._write(labels, SUM_SLOT, total[0])
+
+    def observe_many(self, values: np.ndarray, *labels: str) -> None:
+        series = counts, total = self._series(labels)
+        for i in self._add_many(series, values):
+            self._write(labels, i, counts[i])
+        self._write(labels, SUM_SLOT, total[0])
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_key(key: str) -> Sample:
+    name, labels, slot = json.loads(key)
+    return name, tuple(labels), slot
+
+
+def read_samples(paths: Iterable[Path]) -> dict[Sample, list[float]]:
+    """Every sample in the files at `paths`, with one value per file that has it."""
+    samples: dict[Sample, list[float]] = {}
+    for path in paths:
+        try:
+            entries = MmapedDict.read_all_values_from_file(str(path))
+        except FileNotFoundError:  # the parent removed the gauges of a worker that just exited
+            continue
+        for key, value, _, _ in entries:
+            samples.setdefault(_parse_key(key), []).append(value)
+    return samples
+
+
+class SharedServingMetrics(ServingMetrics):
+    """ServingMetrics of one worker: updates also go to `directory`; `render()` shows all workers' totals."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        pid = os.getpid()
+        self._totals = MmapedDict(str(directory / f"totals_{pid}.db"))
+        self._live = MmapedDict(str(directory / f"live_{pid}.db"))
+        super().__init__()
+
+    def _counter(self, name: str, help_text: str, labelnames: Sequence[str]) -> Counter:
+        return SharedCounter(name, help_text, labelnames, self._totals)
+
+    def _gauge(self, name: str, help_text: str, labelnames: Sequence[str], multiprocess_mode: str) -> Gauge:
+        return SharedGauge(name, help_text, labelnames, self._live, multiprocess_mode)
+
+    def _histogram(
+        self, name: str, help_text: str, labelnames: Sequence[str], buckets: Sequence[float]
+    ) -> Histogram:
+        return SharedHistogram(name, help_text, labelnames, buckets, self._totals)
+
+    def publish(self) -> None:
+        """Write this worker's tracked gauges (in-flight requests) for the other workers' scrapes."""
+        for metric in self.metrics():
+            if isinstance(metric, SharedGauge):
+                metric.publish()
+
+    def render(self) -> str:
+        """The exposition of all workers: counters and histograms summed, gauges combined by their mode."""
+        self.publish()
+        by_name: dict[str, dict[tuple[tuple[str, ...], int | str], list[float]]] = {}
+        for pattern in ("totals_*.db", "live_*.db"):
+            for (name, labels, slot), values in read_samples(sorted(self.directory.glob(pattern))).items():
+                by_name.setdefault(name, {})[(labels, slot)] = values
+        lines: list[str] = []
+        for metric in self.metrics():
+            samples = by_name.get(metric.name, {})
+            lines += metric.header()
+            if isinstance(metric, SharedGauge):
+                combine = GAUGE_MODES[metric.mode]
+                lines += metric.format({labels: combine(values) for (labels, _), values in samples.items()})
+            elif isinstance(metric, Histogram):
+                series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+                for (labels, slot), values in samples.items():
+                    counts, total = series.setdefault(labels, ([0] * (len(metric.bounds) + 1), [0.0]))
+                    if slot == SUM_SLOT:
+                        total[0] = sum(values)
+                    else:
+                        counts[int(slot)] = int(sum(values))
+                lines += metric.format(series)
+            elif isinstance(metric, Counter):
+                lines += metric.format({labels: sum(values) for (labels, _), values in samples.items()})
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,222 @@
+"""Sampled request logs: `--request_log_dir DIR --request_log_sample_rate R` (R = 0, the default, is off).
+
+One JSON line per sampled predict request:
+
+    {"request_id": "...", "time": "2026-11-30T08:00:00.123Z", "model": {"name": "ctr", "version": 3},
+     "inputs": {"inputs": {"I1": [3.0], ..., "C26": [""]}}, "outputs": [[0.21], ...]}
+
+`inputs` is the batch as decoded (serving/batches.py), not the client's bytes: a raw request, in row or
+columnar form, as columns of all 39 fields (counts as floats, missing counts null, missing categories "");
+feature vectors, REST or gRPC, as `instances` (float32 rows). The request id is the client's `x-request-id`
+header (gRPC metadata) when it sends one, else one the server makes; it is returned in the `x-request-id` response header either way, so clicks
+can be joined with the log later (`python -m training.request_log_to_criteo`).
+
+Sampling is a hash of the request id (crc32 below R * 2^32): a retried request and every replica make the
+same choice, and a test can count the lines it expects. Each worker writes its own files,
+DIR/requests-<pid>-<n>.jsonl, and starts the next file once one holds `--request_log_max_bytes`.
+
+A predict never waits for the disk and never fails because of it: lines go into a bounded queue that one
+writer thread drains. A full queue (slow disk), or a write that fails (full disk, unwritable directory),
+drops the line and counts it in `ctr_serving_request_log_dropped_total`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+log = logging.getLogger(__name__)
+
+QUEUE_LINES = 10_000  # lines waiting for the writer; beyond this a slow disk costs lines, not latency
+RETRY_OPEN_S = 1.0  # after a failed open, lines are dropped for this long before the next try
+_STOP = object()
+
+
+_ID_PREFIX = os.urandom(6).hex()  # per process: ids of different workers and restarts never collide
+_ID_COUNTER = itertools.count(1)
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+MAX_ID_CHARS = 128
+
+
+def new_request_id() -> str:
+    """A fresh request id, unique across processes (random prefix + counter); about 0.2 us."""
+    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+
+
+def request_id_from(client_value: str | bytes | None) -> str:
+    """The client's `x-request-id` when it is a sane token (<= 128 of [A-Za-z0-9._:-]), else a fresh id."""
+    if client_value:
+        value = client_value.decode("latin-1") if isinstance(client_value, bytes) else client_value
+        if len(value) <= MAX_ID_CHARS and _ID_CHARS.issuperset(value):
+            return value
+    return new_request_id()
+
+
+def sampled(request_id: str, rate: float) -> bool:
+    """Whether `request_id` is in the sample of rate `rate` (deterministic in the id)."""
+    return rate > 0 and zlib.crc32(request_id.encode()) < rate * 2**32
+
+
+class RequestLog:
+    """The sampler, the bounded queue and the writer thread of one server process."""
+
+    def __init__(
+        self,
+        directory: Path,
+        sample_rate: float,
+        max_bytes: int,
+        on_drop: Callable[[int], None],
+        on_write: Callable[[int], None] | None = None,
+        queue_lines: int = QUEUE_LINES,
+    ) -> None:
+        """`on_drop(n)` / `on_write(n)` count lines; they run on the event loop's thread (metrics have no lock)."""
+        self.directory, self.rate, self.max_bytes = directory, sample_rate, max_bytes
+        self._on_drop, self._on_write = on_drop, on_write
+        self._queue: queue.Queue[Any] = queue.Queue(queue_lines)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._file: io.FileIO | None = None
+        self._size = 0
+        self._seq = itertools.count(1)
+        self._retry_at = 0.0
+
+    def start(self) -> None:
+        """Start the writer thread; call from the event loop that serves the requests."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._drain, name="request-log", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Write what is queued (within `timeout_s`) and close the file."""
+        if self._thread is None:
+            return
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            log.warning("request log: the writer is stuck; %d queued lines are lost", self._queue.qsize())
+        self._thread.join(timeout_s)
+
+    def record(
+        self,
+        request_id: str,
+        model_name: str,
+        version: int,
+        inputs: Callable[[], Any],
+        outputs: np.ndarray,
+    ) -> None:
+        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests."""
+        if not sampled(request_id, self.rate):
+            return
+        entry = (request_id, time.time(), model_name, version, inputs(), outputs)
+        try:
+            self._queue.put_nowait(entry)
+        except queue.Full:
+            self._on_drop(1)
+
+    # --- the writer thread ---------------------------------------------------------------------
+    def _drain(self) -> None:
+        while True:
+            entry = self._queue.get()
+            if entry is _STOP:
+                break
+            self._write(entry)
+        self._close()
+
+    def _write(self, entry: tuple[str, float, str, int, Any, np.ndarray]) -> None:
+        try:
+            line = self._line(*entry)
+        except TypeError as exc:  # orjson.JSONEncodeError is a TypeError: inputs of a kind we cannot write
+            log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
+            self._count(self._on_drop, 1)
+            return
+        self._append(line)
+
+    def _line(
+        self, request_id: str, stamp: float, name: str, version: int, inputs: Any, outputs: np.ndarray
+    ) -> bytes:
+        return orjson.dumps(
+            {
+                "request_id": request_id,
+                "time": datetime.fromtimestamp(stamp, UTC)
+                .isoformat(timespec="milliseconds")
+                .replace("+00:00", "Z"),
+                "model": {"name": name, "version": version},
+                "inputs": inputs,
+                "outputs": outputs,
+            },
+            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE,
+            default=_plain,
+        )
+
+    def _append(self, line: bytes) -> None:
+        try:
+            f = self._current_file()
+            if f is None:
+                self._count(self._on_drop, 1)
+                return
+            view = memoryview(line)
+            while view:  # unbuffered: a line is on disk (or failed) when write returns
+                view = view[f.write(view) :]
+            self._size += len(line)
+            self._count(self._on_write, 1)
+        except OSError as exc:  # ENOSPC, EFBIG, EIO: drop the line, start a fresh file later
+            log.warning(
+                "request log: dropping lines, cannot write %s: %s", getattr(self._file, "name", "?"), exc
+            )
+            self._count(self._on_drop, 1)
+            self._close(quiet=True)
+            self._retry_at = time.monotonic() + RETRY_OPEN_S
+            return
+        if self._size >= self.max_bytes:
+            self._close()
+
+    def _current_file(self) -> io.FileIO | None:
+        if self._file is not None:
+            return self._file
+        if time.monotonic() < self._retry_at:
+            return None
+        path = self.directory / f"requests-{os.getpid()}-{next(self._seq)}.jsonl"
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("ab", buffering=0)
+        except OSError as exc:
+            log.warning("request log: dropping lines for %.0f s, cannot open %s: %s", RETRY_OPEN_S, path, exc)
+            self._retry_at = time.monotonic() + RETRY_OPEN_S
+            return None
+        self._size = 0
+        return self._file
+
+    def _close(self, quiet: bool = False) -> None:
+        f, self._file = self._file, None
+        if f is None:
+            return
+        try:
+            f.close()
+        except OSError as exc:
+            if not quiet:
+                log.warning("request log: closing %s failed: %s", f.name, exc)
+
+    def _count(self, counter: Callable[[int], None] | None, n: int) -> None:
+        if counter is not None and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(counter, n)
+
+
+def _plain(value: Any) -> Any:
+    """orjson's fallback: numpy arrays it cannot take directly (e.g. strings) as lists, scalars as Python."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    raise TypeError(f"cannot log a {type(value).__name__}")

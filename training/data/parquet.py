@@ -1,0 +1,224 @@
+"""Parquet files read as one data set, a row group at a time: the unit streaming training shards and shuffles.
+
+`ParquetData.open` checks each file's schema and counts, per row group, the training and validation rows
+(the split is a hash of the global row id, see `training.data.split`), reading only the `row_id` column. Global
+row ids are the file's own `row_id` (or row position) plus the ids spanned by the files before it, so a
+single file keeps its ids and the synthetic oracle still lines up. `read` returns one row group's rows of
+one split, with their global ids and their index within the split (file order), typed like the cache.
+A file whose size or mtime changed since `open` is an error, never a silent mix of two versions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
+from training.data.split import validation_mask
+from training.errors import DataError
+from training.features.hashing import StringColumn
+
+Split = Literal["train", "val"]
+_EXPECTED = "label 0/1, I1..I13 numbers, C1..C26 strings, optional row_id"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One row group of one file, with the split's row counts and where its rows start in each split."""
+
+    file: int
+    row_group: int
+    first_row: int  # position of the group's first row in its file
+    rows: int  # rows used (fewer than the group holds when --max-rows cuts it)
+    id_offset: int
+    train_start: int
+    train_rows: int
+    val_start: int
+    val_rows: int
+
+    def count(self, split: Split) -> int:
+        return self.train_rows if split == "train" else self.val_rows
+
+    def start(self, split: Split) -> int:
+        return self.train_start if split == "train" else self.val_start
+
+
+@dataclass
+class Chunk:
+    """Rows of one split from one piece: the Arrow table (Criteo columns), global row ids, split index."""
+
+    table: pa.Table
+    ids: np.ndarray
+    index: np.ndarray
+
+
+def _check_schema(path: Path, schema: pa.Schema) -> bool:
+    """Raise DataError unless `schema` holds the Criteo columns; returns whether it has `row_id`."""
+    kinds: dict[str, tuple[Callable[[pa.DataType], bool], ...]] = {
+        LABEL: (pa.types.is_integer, pa.types.is_boolean)
+    }
+    kinds |= {f: (pa.types.is_integer, pa.types.is_floating) for f in NUMERIC_FIELDS}
+    kinds |= {
+        f: (pa.types.is_string, pa.types.is_large_string, pa.types.is_dictionary) for f in CATEGORICAL_FIELDS
+    }
+    for name, checks in kinds.items():
+        if name not in schema.names:
+            raise DataError(f"{path}: no column {name!r}; a Criteo Parquet file has {_EXPECTED}")
+        t = schema.field(name).type
+        if not any(check(t) for check in checks):
+            raise DataError(f"{path}: column {name!r} is {t}; a Criteo Parquet file has {_EXPECTED}")
+    if "row_id" in schema.names and not pa.types.is_integer(schema.field("row_id").type):
+        raise DataError(f"{path}: column 'row_id' is {schema.field('row_id').type}, expected integers")
+    return "row_id" in schema.names
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+class ParquetData:
+    """A list of Parquet files as one data set of `Piece`s; see the module docstring."""
+
+    def __init__(self, files: list[Path], stamps: list[tuple[int, int]], row_ids: list[bool],
+                 pieces: list[Piece], val_fraction: float) -> None:  # fmt: skip
+        self.files, self.stamps, self.row_ids = files, stamps, row_ids
+        self.pieces, self.val_fraction = pieces, val_fraction
+        self._open: dict[int, pq.ParquetFile] = {}
+
+    @classmethod
+    def open(cls, files: list[Path], val_fraction: float, max_rows: int | None = None) -> ParquetData:
+        """Check every file and count each row group's training and validation rows."""
+        stamps, row_ids, pieces = [], [], []
+        offset = train_start = val_start = used = 0
+        for i, path in enumerate(files):
+            stamps.append(_stamp(path))
+            try:
+                pf = pq.ParquetFile(path)
+            except (pa.ArrowException, OSError) as e:
+                raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+            has_ids = _check_schema(path, pf.schema_arrow)
+            row_ids.append(has_ids)
+            first, span = 0, 0
+            for g in range(pf.metadata.num_row_groups):
+                rows = pf.metadata.row_group(g).num_rows
+                if max_rows is not None:
+                    rows = min(rows, max_rows - used)
+                if rows <= 0:
+                    break
+                ids = _read_ids(pf, path, g, has_ids, first, rows)
+                is_val = validation_mask(offset + ids, val_fraction)
+                n_val = int(is_val.sum())
+                pieces.append(Piece(i, g, first, rows, offset, train_start, rows - n_val, val_start, n_val))
+                train_start, val_start, used = train_start + rows - n_val, val_start + n_val, used + rows
+                first += rows
+                span = max(span, int(ids.max()) + 1 if ids.size else 0)
+            offset += span
+        return cls(list(files), stamps, row_ids, pieces, val_fraction)
+
+    def rows(self, split: Split) -> int:
+        return sum(p.count(split) for p in self.pieces)
+
+    def chunks(self, split: Split, columns: tuple[str, ...] | None = None) -> Iterator[Chunk]:
+        """The rows of `split`, one row group at a time, in file order (see `read`)."""
+        for piece in self.pieces:
+            if piece.count(split):
+                yield self.read(piece, split, columns)
+
+    def read(self, piece: Piece, split: Split, columns: tuple[str, ...] | None = None) -> Chunk:
+        """The rows of `split` in `piece`, typed like the cache (label int8, I* float64, C* string)."""
+        path = self.files[piece.file]
+        if _stamp(path) != self.stamps[piece.file]:
+            raise DataError(f"{path} changed while training was reading it; re-run once the file is complete")
+        names = list(columns or (LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS))
+        if LABEL not in names:
+            names.insert(0, LABEL)
+        pf = self._open.get(piece.file)
+        if pf is None:
+            pf = self._open[piece.file] = pq.ParquetFile(path)
+        try:
+            table = pf.read_row_group(
+                piece.row_group, columns=[*names, "row_id"] if self.row_ids[piece.file] else names
+            )
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(
+                f"{path}: row group {piece.row_group} cannot be read ({e}); was the file replaced?"
+            ) from e
+        table = table.slice(0, piece.rows)
+        if self.row_ids[piece.file]:
+            local = table.column("row_id").to_numpy().astype(np.int64)
+            table = table.drop_columns(["row_id"])
+        else:
+            local = np.arange(piece.first_row, piece.first_row + piece.rows, dtype=np.int64)
+        ids = piece.id_offset + local
+        keep = validation_mask(ids, self.val_fraction)
+        if split == "train":
+            keep = ~keep
+        if int(keep.sum()) != piece.count(split):
+            raise DataError(f"{path} changed while training was reading it; re-run once the file is complete")
+        table = _normalise(path, table.filter(pa.array(keep)))
+        start = piece.start(split)
+        return Chunk(table, ids[keep], np.arange(start, start + piece.count(split), dtype=np.int64))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"files": [str(f) for f in self.files], "stamps": self.stamps, "row_ids": self.row_ids,
+                "val_fraction": self.val_fraction, "pieces": [asdict(p) for p in self.pieces]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ParquetData:
+        return cls([Path(f) for f in d["files"]], [tuple(s) for s in d["stamps"]], d["row_ids"],  # type: ignore[misc]
+                   [Piece(**p) for p in d["pieces"]], d["val_fraction"])  # fmt: skip
+
+
+def _read_ids(pf: pq.ParquetFile, path: Path, group: int, has_ids: bool, first: int, rows: int) -> np.ndarray:
+    if not has_ids:
+        return np.arange(first, first + rows, dtype=np.int64)
+    try:
+        col = pf.read_row_group(group, columns=["row_id"]).column(0).slice(0, rows)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: row group {group} cannot be read ({e})") from e
+    if col.null_count:
+        raise DataError(f"{path}: column 'row_id' has missing values in row group {group}")
+    return col.to_numpy().astype(np.int64)
+
+
+def _normalise(path: Path, table: pa.Table) -> pa.Table:
+    """Cast a Parquet file's Criteo columns to the cache's types and check the labels are 0/1."""
+    label = table.column(LABEL)
+    if label.type != pa.int8():
+        label = pc.cast(label, pa.int8(), safe=False)
+    if len(label) and (label.null_count or pc.max(label).as_py() > 1 or pc.min(label).as_py() < 0):
+        raise DataError(f"{path}: column 'label' must hold only 0 and 1 (no missing values)")
+    cols = {LABEL: label}
+    for f in table.column_names:
+        if f in NUMERIC_FIELDS and table.column(f).type != pa.float64():
+            cols[f] = pc.cast(table.column(f), pa.float64())
+        elif f in CATEGORICAL_FIELDS and table.column(f).type != pa.string():
+            cols[f] = pc.cast(table.column(f), pa.string())
+    for name, col in cols.items():
+        table = table.set_column(table.column_names.index(name), name, col)
+    return table
+
+
+def string_column(arr: pa.Array | pa.ChunkedArray) -> StringColumn:
+    """Arrow strings -> (bytes, offsets) without a Python object per value; nulls become ''."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], pa.string())
+    arr = pc.fill_null(arr, "").cast(pa.large_string())
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return data, offsets
+
+
+def numeric_matrix(table: pa.Table) -> np.ndarray:
+    """I1..I13 as float64 [N, 13], NaN where missing."""
+    cols = [table.column(f).to_numpy(zero_copy_only=False) for f in NUMERIC_FIELDS]
+    return np.stack(cols, axis=1).astype(np.float64) if cols and len(table) else np.zeros((len(table), 13))

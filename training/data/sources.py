@@ -1,0 +1,74 @@
+"""What `--data` names: one Criteo file, a directory of them, or a glob; text (TSV/CSV) or Parquet.
+
+Several files are read as one data set, in sorted path order (daily partitions `day_0`, `day_1`, ... sort
+naturally). Files this project derives beside the data (caches, oracle files, temporaries) are never inputs.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.errors import DataError
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+TEXT_SUFFIXES = ("", ".txt", ".tsv", ".csv")
+_DERIVED = re.compile(r"\.(cache\.parquet|cache\.json|oracle\.npy|oracle\.json|lock|tmp)$|\.tmp\.|^\.")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: Path
+    parquet: bool
+
+
+def _is_input(path: Path) -> bool:
+    return (
+        path.is_file()
+        and not _DERIVED.search(path.name)
+        and path.suffix.lower()
+        in (
+            *PARQUET_SUFFIXES,
+            *TEXT_SUFFIXES,
+        )
+    )
+
+
+def _natural_key(path: Path) -> list[object]:
+    """`day_2` before `day_10`: digit runs compare as numbers."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
+
+
+def resolve_data(data: str | Path) -> list[DataFile]:
+    """The input files `data` names, in reading order.
+
+    Raises:
+        DataError: nothing matches, or text and Parquet files are mixed.
+    """
+    text = str(data)
+    p = Path(text)
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = [f for f in p.iterdir() if _is_input(f)]
+        if not files:
+            raise DataError(
+                f"{p} holds no data files: expected Criteo text files (no suffix, .txt, .tsv, .csv) "
+                f"or Parquet files (.parquet); generate one with `python -m training.synth --out {p / 'train.txt'}`"
+            )
+    elif glob.has_magic(text):
+        files = [Path(f) for f in glob.glob(text) if _is_input(Path(f))]
+        if not files:
+            raise DataError(f"no data files match {text!r}")
+    else:
+        raise DataError(f"data file not found: {p} (generate one with `python -m training.synth --out {p}`)")
+    files.sort(key=_natural_key)
+    kinds = {f.suffix.lower() in PARQUET_SUFFIXES for f in files}
+    if len(kinds) > 1:
+        raise DataError(
+            f"{data} mixes text and Parquet files ({', '.join(f.name for f in files[:4])}, ...): "
+            "point --data at one kind"
+        )
+    return [DataFile(f, f.suffix.lower() in PARQUET_SUFFIXES) for f in files]

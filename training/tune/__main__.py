@@ -1,0 +1,5 @@
+import sys
+
+from training.tune.search import main
+
+sys.exit(main())
