@@ -6,9 +6,11 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.repository import parse_version_dir
 from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.backends import BACKENDS
+from serving.cpu_plan import cpu_plan
 from serving.tls import load_tls_config
 from serving.versions.model_config import read_model_config
 from serving.versions.policy import VersionPolicy
@@ -154,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m serving",
         description="TF-Serving-compatible model server (REST + gRPC) for the CTR model repository.",
+        formatter_class=DefaultsHelpFormatter,
     )
     tf = p.add_argument_group("TF Serving flags (same names and meaning)")
     tf.add_argument("--port", type=int, default=8500, help="gRPC port")
@@ -166,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path")  # fmt: skip
     tf.add_argument("--model_config_file_poll_wait_seconds", type=int, default=0,
                     help="seconds between re-reads of --model_config_file; 0 reads it once")  # fmt: skip
-    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False)
+    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
+                    help="merge concurrent requests into batches of up to --max_batch_size rows")  # fmt: skip
     tf.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
                     help="seconds between scans for new versions; 0 scans once")  # fmt: skip
     tf.add_argument(
@@ -200,9 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--model_load_timeout_seconds", type=float, default=600.0,
                       help="a version whose check, load and warm-up take longer fails alone; 0 = no limit")  # fmt: skip
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
-    ours.add_argument("--intra_op_threads", type=int, default=1, help="threads per model call")
-    ours.add_argument("--num_workers", type=int, default=1,
-                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model")  # fmt: skip
+    ours.add_argument("--intra_op_threads", type=int, default=None,
+                      help="ONNX Runtime threads per model call; default: the cgroup CPU limit / --num_workers, "
+                      "1 without a limit (serving/cpu_plan.py)")  # fmt: skip
+    ours.add_argument("--num_workers", type=int, default=None,
+                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model; "
+                      "default: the cgroup CPU limit rounded up, 1 without a limit")  # fmt: skip
     ours.add_argument("--print_curl_example", type=_bool, nargs="?", const=True, default=False,
                       help="print a ready-to-paste curl predict command once a version is loaded")  # fmt: skip
     ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -238,6 +245,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     """Parse and check the command line; argparse exits with a message on a bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.num_workers, args.intra_op_threads = cpu_plan(args.num_workers, args.intra_op_threads)
     try:
         cfg = ServerConfig(**vars(args))
         if cfg.ssl_config_file is not None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
 from training.config import LOADERS, TrainConfig
 from training.errors import TrainingError
 from training.model.net import ACTIVATIONS
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m training",
         description=__doc__,
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
     g = p.add_argument_group("data")
     g.add_argument(
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.loader,
         help="stream: rows stream from Parquet through a shuffle buffer, memory flat in the row count; "
         "memory: features held in each process (faster per epoch); auto (default): memory only when the "
-        "features take at most 1 GiB and a quarter of the available memory per process",
+        "features take at most 1 GiB and a quarter of the available memory per process (in a container: "
+        "what its cgroup memory limit leaves)",
     )
     g.add_argument(
         "--shuffle-buffer",
@@ -115,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads per process (default: CPU DDP cores // devices; one CPU process times a "
-        "few steps at 1 and at all cores' threads and keeps the faster)",
+        help="torch intra-op threads per process (default on CPU: the cgroup CPU limit, else the cores, // "
+        "--devices; on GPU: torch's choice)",
     )
     g = p.add_argument_group("hardware and distribution")
     g.add_argument("--accelerator", default=d.accelerator, help=f"cpu, gpu or auto (default {d.accelerator})")

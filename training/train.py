@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 import warnings
@@ -18,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from ctr_contract import run_dir
+from ctr_contract import cgroup, run_dir
 from training.config import TrainConfig
 from training.data.datamodule import CTRDataModule
 from training.data.inputs import RunInputs, load_inputs
@@ -65,8 +64,9 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     t_start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     threads = cfg.threads
-    if threads is None and cfg.accelerator == "cpu" and cfg.devices > 1:
-        threads = max(1, (os.cpu_count() or 1) // cfg.devices)  # N CPU ranks must not each take every core
+    if threads is None and cfg.accelerator == "cpu":
+        # N CPU ranks share the container's CPU limit (cgroup), not the node's cores.
+        threads = max(1, cgroup.available_cpus() // cfg.devices)
     if threads:
         torch.set_num_threads(threads)
     speed = SpeedSettings.choose(cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads)

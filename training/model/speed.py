@@ -86,7 +86,7 @@ class SpeedSettings:
                 "waiting threads sleep: shared cores stay usable" if policy.upper() == "PASSIVE" else "as set"
             )
             count = (
-                f"{threads} (--threads, or cores // devices for CPU DDP)"
+                f"{threads} (--threads, or the CPU limit // devices)"
                 if threads is not None
                 else f"{torch.get_num_threads()} (one per core)"
             )
