@@ -162,7 +162,6 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
     loop = asyncio.get_running_loop()
     metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
-    metrics.start_at_zero(cfg.model_name)
     # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
     # a slow disk never delays inference. Each model load gets a thread of its own (serving/versions/loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
@@ -171,6 +170,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
 
     def build(spec: ModelSpec) -> Predictor:
         """One model's version manager and predictor; all share the metrics, the limits and the threads."""
+        metrics.start_at_zero(spec.name)  # each model's alerted counters exist at 0 from its start
         manager = ModelManager(
             spec.name,
             spec.base_path,

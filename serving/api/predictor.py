@@ -40,9 +40,6 @@ class Predictor:
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
-        metrics.nonfinite_outputs.inc(
-            manager.name, amount=0
-        )  # present from the start: alerts see 0, not no data
         self.drift: DriftMonitor | None = (
             None  # the server sets these two (observability/drift.py, request_log.py)
         )

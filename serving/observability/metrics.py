@@ -241,6 +241,7 @@ class ServingMetrics:
     def start_at_zero(self, model_name: str) -> None:
         """Show the counters alerts take increase() of at 0 from start-up: a first sample of 1 gives no increase."""
         self.load_failures.inc(model_name, amount=0)
+        self.nonfinite_outputs.inc(model_name, amount=0)
         for reason in REJECT_REASONS:
             self.versions_rejected.inc(model_name, reason, amount=0)
 

@@ -69,6 +69,7 @@ def test_unit_tests_feed_both_bucket_forms_and_counters_that_start_absent():
         "ctr_serving_model_load_failures_total",
         "ctr_serving_versions_rejected_total",
         "ctr_serving_request_log_dropped_total",
+        "ctr_serving_nonfinite_outputs_total",
     }
     les: set[str] = set()
     first_values: dict[str, set[str]] = {name: set() for name in increased_counters()}
@@ -85,6 +86,7 @@ def test_unit_tests_feed_both_bucket_forms_and_counters_that_start_absent():
         "ctr_serving_model_load_failures_total": {"_x5", "_x10"},
         "ctr_serving_versions_rejected_total": {"_x5", "_x10", "_x30"},
         "ctr_serving_request_log_dropped_total": {"_x5", "_x10"},
+        "ctr_serving_nonfinite_outputs_total": {"_x5", "_x10"},
     }
 
 

@@ -31,6 +31,7 @@ def test_counters_alerts_take_increase_of_start_at_0_and_two_workers_stop_withou
     expected = {
         'ctr_serving_model_load_failures_total{model_name="ctr"}',
         'ctr_serving_request_log_dropped_total{model_name="ctr"}',
+        'ctr_serving_nonfinite_outputs_total{model_name="ctr"}',
         *(f'ctr_serving_versions_rejected_total{{model_name="ctr",reason="{r}"}}' for r in REJECT_REASONS),
     }
     assert {key.split("{")[0] for key in expected} == alerted  # every counter an alert reads is covered
