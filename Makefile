@@ -32,10 +32,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install every stage (skipped when done)
 
-sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, java for TorchServe)
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v java >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose openjdk-17-jre-headless >/dev/null; \
-	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus, wrk, docker-compose and java (TorchServe)"; fi; fi
+sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, strace, java for TorchServe)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v strace >/dev/null || ! command -v java >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose strace openjdk-17-jre-headless >/dev/null; \
+	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus, wrk, docker-compose, strace and java (TorchServe)"; fi; fi
 
 $(DATA): | $(STAMP)
 	$(PY) -m training.synth --out $(DATA) --rows $(ROWS) --seed 7

@@ -34,7 +34,7 @@ class TrainConfig:
     max_epochs: int = 3
     lr: float = 2e-3
     weight_decay: float = 0.0
-    adam_impl: str = "default"
+    adam_impl: str = "auto"
     patience: int = 1
     seed: int = 42
     threads: int | None = None
@@ -42,7 +42,8 @@ class TrainConfig:
     devices: int = 1
     num_nodes: int = 1
     strategy: str = "auto"
-    precision: str = "32-true"
+    precision: str = "auto"
+    fast_dropout: bool = True
     ddp_timeout: float = 120.0
     resume: bool = False
     init_from: Path | None = None

@@ -5,8 +5,8 @@ would cost a third of the throughput. After the fit, one pass writes every row o
 as a fixed-size record: the first 52 columns of its feature vector (z-scores, missing flags, rate lifts;
 float32 exactly as `FeatureSpec.transform` makes them), the column each categorical value adds 1.0 to
 (int16: a bucket or the out-of-vocabulary column), the label and the row's index in its split.
-`expand` rebuilds the float32 [N, width] vectors bit for bit (1.0 counts add exactly). 264 bytes a row on
-disk; files are read with plain reads (not mmap, which would count every page read in the process's RSS).
+`expand` rebuilds the float32 [N, width] vectors bit for bit (1.0 counts add exactly). 272 bytes a row on
+disk (52 * 4 + 26 * 2 + 4 + 8); files are read with plain reads (not mmap, which would count every page read in the process's RSS).
 """
 
 from __future__ import annotations

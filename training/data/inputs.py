@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ctr_contract import cgroup
 from training.config import TrainConfig
 from training.data.criteo import ReadReport
 from training.data.parquet import ParquetData, Split
@@ -94,14 +95,8 @@ def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: in
 
 
 def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    # The container's memory limit, not the node's: /proc/meminfo alone would size a 4 GiB pod by its node.
+    return cgroup.available_memory()
 
 
 def pin_malloc_mmap_threshold(nbytes: int = 1 << 20) -> bool:
