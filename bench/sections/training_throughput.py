@@ -40,7 +40,7 @@ BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
 def run(mode: str, workdir: Path) -> dict[str, Any]:
     """Measure the six training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
     from bench.harness.procs import run_bounded
-    from bench.sections.training_profile import step_flops
+    from bench.sections.flops import step_flops
     from training.data.cache import ensure_cache
     from training.data.prepare import prepare
     from training.synth import generate
