@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s online: %(message)s", stream=sys.stdout)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.getLogger("training.online").setLevel(logging.INFO)  # ours; the libraries' INFO stays quiet
     if args.interval_s <= 0 or args.window_s < 0 or args.window_s > args.interval_s:
         print(
             f"online: error: need 0 <= --window-s ({args.window_s:g}) <= --interval-s ({args.interval_s:g})",
