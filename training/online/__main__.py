@@ -22,7 +22,7 @@ from pathlib import Path
 
 from training.online.loop import Trainer, first_interval
 from training.online.metrics import TrainerMetrics
-from training.online.step import Settings
+from training.online.step import Settings, warm_imports
 
 
 def _time(value: str) -> float:
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(s, metrics, first_interval(args.start, args.interval_s))
         metrics.serve(args.metrics_port)
+        warm_imports()
         trainer.run(args.until, time.sleep)
     except (ValueError, OSError) as e:
         print(f"online: error: {e}", file=sys.stderr)

@@ -73,6 +73,15 @@ def replay_folder(s: Settings, interval: int) -> Path:
     return folder
 
 
+def warm_imports() -> None:
+    """Import PyTorch, Lightning and TensorFlow now, while the first interval is still open, not inside it."""
+    from ctr_contract.tf_log import import_tensorflow
+
+    import_tensorflow(verbose=False)
+    import export.pipeline  # noqa: F401
+    import training.train  # noqa: F401
+
+
 def train_and_publish(s: Settings, interval: int, version: int) -> dict[str, Any]:
     """Train on the interval (+ replay) and export as `version`; returns {'outcome': ..., details}."""
     from training.cli import main as train_main  # heavy imports on first use
