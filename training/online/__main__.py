@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--replay", type=int, default=2, help="earlier intervals replayed with the new one (default 2)"
     )
+    p.add_argument(
+        "--replay-rows", type=int, default=50_000, help="at most this many replayed rows (default 50000)"
+    )
     p.add_argument("--epochs", type=int, default=1, help="epochs per interval (default 1)")
     p.add_argument(
         "--max-auc-drop", type=float, default=0.002, help="quality gate: allowed AUC drop (default 0.002)"
@@ -96,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     s = Settings(
         logs=args.logs, clicks=args.clicks, repo=args.repo, work=args.work, interval_s=args.interval_s,
-        window_s=args.window_s, holdout=args.holdout, replay=args.replay, epochs=args.epochs,
-        train_args=tuple(shlex.split(args.train_args)), max_auc_drop=args.max_auc_drop,
+        window_s=args.window_s, holdout=args.holdout, replay=args.replay, replay_rows=args.replay_rows, epochs=args.epochs,
+        train_args=tuple(shlex.split(args.train_args)), max_auc_drop=args.max_auc_drop, max_ece_rise=args.max_ece_rise,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
     metrics = TrainerMetrics()

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from ctr_contract.repository import version_dirs
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.online.join import JoinReport, join_interval, partition_name
+from training.online.join import JoinReport, join_interval, partition_name, partition_rows
 
 log = logging.getLogger("training.online")
 
@@ -38,9 +38,11 @@ class Settings:
     window_s: float
     holdout: float = 0.2
     replay: int = 2
+    replay_rows: int = 50_000
     epochs: int = 1
     train_args: tuple[str, ...] = ()
     max_auc_drop: float = 0.002
+    max_ece_rise: float = 0.01
 
     @property
     def data(self) -> Path:
@@ -61,14 +63,29 @@ def join(s: Settings, interval: int) -> JoinReport:
     )
 
 
+def replay_parts(data: Path, interval: int, replay: int, replay_rows: int) -> list[Path]:
+    """The interval's training partition and, newest first, up to `replay` earlier ones within `replay_rows` rows."""
+    parts = [data / "train" / partition_name(interval)]
+    budget = replay_rows
+    for j in range(interval - 1, interval - 1 - replay, -1):
+        part = data / "train" / partition_name(j)
+        n = partition_rows(part)
+        if n == 0:
+            continue
+        if n > budget:
+            break  # the replay stays contiguous: the newest rows first, never a gap
+        parts.append(part)
+        budget -= n
+    return [p for p in parts if p.is_file()]
+
+
 def replay_folder(s: Settings, interval: int) -> Path:
-    """A run's --data folder: links to the interval's training partition and the `replay` before it."""
+    """A run's --data folder: links to the interval's training partition and its bounded replay."""
     folder = s.work / "runs" / str(interval) / "data"
     folder.mkdir(parents=True, exist_ok=True)
-    for j in range(interval - s.replay, interval + 1):
-        part = s.data / "train" / partition_name(j)
-        link = folder / partition_name(j)
-        if part.is_file() and not link.exists():
+    for part in replay_parts(s.data, interval, s.replay, s.replay_rows):
+        link = folder / part.name
+        if not link.exists():
             link.symlink_to(part.resolve())
     return folder
 
@@ -127,7 +144,7 @@ def _export(run: Path, s: Settings, version: int, eval_data: Path | None) -> dic
     from export.pipeline import export_version
 
     argv = ["--run", str(run), "--repo", str(s.repo), "--version", str(version)]
-    argv += ["--max-auc-drop", str(s.max_auc_drop)]
+    argv += ["--max-auc-drop", str(s.max_auc_drop), "--max-ece-rise", str(s.max_ece_rise)]
     if eval_data is not None:
         argv += ["--eval-data", str(eval_data)]
     try:
