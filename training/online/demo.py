@@ -68,7 +68,8 @@ class Watcher(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.url, self.seen, self.stop = url, {}, threading.Event()
+        self.url, self.stop = url, threading.Event()
+        self.seen: dict[int, float] = {}
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
