@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-auc-drop", type=float, default=0.002, help="quality gate: allowed AUC drop (default 0.002)"
     )
     p.add_argument(
+        "--max-ece-rise",
+        type=float,
+        default=0.01,
+        help="quality gate: allowed calibration error rise (default 0.01)",
+    )
+    p.add_argument(
         "--train-args", default="", help="extra flags for python -m training, e.g. '--batch-size 512'"
     )
     p.add_argument(

@@ -179,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
             stdout=(out / "trainer.log").open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         procs.append(trainer)
+        time.sleep(3)
+        if trainer.poll() is not None:
+            sys.exit(
+                f"online-demo: error: the trainer exited {trainer.returncode}; see {out / 'trainer.log'}"
+            )
         run([PY, "-m", "training.simulate", "--url", f"http://127.0.0.1:{rest}", "--clicks-dir", str(out / "clicks"),
              "--truth-dir", str(out / "truth"), "--start-day", str(a.start_day), "--end-day", str(a.end_day),
              "--duration", str(until - time.time()), "--rate", str(a.rate), "--instances", str(a.instances),
