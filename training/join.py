@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from training.online.__main__ import _time
+from training.online.events import parse_time
 from training.online.join import join_interval
 from training.online.ratelog import RateLimitedLog
 
@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--logs", type=Path, required=True, help="request log folder")
     p.add_argument("--clicks", type=Path, required=True, help="click events folder")
     p.add_argument("--out", type=Path, required=True, help="output folder (train/ and holdout/ partitions)")
-    p.add_argument("--start", type=_time, required=True, help="Unix seconds or ISO 8601")
-    p.add_argument("--end", type=_time, required=True, help="Unix seconds or ISO 8601")
+    p.add_argument("--start", type=parse_time, required=True, help="Unix seconds or ISO 8601")
+    p.add_argument("--end", type=parse_time, required=True, help="Unix seconds or ISO 8601")
     p.add_argument("--interval-s", type=float, default=3600.0, help="seconds per partition (default 3600)")
     p.add_argument("--window-s", type=float, default=1800.0, help="attribution window (default 1800)")
     p.add_argument("--holdout", type=float, default=0.2, help="share of requests held out (default 0.2)")

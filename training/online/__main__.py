@@ -17,26 +17,12 @@ import shlex
 import signal
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
+from training.online.events import parse_time
 from training.online.loop import Trainer, first_interval
 from training.online.metrics import TrainerMetrics
 from training.online.step import Settings, warm_imports
-
-
-def _time(value: str) -> float:
-    """Unix seconds, or an ISO 8601 time ('2026-11-30T08:00:00Z')."""
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected Unix seconds or an ISO 8601 time, got {value!r}"
-        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,10 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-args", default="", help="extra flags for python -m training, e.g. '--batch-size 512'"
     )
     p.add_argument(
-        "--start", type=_time, help="first interval of a fresh state: the first starting at or after this"
+        "--start",
+        type=parse_time,
+        help="first interval of a fresh state: the first starting at or after this",
     )
     p.add_argument(
-        "--until", type=_time, help="stop once every interval starting before this time is finished"
+        "--until", type=parse_time, help="stop once every interval starting before this time is finished"
     )
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
     return p

@@ -12,6 +12,7 @@ file's mtime when there is none), so every bad line is counted exactly once over
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Iterator
@@ -121,3 +122,17 @@ def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Itera
             last = stamp
             if start <= stamp < end:
                 yield Click(request_id, instance, stamp, (path.name, number))
+
+
+def parse_time(value: str) -> float:
+    """A command-line time: Unix seconds, or an ISO 8601 time ('2026-11-30T08:00:00Z')."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected Unix seconds or an ISO 8601 time, got {value!r}"
+        ) from None
