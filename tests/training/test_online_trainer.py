@@ -160,3 +160,22 @@ def test_a_full_disk_drops_the_interval_counts_it_and_keeps_the_state(
     assert outcome["outcome"] == "dropped" and "No space left on device" in outcome["why"]
     assert trainer.metrics.dropped._value.get() == 1
     assert load(s.work).next == 6  # type: ignore[union-attr]
+
+
+def test_metrics_expose_freshness_outcomes_and_refusals():
+    from prometheus_client import generate_latest
+
+    m = TrainerMetrics()
+    m.served_row_time(time.time() - 100)
+    m.intervals.labels("refused").inc()
+    m.gate_refusals.inc()
+    text = generate_latest(m.registry).decode()
+    [age] = [
+        float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("ctr_online_freshness_seconds ")
+    ]
+    assert 100 <= age < 105
+    assert 'ctr_online_intervals_total{outcome="refused"} 1.0' in text
+    assert "ctr_online_gate_refusals_total 1.0" in text
+    assert 'ctr_online_clicks_total{kind="late clicks"} 0.0' in text
