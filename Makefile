@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train tune day export serve test test-slow test-gpu lint fmt bench bench-http bench-compare clean
+.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu lint fmt bench bench-http bench-compare clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ tune: $(STAMP) $(DATA) ## Optuna search (lr, batch, dropout, weight decay, activ
 
 day: $(STAMP) ## One day of the daily loop: make day N=1 (day N's data, warm start, export through the gate)
 	REPO=$(REPO) scripts/daily.sh $(or $(N),0)
+
+online-demo: $(STAMP) ## Online learning for ~5 min: server + simulator + online trainer; report in OUT (artifacts/online-demo)
+	$(PY) -m training.online.demo --out $(or $(OUT),artifacts/online-demo) $(ARGS)
 
 export: $(STAMP) ## Export the best checkpoint into the versioned model repository
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)

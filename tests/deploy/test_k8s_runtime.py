@@ -79,8 +79,9 @@ def mount_for(
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_every_container_of_ours_pulls_if_not_present(builds, path: str):
     found = list(our_containers(builds[path]))
-    # The data Job's, the export Job's, the server's, and the init and main containers of Master and Worker.
-    assert len(found) == 7
+    # The data Job's, the export Job's, the server's, the online trainer's, and the init and main containers of
+    # Master and Worker.
+    assert len(found) == 8
     for name, _, c in found:
         assert c.get("imagePullPolicy") == "IfNotPresent", (
             f"{name}: imagePullPolicy {c.get('imagePullPolicy')}"
