@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train tune day export serve test test-slow test-gpu lint fmt bench bench-http bench-compare clean
+.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu lint fmt bench bench-http bench-compare clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -32,10 +32,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv and install every stage (skipped when done)
 
-sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, java for TorchServe)
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v java >/dev/null; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose openjdk-17-jre-headless >/dev/null; \
-	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus, wrk, docker-compose and java (TorchServe)"; fi; fi
+sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, strace, java for TorchServe)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v strace >/dev/null || ! command -v java >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose strace openjdk-17-jre-headless >/dev/null; \
+	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus, wrk, docker-compose, strace and java (TorchServe)"; fi; fi
 
 $(DATA): | $(STAMP)
 	$(PY) -m training.synth --out $(DATA) --rows $(ROWS) --seed 7
@@ -50,6 +50,9 @@ tune: $(STAMP) $(DATA) ## Optuna search (lr, batch, dropout, weight decay, activ
 
 day: $(STAMP) ## One day of the daily loop: make day N=1 (day N's data, warm start, export through the gate)
 	REPO=$(REPO) scripts/daily.sh $(or $(N),0)
+
+online-demo: $(STAMP) ## Online learning for ~5 min: server + simulator + online trainer; report in OUT (artifacts/online-demo)
+	$(PY) -m training.online.demo --out $(or $(OUT),artifacts/online-demo) $(ARGS)
 
 export: $(STAMP) ## Export the best checkpoint into the versioned model repository
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-STAGING_PREFIX = ".tmp-"  # `<base>/.tmp-<version>-<pid>` while an export writes; not a version name
+# `<base>/.tmp-<version>-<host>-<token>-<pid>` (and its .lock) while an export writes; not a version name
+STAGING_PREFIX = ".tmp-"
 TRITON_CONFIG = "config.pbtxt"
 SAVED_MODEL = "saved_model.pb"
 SAVED_MODEL_VARIABLES = "variables"

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ctr_contract import run_dir
+from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import import_tensorflow
 from export.errors import ExportError, InputError
 from export.parity import MIN_ROWS
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m export",
         description="Export a CTR checkpoint to ONNX + SavedModel (+ TorchScript), gate it on parity, and "
         "publish it as the next version of the model repository.",
+        formatter_class=DefaultsHelpFormatter,
     )
     src = p.add_argument_group("source")
     src.add_argument(
@@ -106,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse when its expected calibration error is higher by more than this (default: %(default)s)",
     )
     quality.add_argument(
-        "--force", action="store_true", help="publish even when the gate refuses; the manifest records it"
+        "--force",
+        action="store_true",
+        help="publish even when the gate refuses, or cannot run for want of --eval-data; the manifest records it",
     )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="log each step, and TensorFlow's C++ start-up log"
@@ -198,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     g = result.quality_gate
     if g is not None and g.get("skipped"):
-        print(f"quality gate: skipped: {g['skipped']}")
+        print(f"quality gate: skipped: {g['skipped']}" + (" (published with --force)" if g["forced"] else ""))
     elif g is not None:
         c, o = g["candidate"], g["served"]
         line = f"quality gate: candidate AUC {c['auc']:.4f} ECE {c['ece']:.4f}"

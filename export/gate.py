@@ -213,14 +213,21 @@ def gate_export(req: ExportRequest, net: torch.nn.Module, metrics: dict[str, Any
     """Run the gate for one export request: the candidate `net` against the newest published version.
 
     Without held-out rows that both models can score (no --eval-data, and a run without val_labels.npy or
-    data file) the gate is skipped: a warning, and the manifest's quality_gate says why.
+    data file) the gate fails closed: with a version served it raises InputError, unless `--force`, which
+    publishes with a warning and the manifest's quality_gate says why. The first version has nothing to beat.
     """
     versions = repository.version_dirs(req.repo) if req.repo.is_dir() else {}
     served_dir = versions[max(versions)] if versions else None
     rows, why_not = _eval_rows(req, metrics, served_dir)
     if rows is None:
+        if served_dir is not None and not req.force:
+            raise InputError(
+                f"the quality gate cannot compare the candidate with version {served_dir.name}: {why_not}; "
+                "nothing was published (--force publishes without the gate)"
+            )
         log.warning("quality gate skipped: %s", why_not)
-        return {"skipped": why_not, "passed": None, "forced": False, "candidate": None, "served": None}
+        forced = served_dir is not None
+        return {"skipped": why_not, "passed": None, "forced": forced, "candidate": None, "served": None}
     served = None
     if served_dir is not None:
         try:

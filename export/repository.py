@@ -1,19 +1,23 @@
 """The versioned model repository: numbered version folders, atomic publish, retention, Triton config.
 
 Layout (`ctr_contract.repository`, docs/design.md): `<base>/config.pbtxt` and `<base>/<N>/...`. A version is written complete under
-`<base>/.tmp-<N>-<pid>` (servers ignore non-numeric names) and then renamed into place.
+`<base>/.tmp-<N>-<host>-<token>-<pid>` (servers ignore non-numeric names) and then renamed into place; the
+export holds `<that>.lock` meanwhile (export/staging_lock.py), so a later export removes a crashed one's folder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ctr_contract.repository import MAX_VERSION, ONNX_MODEL, STAGING_PREFIX, TRITON_CONFIG, version_dirs
+from export import staging_lock
 from export.errors import PublishError
 
 log = logging.getLogger(__name__)
@@ -29,6 +33,19 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+def _abandoned(staging: Path) -> bool:
+    """Is `staging` left by a crashed export? Its lock file says; without one, the PID in its name does.
+
+    Folders without a lock (retention's `delete-V-PID`) are abandoned when that PID is gone or is this
+    process's own: this export has created none yet, and in a container the dead export was PID 1 too.
+    """
+    lock = staging_lock.lock_path(staging)
+    if lock.exists():
+        return staging_lock.abandoned(lock)
+    pid = staging.name.rsplit("-", 1)[-1]
+    return pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid)))
 
 
 class ModelRepository:
@@ -71,24 +88,38 @@ class ModelRepository:
         except OSError as e:
             raise PublishError(f"model repository {self.base} is not writable: {e}") from e
         for p in self.base.glob(f"{STAGING_PREFIX}*"):
-            pid = p.name.rsplit("-", 1)[-1]
-            if p.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
-                log.warning("removing staging folder %s left by a crashed export (pid %s)", p, pid)
+            if p.name.endswith(staging_lock.LOCK_SUFFIX):
+                folder = p.with_name(p.name.removesuffix(staging_lock.LOCK_SUFFIX))
+                if not folder.exists() and staging_lock.abandoned(p):
+                    p.unlink(missing_ok=True)  # its export crashed after publishing or removing its folder
+                continue
+            if p.is_dir() and _abandoned(p):
+                log.warning("removing staging folder %s left by a crashed export", p)
                 shutil.rmtree(p)
+                staging_lock.lock_path(p).unlink(missing_ok=True)
 
     @contextmanager
     def staging(self, version: int) -> Iterator[Path]:
         """A fresh hidden folder for version `version`, removed again if anything inside fails."""
-        tmp = self.base / f"{STAGING_PREFIX}{version}-{os.getpid()}"
+        # Host and a random token too: exports in two containers are both PID 1 and may share the volume.
+        tmp = (
+            self.base
+            / f"{STAGING_PREFIX}{version}-{socket.gethostname()}-{secrets.token_hex(4)}-{os.getpid()}"
+        )
         try:
-            tmp.mkdir()
+            lock = staging_lock.hold(tmp)
         except OSError as e:
-            raise PublishError(f"cannot create staging folder {tmp}: {e}") from e
+            raise PublishError(f"cannot create staging lock {staging_lock.lock_path(tmp)}: {e}") from e
         try:
+            try:
+                tmp.mkdir()
+            except OSError as e:
+                raise PublishError(f"cannot create staging folder {tmp}: {e}") from e
             yield tmp
         finally:
             if tmp.exists():  # not renamed: an error happened before or during publish
                 shutil.rmtree(tmp, ignore_errors=False)
+            staging_lock.release(tmp, lock)
 
     def publish(self, staged: Path, version: int) -> Path:
         """Rename the complete staged folder to `<base>/<version>`; never replaces an existing version."""

@@ -6,9 +6,13 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.repository import parse_version_dir
 from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.backends import BACKENDS
+from serving.cpu_plan import cpu_plan
+from serving.tls import load_tls_config
+from serving.versions.model_config import read_model_config
 from serving.versions.policy import VersionPolicy
 
 
@@ -49,7 +53,7 @@ class ServerConfig:
     rest_api_port: int
     host: str
     model_name: str
-    model_base_path: Path
+    model_base_path: Path | None  # None: the models come from --model_config_file
     backend: str
     enable_batching: bool
     max_batch_size: int
@@ -84,6 +88,11 @@ class ServerConfig:
     request_log_dir: Path | None = None
     request_log_sample_rate: float = 0.0
     request_log_max_bytes: int = 64 << 20
+    # TLS for gRPC and REST (serving/tls.py)
+    ssl_config_file: Path | None = None
+    # Several models from TF Serving's model config file (serving/versions/model_config.py)
+    model_config_file: Path | None = None
+    model_config_file_poll_wait_seconds: int = 0
 
     def __post_init__(self) -> None:
         """Check every bound here, so that `dataclasses.replace()` is checked as much as the command line."""
@@ -106,6 +115,15 @@ class ServerConfig:
             raise ValueError(
                 f"--drift_window must be >= 0 and --request_log_max_bytes >= 1, got {self.drift_window} "
                 f"and {self.request_log_max_bytes}"
+            )
+        if (self.model_base_path is None) == (self.model_config_file is None):
+            raise ValueError(
+                "give --model_base_path (one model, named by --model_name) or --model_config_file (several), "
+                "not both and not neither"
+            )
+        if self.model_config_file_poll_wait_seconds < 0:
+            raise ValueError(
+                f"--model_config_file_poll_wait_seconds must be >= 0, got {self.model_config_file_poll_wait_seconds}"
             )
         for flag in ("port", "rest_api_port"):
             if not 0 <= getattr(self, flag) <= 65535:
@@ -138,20 +156,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m serving",
         description="TF-Serving-compatible model server (REST + gRPC) for the CTR model repository.",
+        formatter_class=DefaultsHelpFormatter,
     )
     tf = p.add_argument_group("TF Serving flags (same names and meaning)")
     tf.add_argument("--port", type=int, default=8500, help="gRPC port")
     tf.add_argument("--rest_api_port", type=int, default=8501, help="REST port; 0 disables REST")
     tf.add_argument("--model_name", default="default", help="name in /v1/models/NAME and ModelSpec.name")
     tf.add_argument(
-        "--model_base_path", type=Path, required=True, help="folder holding numeric version folders"
+        "--model_base_path", type=Path, default=None, help="folder holding numeric version folders"
     )
-    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False)
+    tf.add_argument("--model_config_file", type=Path, default=None,
+                    help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path")  # fmt: skip
+    tf.add_argument("--model_config_file_poll_wait_seconds", type=int, default=0,
+                    help="seconds between re-reads of --model_config_file; 0 reads it once")  # fmt: skip
+    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
+                    help="merge concurrent requests into batches of up to --max_batch_size rows")  # fmt: skip
     tf.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
                     help="seconds between scans for new versions; 0 scans once")  # fmt: skip
     tf.add_argument(
         "--rest_api_timeout_in_ms", type=int, default=30000, help="deadline of a queued request; 0 = none"
     )
+    tf.add_argument("--ssl_config_file", type=Path, default=None,
+                    help="SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): TLS on gRPC and REST")  # fmt: skip
     ours = p.add_argument_group("ctr-pipeline flags")
     ours.add_argument("--host", default="0.0.0.0", help="bind address (0.0.0.0 in containers)")
     ours.add_argument(
@@ -178,9 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--model_load_timeout_seconds", type=float, default=600.0,
                       help="a version whose check, load and warm-up take longer fails alone; 0 = no limit")  # fmt: skip
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
-    ours.add_argument("--intra_op_threads", type=int, default=1, help="threads per model call")
-    ours.add_argument("--num_workers", type=int, default=1,
-                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model")  # fmt: skip
+    ours.add_argument("--intra_op_threads", type=int, default=None,
+                      help="ONNX Runtime threads per model call; default: the cgroup CPU limit / --num_workers, "
+                      "1 without a limit (serving/cpu_plan.py)")  # fmt: skip
+    ours.add_argument("--num_workers", type=int, default=None,
+                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model; "
+                      "default: the cgroup CPU limit rounded up, 1 without a limit")  # fmt: skip
     ours.add_argument("--print_curl_example", type=_bool, nargs="?", const=True, default=False,
                       help="print a ready-to-paste curl predict command once a version is loaded")  # fmt: skip
     ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -216,9 +245,14 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     """Parse and check the command line; argparse exits with a message on a bad value."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.num_workers, args.intra_op_threads = cpu_plan(args.num_workers, args.intra_op_threads)
     try:
         cfg = ServerConfig(**vars(args))
-    except ValueError as exc:  # ServerConfig checks its own bounds
+        if cfg.ssl_config_file is not None:
+            load_tls_config(cfg.ssl_config_file)  # a bad file fails here with one line, before any port opens
+        if cfg.model_config_file is not None:
+            read_model_config(cfg.model_config_file)  # likewise: the first config must be good
+    except ValueError as exc:  # ServerConfig checks its own bounds; the file errors are ValueErrors
         parser.error(str(exc))
     if cfg.backend == "tf":  # before any worker imports TensorFlow; `--log_level debug` keeps its C++ log
         quiet_tensorflow_log(verbose=cfg.log_level == "debug")

@@ -29,6 +29,7 @@ def curl_example(cfg: ServerConfig, servable: LoadedVersion) -> str:
     if sig.has_raw:
         row = CRITEO_ROW
     else:
+        assert cfg.model_base_path is not None  # printed by single-model servers only
         batches = warmup_batches(cfg.model_base_path / str(servable.version), sig.input_name)
         row = [round(float(v), 4) for v in batches[0][0]] if batches else [0.0] * sig.width
     host = "localhost" if cfg.host in ("0.0.0.0", "::") else cfg.host

@@ -86,5 +86,12 @@ class DeadlineExceeded(ServingError):
     code = "DEADLINE_EXCEEDED"
 
 
+class NonFiniteOutput(ServingError):
+    """The model returned NaN or Inf for an instance the API accepted (500, gRPC INTERNAL).
+
+    Not a client mistake: the input passed every check, so the server failed (serving/api/output_check.py).
+    """
+
+
 class ModelLoadError(Exception):
     """A model version could not be loaded or warmed; the server keeps serving the previous one."""

@@ -25,10 +25,15 @@ from pathlib import Path
 
 import grpc
 
+from serving.api.grpc_health import HealthReporter
 from serving.api.grpc_service import build_grpc_server
+from serving.api.model_set import ModelSet, ServedModels
 from serving.api.predictor import Predictor
 from serving.api.rest import RestApp
 from serving.api.rest_body import BodyDecoder
+from serving.api.v2_grpc import v2_handler
+from serving.api.v2_models import V2Models
+from serving.api.v2_rest import V2RestApp
 from serving.api.validation import Limits
 from serving.backends import Backend
 from serving.config import ServerConfig
@@ -38,7 +43,9 @@ from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.observability.metrics_shared import SharedServingMetrics
 from serving.observability.request_log import RequestLog
+from serving.tls import load_tls_config
 from serving.versions.manager import ModelManager
+from serving.versions.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
 from serving.versions.servable import BatchingOptions, Runner, build_runners
 
 log = logging.getLogger(__name__)
@@ -55,7 +62,7 @@ class WorkerRole:
 
 
 def _runner_factory(
-    cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor
+    cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor, model_name: str
 ) -> Callable[[Backend], dict[str, Runner]]:
     """Each loaded version's runner per signature, all sharing the inference thread."""
     batching = None
@@ -66,7 +73,7 @@ def _runner_factory(
             max_enqueued_batches=cfg.max_enqueued_batches,
             timeout_s=cfg.rest_api_timeout_in_ms / 1e3 or float("inf"),  # 0: no deadline
         )
-    return lambda backend: build_runners(backend, batching, executor, metrics, cfg.model_name)
+    return lambda backend: build_runners(backend, batching, executor, metrics, model_name)
 
 
 def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -90,22 +97,39 @@ def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 async def _open_ports(
-    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, decoder: BodyDecoder, reuse_port: bool
+    cfg: ServerConfig,
+    models: ServedModels,
+    metrics: ServingMetrics,
+    decoder: BodyDecoder,
+    reuse_port: bool,
+    health: HealthReporter,
 ) -> tuple[grpc.aio.Server, HttpServer | None]:
     """Bind both ports before serving anything (a busy port fails the process, exit 1), then serve them."""
     rest_socket = _bind(cfg.host, cfg.rest_api_port, reuse_port) if cfg.rest_api_port else None
-    grpc_server = build_grpc_server(predictor, cfg.host, cfg.port, cfg.max_body_bytes, reuse_port)
+    v2 = V2Models(models.current)
+    tls = load_tls_config(cfg.ssl_config_file) if cfg.ssl_config_file is not None else None
+    grpc_server = build_grpc_server(
+        models,
+        cfg.host,
+        cfg.port,
+        cfg.max_body_bytes,
+        reuse_port,
+        (v2_handler(v2),),
+        tls.grpc_credentials() if tls is not None else None,
+    )
+    health.register(grpc_server)
+    await health.refresh()  # grpcio-health-checking starts at SERVING: not before a model is
     await grpc_server.start()
-    log.info("gRPC listening on %s:%d", cfg.host, cfg.port)
+    log.info("gRPC listening on %s:%d%s", cfg.host, cfg.port, " (TLS)" if tls else "")
     http_server = None
     if rest_socket is not None:
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder.start()
-        app = RestApp(predictor, lambda: metrics.render() + predictor.drift_text(), decoder)
+        app = RestApp(models, lambda: metrics.render() + models.drift_text(), decoder, V2RestApp(v2, decoder))
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
-        await http_server.start(rest_socket)
-        log.info("REST listening on %s:%d", cfg.host, cfg.rest_api_port)
+        await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
+        log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")
     return grpc_server, http_server
 
 
@@ -142,60 +166,68 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     # a slow disk never delays inference. Each model load gets a thread of its own (serving/versions/loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
     disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
-    manager = ModelManager(
-        cfg.model_name,
-        cfg.model_base_path,
-        cfg.backend,
-        cfg.intra_op_threads,
-        cfg.model_version_policy,
-        cfg.version_labels,
-        metrics,
-        disk_executor,
-        make_runners=_runner_factory(cfg, metrics, run_executor),
-        manifest_wait_s=cfg.manifest_wait_timeout_seconds,
-        load_timeout_s=cfg.model_load_timeout_seconds,
-    )
-    predictor = Predictor(manager, Limits(cfg.max_instances, cfg.allow_nonfinite), metrics)
-    _watch_traffic(cfg, predictor, metrics, worker)
+    limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
+
+    def build(spec: ModelSpec) -> Predictor:
+        """One model's version manager and predictor; all share the metrics, the limits and the threads."""
+        metrics.start_at_zero(spec.name)  # each model's alerted counters exist at 0 from its start
+        manager = ModelManager(
+            spec.name,
+            spec.base_path,
+            cfg.backend,
+            cfg.intra_op_threads,
+            spec.policy,
+            spec.labels,
+            metrics,
+            disk_executor,
+            make_runners=_runner_factory(cfg, metrics, run_executor, spec.name),
+            manifest_wait_s=cfg.manifest_wait_timeout_seconds,
+            load_timeout_s=cfg.model_load_timeout_seconds,
+        )
+        return Predictor(manager, limits, metrics)
+
+    models = _served_models(cfg, build, metrics, worker)
     decoder = BodyDecoder(cfg.max_instances)  # started with the REST port (a child process for large bodies)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     grpc_server: grpc.aio.Server | None = None
     http_server: HttpServer | None = None
+    health = HealthReporter(models.current)
     if worker is None:
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, decoder, reuse_port=False)
+        grpc_server, http_server = await _open_ports(cfg, models, metrics, decoder, False, health)
 
-    try:
-        await manager.poll_once()
-    except Exception:  # e.g. an unreadable base path: keep serving liveness and retry on the next poll
-        log.exception("first scan of %s failed", cfg.model_base_path)
+    await _first_scan(cfg, models)
     # Objects alive now (modules, the model) live as long as the process: keep the cyclic GC from
     # rescanning them on every collection, which showed as multi-ms p99 spikes under load.
     gc.collect()
     gc.freeze()
     chores = None
     if worker is not None and not stop.is_set():
-        grpc_server, http_server = await _open_ports(cfg, predictor, metrics, decoder, reuse_port=True)
+        grpc_server, http_server = await _open_ports(cfg, models, metrics, decoder, True, health)
         assert isinstance(metrics, SharedServingMetrics)
         chores = asyncio.create_task(_worker_chores(worker, metrics, stop))
-    if cfg.print_curl_example and manager.latest is not None and (worker is None or worker.index == 0):
-        print(curl_example(cfg, manager.latest), flush=True)
-    poller = None
-    if cfg.file_system_poll_wait_seconds > 0:
-        poller = asyncio.create_task(manager.poll_forever(cfg.file_system_poll_wait_seconds))
+    latest = models.lookup(cfg.model_name).manager.latest if not isinstance(models, ModelSet) else None
+    if cfg.print_curl_example and latest is not None and (worker is None or worker.index == 0):
+        print(curl_example(cfg, latest), flush=True)
+    health_task = asyncio.create_task(health.run())
+    pollers = _start_polling(cfg, models)
 
     await stop.wait()
-    log.info("shutting down: readiness off, draining %d in-flight requests", predictor.inflight)
-    if not await predictor.drain(cfg.grace_period_seconds):
+    log.info("shutting down: readiness off, draining %d in-flight requests", models.inflight)
+    health_task.cancel()
+    await health.shut_down()
+    if not await models.drain(cfg.grace_period_seconds):
         log.warning(
             "grace period of %.1fs ended with %d requests in flight",
             cfg.grace_period_seconds,
-            predictor.inflight,
+            models.inflight,
         )
-    for task in (poller, chores):
+    for task in (*pollers, chores):
         if task is not None:
             task.cancel()
+    if isinstance(models, ModelSet):
+        models.stop()
     if http_server is not None:
         await http_server.close(timeout_s=1.0)
     decoder.close()
@@ -203,9 +235,57 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         await grpc_server.stop(grace=1.0)
     run_executor.shutdown(wait=False, cancel_futures=True)
     disk_executor.shutdown(wait=False, cancel_futures=True)
-    if predictor.request_log is not None:
-        predictor.request_log.stop()
+    for predictor in models.current().values():
+        if predictor.request_log is not None:
+            predictor.request_log.stop()
     log.info("stopped")
+
+
+def _served_models(
+    cfg: ServerConfig,
+    build: Callable[[ModelSpec], Predictor],
+    metrics: ServingMetrics,
+    worker: WorkerRole | None,
+) -> ServedModels:
+    """`--model_name` + `--model_base_path`: one model with drift and request log; or the config file's models."""
+    if cfg.model_base_path is not None:
+        predictor = build(
+            ModelSpec(cfg.model_name, cfg.model_base_path, cfg.model_version_policy, cfg.version_labels)
+        )
+        _watch_traffic(cfg, predictor, metrics, worker)
+        return ServedModels.one(predictor)
+    if cfg.request_log_sample_rate > 0:  # one log folder and one drift reference belong to one model
+        log.warning("--request_log_sample_rate is ignored with --model_config_file: it serves one model only")
+    log.info("drift metrics are off with --model_config_file (they watch a single --model_base_path)")
+    return ModelSet(build, cfg.file_system_poll_wait_seconds)
+
+
+async def _first_scan(cfg: ServerConfig, models: ServedModels) -> None:
+    """Load what is there before polling starts; a failure leaves the server live and polling."""
+    if isinstance(models, ModelSet):
+        assert cfg.model_config_file is not None
+        try:
+            await models.apply(read_model_config(cfg.model_config_file))
+        except ModelConfigError as exc:  # it parsed at start: it was edited since; the poller retries it
+            log.error("%s; serving no model until it is fixed", exc)
+        return
+    try:
+        await models.lookup(cfg.model_name).manager.poll_once()
+    except Exception:  # e.g. an unreadable base path: keep serving liveness and retry on the next poll
+        log.exception("first scan of %s failed", cfg.model_base_path)
+
+
+def _start_polling(cfg: ServerConfig, models: ServedModels) -> list[asyncio.Task[None]]:
+    """Version polling of the one model (the ModelSet polls each of its own), and config-file polling."""
+    if isinstance(models, ModelSet):
+        if cfg.model_config_file is None or cfg.model_config_file_poll_wait_seconds <= 0:
+            return []
+        poller = ModelConfigPoller(cfg.model_config_file, models.apply)
+        return [asyncio.create_task(poller.poll_forever(cfg.model_config_file_poll_wait_seconds))]
+    if cfg.file_system_poll_wait_seconds <= 0:
+        return []
+    manager = models.lookup(cfg.model_name).manager
+    return [asyncio.create_task(manager.poll_forever(cfg.file_system_poll_wait_seconds))]
 
 
 def _watch_traffic(
@@ -216,6 +296,7 @@ def _watch_traffic(
 
         def newest_dir() -> Path | None:
             latest = predictor.manager.latest
+            assert cfg.model_base_path is not None  # drift is watched on single-model servers only
             return None if latest is None else cfg.model_base_path / str(latest.version)
 
         shared = worker.metrics_dir if worker is not None else None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing.util
 import os
 import select
 import shutil
@@ -160,6 +161,9 @@ class Supervisor:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            # os._exit skips atexit, where multiprocessing unlinks the semaphores of the body decoder's process
+            # pool; without this the resource tracker reports them as leaked when the server stops.
+            multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]  # private, stable since 3.x
             os._exit(code)  # the parent's cleanup (its finally blocks, atexit) is not the worker's to run
 
     def _reap(self) -> None:

@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
 from training.config import LOADERS, TrainConfig
 from training.errors import TrainingError
-from training.model.lightning_module import ADAM_IMPLS
 from training.model.net import ACTIVATIONS
+from training.model.speed import ADAM_IMPLS
 from training.tune.params import load_tuned_params
 
 _EPILOG = """examples:
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m training",
         description=__doc__,
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
     g = p.add_argument_group("data")
     g.add_argument(
@@ -37,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"or of Parquet files, read as one data set (default {d.data})",
     )
     g.add_argument("--out", type=Path, default=d.out, help=f"run directory to write (default {d.out})")
+    g.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="folder for the Parquet caches and prepared records (default: beside the data when writable, "
+        "else $XDG_CACHE_HOME/ctr-pipeline or ~/.cache/ctr-pipeline)",
+    )
     g.add_argument(
         "--skip-bad-rows",
         action="store_true",
@@ -56,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.loader,
         help="stream: rows stream from Parquet through a shuffle buffer, memory flat in the row count; "
         "memory: features held in each process (faster per epoch); auto (default): memory only when the "
-        "features take at most 1 GiB and a quarter of the available memory per process",
+        "features take at most 1 GiB and a quarter of the available memory per process (in a container: "
+        "what its cgroup memory limit leaves)",
     )
     g.add_argument(
         "--shuffle-buffer",
@@ -100,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--adam-impl",
         choices=ADAM_IMPLS,
         default=d.adam_impl,
-        help="torch Adam implementation (default: torch's choice)",
+        help="torch Adam implementation (default auto: foreach on CPU, fused on GPU; `default` is torch's choice)",
     )
     g.add_argument(
         "--patience",
@@ -115,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads per process (default: torch's choice; CPU DDP: cores // devices)",
+        help="torch intra-op threads per process (default on CPU: the cgroup CPU limit, else the cores, // "
+        "--devices; on GPU: torch's choice)",
     )
     g = p.add_argument_group("hardware and distribution")
     g.add_argument("--accelerator", default=d.accelerator, help=f"cpu, gpu or auto (default {d.accelerator})")
@@ -129,7 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--precision",
         default=d.precision,
-        help=f"Lightning precision: 32-true, 16-mixed, bf16-mixed (default {d.precision})",
+        help=f"Lightning precision: 32-true, 16-mixed, bf16-mixed (default {d.precision}: bf16-mixed on CPUs "
+        "with AVX512_BF16/AMX and on GPUs, else 32-true)",
+    )
+    g.add_argument(
+        "--no-fast-dropout",
+        dest="fast_dropout",
+        action="store_false",
+        help="use torch's dropout on CPU too (default: numpy-drawn masks on CPU, same keep probabilities)",
     )
     g.add_argument(
         "--ddp-timeout",

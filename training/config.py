@@ -20,6 +20,7 @@ class TrainConfig:
 
     data: Path = Path("artifacts/data/train.txt")
     out: Path = Path("artifacts/run")
+    cache_dir: Path | None = None
     skip_bad_rows: bool = False
     max_rows: int | None = None
     val_fraction: float = DEFAULT_VAL_FRACTION
@@ -33,7 +34,7 @@ class TrainConfig:
     max_epochs: int = 3
     lr: float = 2e-3
     weight_decay: float = 0.0
-    adam_impl: str = "default"
+    adam_impl: str = "auto"
     patience: int = 1
     seed: int = 42
     threads: int | None = None
@@ -41,7 +42,8 @@ class TrainConfig:
     devices: int = 1
     num_nodes: int = 1
     strategy: str = "auto"
-    precision: str = "32-true"
+    precision: str = "auto"
+    fast_dropout: bool = True
     ddp_timeout: float = 120.0
     resume: bool = False
     init_from: Path | None = None
@@ -51,6 +53,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.data, self.out = Path(self.data), Path(self.out)
         self.init_from = Path(self.init_from) if self.init_from is not None else None
+        self.cache_dir = Path(self.cache_dir) if self.cache_dir is not None else None
         checks = {
             "batch_size": self.batch_size >= 1,
             "max_epochs": self.max_epochs >= 1,
@@ -83,4 +86,5 @@ class TrainConfig:
         d = asdict(self)
         d["data"], d["out"] = str(self.data), str(self.out)
         d["init_from"] = str(self.init_from) if self.init_from is not None else None
+        d["cache_dir"] = str(self.cache_dir) if self.cache_dir is not None else None
         return d

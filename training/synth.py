@@ -5,8 +5,10 @@ probability per row) and FILE.oracle.json (oracle AUC/logloss on the validation 
 Rows are generated in fixed-size chunks, each from its own seeded stream, so output depends only on the seed
 and the day.
 
-`--day N` writes day N of a drifting world (training/truth.py says what drifts and how fast); day 0, the
-default, is today's world. Without `--out`, day N goes to artifacts/data/dayN.txt.
+`--day D` writes day D of a drifting world (training/truth.py says what drifts and how fast); D may be a
+fraction (2.25 is 06:00 on day 2) and the drift is continuous in D. `--drift-scale K` makes the world drift K
+times as fast (day D under K is day K*D under 1). Day 0, the default, is today's world, byte for byte. Without
+`--out`, day D goes to artifacts/data/dayD.txt.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from training.truth import (
     NUMERIC_SHAPE,
     WORLD_SEED,
     GroundTruth,
+    effective_day,
     numeric_shift,
     value_ids,
 )
@@ -37,11 +40,11 @@ _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 _CDFS = [np.cumsum(1.0 / np.arange(1, v + 1) ** a) for v, a, _ in CATEGORICAL_SHAPE]
 
 
-def sample_rows(rng: np.random.Generator, n: int, day: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def sample_rows(rng: np.random.Generator, n: int, day: float = 0) -> tuple[np.ndarray, np.ndarray]:
     """Draw raw rows of `day`: counts float64 [n, 13] (NaN = missing) and categorical value ids int64 [n, 26].
 
     A value id is the value's Zipf rank on day 0 (-1 = missing); on later days the drifting fields have new
-    values on top of their ranking (`training.truth.value_ids`).
+    values on top of their ranking (`training.truth.value_ids`). `day` is the scale-1 (effective) day.
     """
     activity = rng.normal(size=(n, 1))  # a shared "how active is this user" factor correlates the counts
     med = np.array([m for m, _, _ in NUMERIC_SHAPE]) + numeric_shift(day)
@@ -57,11 +60,18 @@ def sample_rows(rng: np.random.Generator, n: int, day: int = 0) -> tuple[np.ndar
     return counts, value_ids(ranks, day)
 
 
-def make_world(day: int = 0) -> GroundTruth:
-    """The ground truth of `day`, its bias calibrated on a fixed sample of that day to a ~25% positive rate."""
+def make_world(day: float = 0, calibration_rows: int = 200_000) -> GroundTruth:
+    """The ground truth of (effective) `day`, its bias calibrated on a fixed sample of that day to a ~25% click rate."""
     truth = GroundTruth(day)
-    truth.calibrate(*sample_rows(np.random.default_rng(WORLD_SEED + 1), 200_000, day))
+    truth.calibrate(*sample_rows(np.random.default_rng(WORLD_SEED + 1), calibration_rows, day))
     return truth
+
+
+def day_key(day: float) -> list[int]:
+    """The part of a row stream's seed that names the (effective) day: nothing for day 0, as before days existed."""
+    if float(day).is_integer():
+        return [int(day)] if day else []
+    return [round(day * 1_000_000), 1]  # the trailing 1 keeps fractions apart from whole days
 
 
 def hex_values(field_index: int, ranks: np.ndarray) -> pa.Array:
@@ -81,14 +91,22 @@ def hex_values(field_index: int, ranks: np.ndarray) -> pa.Array:
 
 
 def generate(
-    out: Path, rows: int, seed: int, val_fraction: float = DEFAULT_VAL_FRACTION, day: int = 0
+    out: Path,
+    rows: int,
+    seed: int,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    day: float = 0,
+    drift_scale: float = 1.0,
 ) -> dict[str, float | int]:
-    """Write `rows` rows of world day `day` to `out` plus the oracle files; returns the oracle summary."""
+    """Write `rows` rows of world day `day` (under `drift_scale`) to `out` plus the oracle files; returns the summary."""
     if rows < 100:
         raise ValueError(f"--rows must be at least 100 to score the oracle, got {rows}")
     if day < 0:
         raise ValueError(f"--day must be >= 0, got {day}")
-    truth = make_world(day)
+    if drift_scale < 0:
+        raise ValueError(f"--drift-scale must be >= 0, got {drift_scale}")
+    eff = effective_day(day, drift_scale)
+    truth = make_world(eff)
     out.parent.mkdir(parents=True, exist_ok=True)
     probs = np.empty(rows, dtype=np.float32)
     labels = np.empty(rows, dtype=np.int8)
@@ -98,9 +116,8 @@ def generate(
             for start in range(0, rows, CHUNK_ROWS):
                 n = min(CHUNK_ROWS, rows - start)
                 # Day 0 keeps the stream it always had; every other day gets streams of its own.
-                key = [seed, start // CHUNK_ROWS] + ([day] if day else [])
-                rng = np.random.default_rng(key)
-                counts, ranks = sample_rows(rng, n, day)
+                rng = np.random.default_rng([seed, start // CHUNK_ROWS, *day_key(eff)])
+                counts, ranks = sample_rows(rng, n, eff)
                 p = 1.0 / (1.0 + np.exp(-truth.logit(counts, ranks)))
                 y = (rng.random(n) < p).astype(np.int8)
                 probs[start : start + n], labels[start : start + n] = p, y
@@ -119,7 +136,8 @@ def generate(
     summary: dict[str, float | int] = {
         "rows": rows,
         "seed": seed,
-        "day": day,
+        "day": int(day) if float(day).is_integer() else day,
+        **({"drift_scale": drift_scale} if drift_scale != 1 else {}),
         "val_fraction": val_fraction,
         "val_rows": int(val.sum()),
         "positive_rate": float(labels.mean()),
@@ -142,7 +160,13 @@ def main(argv: list[str] | None = None) -> None:
         "--out", type=Path, help="output file, Kaggle train.txt form (default: artifacts/data/dayN.txt)"
     )
     parser.add_argument(
-        "--day", type=int, default=0, help="day of the drifting world; 0 (default) is today's distribution"
+        "--day",
+        type=float,
+        default=0,
+        help="day of the drifting world, a fraction allowed (2.25 = 06:00 on day 2); 0 (default) is today's",
+    )
+    parser.add_argument(
+        "--drift-scale", type=float, default=1.0, help="drift speed multiplier (default 1, today's world)"
     )
     parser.add_argument("--rows", type=int, default=1_000_000, help="number of rows (default 1000000)")
     parser.add_argument("--seed", type=int, default=7, help="sampling seed; the click model itself is fixed")
@@ -154,12 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     if args.day < 0:
-        parser.error(f"--day must be >= 0, got {args.day}")
-    out = args.out or Path(f"artifacts/data/day{args.day}.txt")
+        parser.error(f"--day must be >= 0, got {args.day:g}")
+    if args.drift_scale < 0:
+        parser.error(f"--drift-scale must be >= 0, got {args.drift_scale:g}")
+    out = args.out or Path(f"artifacts/data/day{args.day:g}.txt")
     t0 = time.perf_counter()
-    s = generate(out, args.rows, args.seed, args.val_fraction, args.day)
+    s = generate(out, args.rows, args.seed, args.val_fraction, args.day, args.drift_scale)
     print(
-        f"wrote {s['rows']} rows of day {args.day} to {out} in {time.perf_counter() - t0:.1f}s: positive rate {s['positive_rate']:.3f}, "
+        f"wrote {s['rows']} rows of day {args.day:g} to {out} in {time.perf_counter() - t0:.1f}s: positive rate {s['positive_rate']:.3f}, "
         f"oracle val AUC {s['oracle_auc']:.4f} logloss {s['oracle_logloss']:.4f}"
     )
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 import warnings
@@ -18,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
-from ctr_contract import run_dir
+from ctr_contract import cgroup, run_dir
 from training.config import TrainConfig
 from training.data.datamodule import CTRDataModule
 from training.data.inputs import RunInputs, load_inputs
@@ -30,6 +29,7 @@ from training.model.distributed import build_strategy, explain_rendezvous_failur
 from training.model.lightning_module import CTRModule
 from training.model.metrics import log_loss, roc_auc
 from training.model.net import ModelConfig
+from training.model.speed import SpeedSettings
 from training.model.warm_start import load_warm_start
 from training.synth import oracle_paths
 
@@ -64,10 +64,12 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     t_start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     threads = cfg.threads
-    if threads is None and cfg.accelerator == "cpu" and cfg.devices > 1:
-        threads = max(1, (os.cpu_count() or 1) // cfg.devices)  # N CPU ranks must not each take every core
+    if threads is None and cfg.accelerator == "cpu":
+        # N CPU ranks share the container's CPU limit (cgroup), not the node's cores.
+        threads = max(1, cgroup.available_cpus() // cfg.devices)
     if threads:
         torch.set_num_threads(threads)
+    speed = SpeedSettings.choose(cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads)
     ckpt_dir = cfg.out / run_dir.CHECKPOINTS_DIR
     resume_from = _resume_checkpoint(cfg, ckpt_dir)
     t0 = time.perf_counter()
@@ -80,6 +82,14 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     say(
         f"features: {data.rows('train')} train / {data.rows('val')} val rows -> float32 [N, {data.spec.width}] in {time.perf_counter() - t0:.1f}s"
     )
+    model_cfg = (
+        warm.model
+        if warm is not None
+        else ModelConfig(
+            width=cfg.width, activation=cfg.activation, dropout1=cfg.dropout1, dropout2=cfg.dropout2
+        )
+    ).to_dict()
+    say(speed.line())
     if launch_rank() == 0:
         if resume_from is None:
             for stale in (ckpt_dir, cfg.out / run_dir.LOGS_DIR, cfg.out / "sample_audit"):
@@ -103,7 +113,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
         strategy=build_strategy(cfg.strategy, cfg.accelerator, cfg.world_size, cfg.ddp_timeout),
-        precision=cfg.precision,  # type: ignore[arg-type]
+        precision=speed.precision,  # type: ignore[arg-type]
         max_epochs=cfg.max_epochs,
         callbacks=[
             best,
@@ -119,16 +129,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         deterministic=cfg.accelerator == "cpu",
         default_root_dir=cfg.out,
     )
-    module = CTRModule(
-        warm.model.to_dict()
-        if warm is not None
-        else ModelConfig(
-            width=cfg.width, activation=cfg.activation, dropout1=cfg.dropout1, dropout2=cfg.dropout2
-        ).to_dict(),
-        cfg.lr,
-        cfg.weight_decay,
-        cfg.adam_impl,
-    )
+    module = CTRModule(model_cfg, cfg.lr, cfg.weight_decay, speed.adam_impl, speed.fast_dropout)
     if warm is not None:
         warm.apply(module.net)
     datamodule = CTRDataModule(data, cfg.batch_size, cfg.seed, buffer_rows=cfg.shuffle_buffer)
@@ -144,6 +145,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     if not trainer.is_global_zero:
         return None
     metrics = _final_metrics(cfg, data, trainer, throughput, best)
+    metrics["speed"] = speed.to_dict()
     metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
     # Capped samples for export: parity and the quality gate (first validation rows), drift (spread training rows).
     val_x, val_y, train_sample = samples(data, VAL_FEATURES_ROWS)

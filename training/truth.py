@@ -5,7 +5,9 @@ numeric×numeric interaction, a threshold effect and categorical×numeric and ca
 interactions, so a linear model falls short of it and an MLP can get close. Coefficients come from a
 fixed world seed: every data seed samples rows from the same world.
 
-The world drifts day by day (`GroundTruth(day=N)`; day 0 is today's world, unchanged by the drift):
+The world drifts continuously in the day (`GroundTruth(day=D)`, D may be a fraction: 2.25 is 06:00 on day 2;
+day 0 is today's world, unchanged by the drift). `drift_scale` K multiplies the drift's speed: the world of
+day D under scale K is the world of day K*D under scale 1 (`effective_day`).
 - the click model: every coefficient turns from its day-0 value towards an independent second draw,
   w(d) = cos(a d) w0 + sin(a d) w1 with a = CLICK_DRIFT_RAD_PER_DAY, so the coefficients' spread stays put
   and their correlation with day 0 is cos(a d) (0.83 on day 5);
@@ -46,7 +48,15 @@ NUMERIC_DRIFT = {2: 0.12, 4: -0.12, 6: 0.12}
 CATEGORICAL_DRIFT = {1: 1, 2: 1, 3: 1, 6: 1, 9: 1, 11: 1, 15: 1, 20: 1, 23: 1, 25: 1}
 
 
-def numeric_shift(day: int) -> np.ndarray:
+def effective_day(day: float, drift_scale: float = 1.0) -> float:
+    """The day of the scale-1 world that day `day` under `drift_scale` looks like; an int for whole days."""
+    if day < 0 or drift_scale < 0:
+        raise ValueError(f"day and drift scale must be >= 0, got day {day} and drift scale {drift_scale}")
+    d = day * drift_scale
+    return int(d) if float(d).is_integer() else float(d)
+
+
+def numeric_shift(day: float) -> np.ndarray:
     """Shift of each numeric field's log-scale median on `day`, in log units: float [13]."""
     shift = np.zeros(len(NUMERIC_SHAPE))
     for j, per_day in NUMERIC_DRIFT.items():
@@ -54,20 +64,20 @@ def numeric_shift(day: int) -> np.ndarray:
     return shift
 
 
-def value_ids(ranks: np.ndarray, day: int) -> np.ndarray:
+def value_ids(ranks: np.ndarray, day: float) -> np.ndarray:
     """Day `day`'s popularity ranks [N, 26] (-1 = missing) -> value ids, the identity hashed into a string.
 
-    On day 0 a value's id is its rank. Of a drifting field with k new values a day, rank r < k*day is a value
-    that arrived on day `day - r // k` (ids from the vocabulary size upwards, so never seen on day 0), and
-    rank r >= k*day is the day-0 value of rank r - k*day.
+    On day 0 a value's id is its rank. A drifting field with k new values a day has had n = floor(k*day)
+    arrivals (one every 1/k day, so a fraction of a day counts its arrivals so far); rank r < n is the value
+    that arrived (r+1)-th most recently, id vocabulary size + n - 1 - r (never seen on day 0), and rank r >= n is
+    the day-0 value of rank r - n. (For whole days and k = 1 these are the ids the day-by-day world had.)
     """
     ids = ranks.copy()
     for j, k in CATEGORICAL_DRIFT.items():
-        r, fresh = ranks[:, j], k * day
+        r, fresh = ranks[:, j], int(np.floor(k * day + 1e-9))
         if fresh == 0:
             continue
-        arrived = day - r // k  # 1..day for the new values
-        new_id = CATEGORICAL_SHAPE[j][0] + (arrived - 1) * k + r % k
+        new_id = CATEGORICAL_SHAPE[j][0] + fresh - 1 - r
         ids[:, j] = np.where(r < 0, -1, np.where(r >= fresh, r - fresh, new_id))
     return ids
 
@@ -75,7 +85,7 @@ def value_ids(ranks: np.ndarray, day: int) -> np.ndarray:
 class GroundTruth:
     """Deterministic click model of one day; `logit(numeric, cat_index)` scores generated rows."""
 
-    def __init__(self, day: int = 0) -> None:
+    def __init__(self, day: float = 0) -> None:
         if day < 0:
             raise ValueError(f"day must be >= 0, got {day}")
         self.day = day

@@ -18,6 +18,7 @@ from bench.report.tables import (
     serving_memory_table,
     table,
 )
+from bench.sections.training_profile import profile_lines
 
 PLOTS = {
     "training": ("training_throughput.png", "training throughput"),
@@ -62,6 +63,8 @@ def section_lines(number: int, name: str, sec: dict[str, Any], plots: set[str]) 
         lines += [*raw_signature_lines(sec), ""]
     if name == "serving" and sec.get("rss_mib"):
         lines += [*serving_memory_table(sec), ""]
+    if name == "training":
+        lines += [*training_settings_lines(sec.get("rows") or []), *profile_lines(sec.get("profile") or {})]
     if name == "scaling" and sec.get("ddp"):
         lines += [*scaling_ddp_lines(sec["ddp"]), ""]
     if sec.get("notes"):
@@ -86,6 +89,13 @@ def raw_ranking_lines(sec: dict[str, Any]) -> list[str]:
     head = ["server", "connections", "raw rows/s", "raw p99 ms", "vector rows/s", "vector p99 ms"]
     return ["Ranking requests of 100 rows, raw Criteo rows vs 128-float vectors (goal: raw >= 150k rows/s):", "",
             *table(head, rows)]  # fmt: skip
+
+
+def training_settings_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Which speed settings each row that reports them ran with (our pipeline's `speed:` line)."""
+    return [
+        line for r in rows if r.get("settings") for line in (f"{r['name']} ran with `{r['settings']}`.", "")
+    ]
 
 
 def raw_signature_lines(sec: dict[str, Any]) -> list[str]:

@@ -40,6 +40,7 @@ BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
 def run(mode: str, workdir: Path) -> dict[str, Any]:
     """Measure the six training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
     from bench.harness.procs import run_bounded
+    from bench.sections.flops import step_flops
     from training.data.cache import ensure_cache
     from training.data.prepare import prepare
     from training.synth import generate
@@ -65,13 +66,21 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
     for r in out_rows:
         r["versions"] = _versions(r["name"])
     out_rows += foreign_rows(features, epochs, FOREIGN_REPEATS[mode], workdir, commands)
+    profile = {"step_mflop": step_flops(BATCH_SIZE) / 1e6}
+    for settings in ("torch", "fast"):
+        out = workdir / f"profile_{settings}.json"
+        cmd = [sys.executable, "-m", "bench.sections.training_profile", "--features", str(features), "--settings", settings,
+               "--out", str(out)]  # fmt: skip
+        run_bounded(cmd, timeout_s=600, log=workdir / f"profile_{settings}.log")
+        commands.append(" ".join(cmd))
+        profile[settings] = json.loads(out.read_text())
     bare = out_rows[0]["samples_per_sec"]
     for r in out_rows:
         if r.get("samples_per_sec") is not None:
             r["ratio_vs_bare"] = r["samples_per_sec"] / bare
     config = {"mode": mode, "rows": rows, "train_rows": len(data.train_y), "epochs": epochs, "repeats": repeats,
               "batch_size": BATCH_SIZE, "lr": LR, "optimizer": "Adam", "model": "128-256-128-1 MLP, ReLU, dropout 0.3/0.2"}  # fmt: skip
-    return {"rows": out_rows, "commands": commands, "config": config}
+    return {"rows": out_rows, "commands": commands, "config": config, "profile": profile}
 
 
 def _versions(name: str) -> dict[str, str]:
@@ -170,10 +179,11 @@ def _bare(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tu
     return _steady_rate(seconds, len(d["train_y"])), net
 
 
-def _lightning(
-    d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace, naive: bool
+def lightning_fit(
+    d: dict[str, np.ndarray], epochs: int, batch_size: int, speed: Any, naive: bool = False
 ) -> tuple[float, Any]:
-    """Our module in a Trainer; `naive` swaps our batch slicer for a per-sample Dataset + default collate."""
+    """Our module in a Trainer with `speed` (a `SpeedSettings`); `naive` swaps our batch slicer for a
+    per-sample Dataset + default collate. Returns (steady samples/s, the trained net)."""
     import lightning as L
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -185,10 +195,10 @@ def _lightning(
     x, y = torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"])
     if naive:
         loader = DataLoader(
-            TensorDataset(x, y.unsqueeze(1), torch.arange(len(y))), batch_size=args.batch_size, shuffle=True
+            TensorDataset(x, y.unsqueeze(1), torch.arange(len(y))), batch_size=batch_size, shuffle=True
         )
     else:
-        loader = DataLoader(ShuffledBatches(x, y, args.batch_size, seed=SEED), batch_size=None)
+        loader = DataLoader(ShuffledBatches(x, y, batch_size, seed=SEED), batch_size=None)
     epoch_seconds: list[float] = []
 
     class EpochClock(L.Callback):
@@ -199,8 +209,11 @@ def _lightning(
             epoch_seconds.append(time.perf_counter() - self.t0)
 
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[EpochClock()])  # fmt: skip
-    module = CTRModule(ModelConfig().to_dict(), lr=LR, adam_impl=args.adam_impl)
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[EpochClock()],
+                        precision=speed.precision)  # fmt: skip
+    module = CTRModule(
+        ModelConfig().to_dict(), lr=LR, adam_impl=speed.adam_impl, fast_dropout=speed.fast_dropout
+    )
     trainer.fit(module, train_dataloaders=loader)
     return _steady_rate(epoch_seconds, len(y)), module.net
 
@@ -252,10 +265,30 @@ def worker_main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (stretch experiments)")
-    p.add_argument("--adam-impl", choices=("default", "foreach", "fused"), default="default")
+    p.add_argument("--adam-impl", choices=("auto", "default", "foreach", "fused"), default="auto",
+                   help="auto: torch's choice for bare/naive, our pipeline's choice (training.model.speed) for ours")  # fmt: skip
+    p.add_argument(
+        "--precision", default="auto", help="ours: auto (training.model.speed's choice), 32-true, bf16-mixed"
+    )
+    p.add_argument(
+        "--no-fast-dropout", dest="fast_dropout", action="store_false", help="ours: torch's dropout"
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile the net (bare loop only)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    from training.model.speed import SpeedSettings, prefer_passive_omp_wait
+
+    if args.worker == "ours":
+        prefer_passive_omp_wait()  # as `python -m training` does, before torch loads
+
+    # Only "ours" gets the pipeline's speed settings; bare and naive stay plain torch unless told otherwise.
+    ours = args.worker == "ours"
+    speed = SpeedSettings.choose("cpu", fast_dropout=ours and args.fast_dropout,
+                                 adam_impl=args.adam_impl if ours or args.adam_impl != "auto" else "default",
+                                 precision=args.precision if ours else "32-true", threads=args.threads)  # fmt: skip
+    args.adam_impl = speed.adam_impl
+    if ours:
+        print(speed.line(), flush=True)
     d = dict(np.load(args.features))
     if args.threads and args.worker != "keras":
         import torch
@@ -272,11 +305,13 @@ def worker_main(argv: list[str] | None = None) -> None:
             if args.worker == "bare":
                 rate, net = _bare(d, args.epochs, args)
             else:
-                rate, net = _lightning(d, args.epochs, args, naive=args.worker == "naive")
+                rate, net = lightning_fit(
+                    d, args.epochs, args.batch_size, speed, naive=args.worker == "naive"
+                )
             auc = _torch_val_auc(net, d["val_x"], d["val_y"])
         runs.append(round(rate, 1))
         print(f"{args.worker}: {rate:.0f} samples/s, val AUC {auc:.4f}", flush=True)
-    args.out.write_text(json.dumps(_summary(runs, auc)))
+    args.out.write_text(json.dumps({**_summary(runs, auc), **({"settings": speed.line()} if ours else {})}))
 
 
 if __name__ == "__main__":

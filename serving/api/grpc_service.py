@@ -7,7 +7,7 @@ Generic method handlers serve `/tensorflow.serving.PredictionService/{Predict,Ge
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from serving import protos
 from serving.api.model_info import metadata_response, status_response
-from serving.api.predictor import Predictor
+from serving.api.model_set import ServedModels
 from serving.batches import DecodedRequest
 from serving.codecs.grpc_codec import to_request
 from serving.codecs.tensors import from_ndarray
@@ -39,8 +39,8 @@ def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:
 class PredictionServicer:
     """Implements the three RPCs on top of the shared Predictor."""
 
-    def __init__(self, predictor: Predictor) -> None:
-        self.predictor, self.manager = predictor, predictor.manager
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
 
     async def predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)
@@ -49,13 +49,12 @@ class PredictionServicer:
             return to_request(request, sig)
 
         request_id = None
-        if self.predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+        predictor = self.models.lookup(name)
+        if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
             context.set_trailing_metadata((("x-request-id", request_id),))
-        scores, servable, decoded = await self.predictor.predict(
-            name, version, label, decode, "GRPC", request_id
-        )
+        scores, servable, decoded = await predictor.predict(name, version, label, decode, "GRPC", request_id)
         response = protos.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = servable.version
@@ -68,14 +67,15 @@ class PredictionServicer:
         if fields != {"signature_def"}:
             raise InvalidArgument(f"metadata_field must be ['signature_def'], got {sorted(fields)}")
         name, version, label = _spec(request.model_spec)
-        servable = self.manager.resolve(name, version, label)
+        servable = self.models.lookup(name).manager.resolve(name, version, label)
         return metadata_response(name, servable.version, servable.backend.signature)
 
     async def get_model_status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)
+        manager = self.models.lookup(name).manager
         if label is not None:
-            version = self.manager.resolve(name, None, label).version
-        return status_response(self.manager.status(name, version))
+            version = manager.resolve(name, None, label).version
+        return status_response(manager.status(name, version))
 
 
 def _unary(
@@ -104,14 +104,21 @@ def _unary(
 
 
 def build_grpc_server(
-    predictor: Predictor, host: str, port: int, max_message_bytes: int, reuse_port: bool = False
+    models: ServedModels,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    reuse_port: bool = False,
+    extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> grpc.aio.Server:
     """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet).
 
     `reuse_port`: share the port with the other workers of `--num_workers N` (SO_REUSEPORT); otherwise a port
-    already in use must fail, not be silently shared.
+    already in use must fail, not be silently shared. `extra_handlers`: further services (the v2 protocol).
+    `credentials`: TLS (serving/tls.py); None: plaintext.
     """
-    servicer = PredictionServicer(predictor)
+    servicer = PredictionServicer(models)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -132,11 +139,16 @@ def build_grpc_server(
                 "tensorflow.serving.ModelService",
                 {"GetModelStatus": _unary(servicer.get_model_status, protos.GetModelStatusRequest)},
             ),
+            *extra_handlers,
         )
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
     except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") on a busy port
         raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
     if bound == 0:

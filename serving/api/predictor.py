@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from serving.api.output_check import check_outputs
 from serving.api.validation import Limits, check_request
 from serving.batches import DecodedRequest
 from serving.errors import ServingError, Unavailable
@@ -82,6 +83,9 @@ class Predictor:
             finally:
                 self.inflight -= 1
                 self.manager.release(servable)
+            check_outputs(
+                scores, self.metrics, self.manager.name, _unit(entrypoint)
+            )  # no NaN leaves, nor is observed
             self._observe_scores(scores)
             status = "OK"
             if self.drift is not None or self.request_log is not None:

@@ -15,10 +15,11 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ctr_contract.repository import MAX_VERSION, parse_version_dir
 from serving.api.model_info import metadata_json, status_response, to_json
-from serving.api.predictor import Predictor
+from serving.api.model_set import ServedModels
 from serving.api.rest_body import BodyDecoder, BodyOverLimits
 from serving.batches import DecodedRequest
 from serving.codecs.rest_codec import encode_predictions
@@ -35,6 +36,9 @@ from serving.errors import (
 from serving.observability.log_limits import RateLimitedLog
 from serving.signatures import Signature
 
+if TYPE_CHECKING:
+    from serving.api.v2_rest import V2RestApp
+
 log = logging.getLogger(__name__)
 client_log = RateLimitedLog(log)  # lines a client can cause at will: at most a few a minute
 
@@ -48,22 +52,35 @@ METRICS_PATHS = ("/monitoring/prometheus/metrics", "/metrics")
 
 
 class RestApp:
-    """The REST handlers; `predictor` holds the models, `metrics_text` renders the exposition."""
+    """The REST handlers; `models` holds the models (serving/api/model_set.py), `metrics_text` renders the exposition."""
 
     def __init__(
-        self, predictor: Predictor, metrics_text: Callable[[], str], decoder: BodyDecoder | None = None
+        self,
+        models: ServedModels,
+        metrics_text: Callable[[], str],
+        decoder: BodyDecoder,
+        v2: V2RestApp | None = None,
     ) -> None:
-        self.predictor, self.manager, self._metrics_text = predictor, predictor.manager, metrics_text
-        self.decoder = decoder or BodyDecoder(predictor.limits.max_instances)
+        """`v2`: the Open Inference Protocol routes under /v2 (serving/api/v2_rest.py); None: no /v2 routes."""
+        self.models, self._metrics_text, self.decoder = models, metrics_text, decoder
+        self.v2 = v2
 
     async def handle(
-        self, method: str, path: str, body: bytes | bytearray, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray,
+        request_id: str | None = None,
+        header_length: int | None = None,
     ) -> tuple[int, bytes, bytes]:
         """Answer one request; never raises. Returns (status, body, content type).
 
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
+        `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
         """
         try:
+            if self.v2 is not None and (path == "/v2" or path.startswith("/v2/")):
+                return await self.v2.dispatch(method, path, body, header_length, request_id)
             return await self._dispatch(method, path, body, request_id)
         except ServingError as exc:
             return exc.http_status, error_body(exc.message), JSON
@@ -85,7 +102,7 @@ class RestApp:
                 return 200, self._metrics_text().encode(), METRICS_TEXT
             raise NotFound(f"Malformed request: {method} {path}")
         name, label, action = route["name"], route["label"], route["action"]
-        version = _parse_version(route["version"])
+        version = parse_version(route["version"])
         if action == ":predict":
             _require(method, "POST")
             return 200, await self._predict(body, name, version, label, request_id), JSON
@@ -93,7 +110,7 @@ class RestApp:
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         _require(method, "GET")
         if action == "/metadata":
-            servable = self.manager.resolve(name, version, label)
+            servable = self.models.lookup(name).manager.resolve(name, version, label)
             return (
                 200,
                 json.dumps(metadata_json(name, servable.version, servable.backend.signature)).encode(),
@@ -109,6 +126,7 @@ class RestApp:
         label: str | None,
         request_id: str | None = None,
     ) -> bytes:
+        predictor = self.models.lookup(name)
         columnar = False
 
         async def decode(sig: Signature) -> DecodedRequest:
@@ -116,18 +134,19 @@ class RestApp:
             try:
                 columnar, request = await self.decoder.decode(body, sig)
             except BodyOverLimits:
-                self.predictor.metrics.requests_refused.inc("instances")
+                predictor.metrics.requests_refused.inc("instances")
                 raise
             return request
 
-        prediction = await self.predictor.predict(name, version, label, decode, "REST", request_id)
+        prediction = await predictor.predict(name, version, label, decode, "REST", request_id)
         return encode_predictions(prediction.scores, columnar)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
+        predictor = self.models.lookup(name)
         if label is not None:
-            version = self.manager.resolve(name, None, label).version
-        states = self.manager.status(name, version)
-        if self.predictor.draining:
+            version = predictor.manager.resolve(name, None, label).version
+        states = predictor.manager.status(name, version)
+        if predictor.draining:
             raise Unavailable("the server is shutting down")
         body = json.dumps(to_json(status_response(states))).encode()
         # Readiness: 503 until some requested version is AVAILABLE (loaded and warmed).
@@ -140,7 +159,7 @@ def _require(method: str, expected: str) -> None:
         raise MethodNotAllowed(f"method {method} is not allowed here; use {expected}")
 
 
-def _parse_version(text: str | None) -> int | None:
+def parse_version(text: str | None) -> int | None:
     if text is None:
         return None
     # The version-folder rule: 1..2**63-1 without leading zeros (and no int() of 5,000 digits).

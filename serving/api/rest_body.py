@@ -15,14 +15,18 @@ import ctypes
 import multiprocessing
 import os
 import signal
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 from serving.batches import DecodedRequest
 from serving.codecs.rest_codec import parse_body, to_request
 from serving.errors import InvalidArgument, Unavailable
 from serving.memory import release_freed_memory
 from serving.signatures import Signature
+
+T = TypeVar("T")
 
 INLINE_MAX_BYTES = 256 << 10
 BOUNDS_MIN_BYTES = 64 << 10  # smaller bodies parse in under 1 ms: no need to bound them first
@@ -101,11 +105,16 @@ class BodyDecoder:
 
     async def decode(self, body: bytes | bytearray, sig: Signature) -> tuple[bool, DecodedRequest]:
         """One predict body for `sig`: (columnar format?, the decoded request); large bodies in the child."""
+        return await self.run(decode_body, body, sig, self.max_instances)
+
+    async def run(self, parse: Callable[..., T], body: bytes | bytearray, *args: Any) -> T:
+        """`parse(body, *args)` (a module-level function, e.g. the v2 infer parser): inline for a small body,
+        in the child for a large one."""
         if len(body) <= INLINE_MAX_BYTES or self._pool is None:
-            return decode_body(body, sig, self.max_instances)
+            return parse(body, *args)
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, decode_body, body, sig, self.max_instances)
+            return await loop.run_in_executor(self._pool, parse, body, *args)
         except BrokenProcessPool as exc:  # the child died (e.g. killed): start a new one for the next body
             self.close()
             self.start()

@@ -12,6 +12,9 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
 from serving.errors import ModelLoadError
 from serving.signatures import Signature
 
+# Also off through the API: ORT_DISABLE_TELEMETRY (serving/__init__.py) is the full opt-out, this stops events.
+ort.disable_telemetry_events()
+
 
 def _static_dim(dim: object) -> int | None:
     return dim if isinstance(dim, int) and dim > 0 else None

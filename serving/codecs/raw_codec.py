@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving import protos
 from serving.batches import RawBatch
 from serving.codecs.raw_columns import fast_columns, fast_instances
@@ -97,14 +97,28 @@ def _out_of_range(value: Any, where: str) -> float:
 
 
 def category_value(value: Any, where: str) -> str:
-    """One categorical -> str ("" when missing)."""
+    """One categorical -> str ("" when missing); a string UTF-8 cannot hold (a lone surrogate) is a 400."""
     if type(value) is str:
+        if not value.isascii():
+            _check_encodable(value, where)
         return value
     if value is None:
         return ""
     raise InvalidArgument(
         f"{where} is {_shown(value)} ({type(value).__name__}), not a string; send a string, {_MISSING_HINT}"
     )
+
+
+def _check_encodable(value: str, where: str) -> None:
+    """JSON's `"\\ud800"` escape decodes to a lone surrogate, which no UTF-8 string (nor the model) can hold."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start : exc.end].encode("unicode_escape").decode()
+        raise InvalidArgument(
+            f"{where} holds {bad} at character {exc.start}, a lone UTF-16 surrogate that is not text; "
+            "send valid Unicode (a surrogate pair or the character itself)"
+        ) from exc
 
 
 def decode_instances(rows: Any) -> RawBatch:
@@ -140,7 +154,9 @@ def decode_instances(rows: Any) -> RawBatch:
             if col is None:
                 raise InvalidArgument(f"instance {i} has unknown field {_shown(key)}; {_FIELDS_HINT}")
             categorical[col] = (
-                value if type(value) is str else category_value(value, f"instance {i} field '{key}'")
+                value
+                if type(value) is str and value.isascii()
+                else category_value(value, f"instance {i} field '{key}'")
             )
         numeric_rows.append(numeric)
         categorical_rows.append(categorical)
@@ -235,8 +251,8 @@ def decode_tensors(inputs: Any) -> RawBatch:
         if key not in _NUMERIC and key not in _CATEGORICAL:
             raise InvalidArgument(f"inputs has unknown field {_shown(key)}; {_FIELDS_HINT}")
         decoded[key] = _tensor_values(inputs[key], key)
-    # In field order: a protobuf map iterates in no fixed order, and the message must not change between runs.
-    lengths = {k: decoded[k][1] for k in RAW_FIELDS if k in decoded}
+    # Schema order, not the proto map's (which is unordered): the message is the same on every run.
+    lengths = {k: decoded[k][1] for k in (*NUMERIC_FIELDS, *CATEGORICAL_FIELDS) if k in decoded}
     if len(set(lengths.values())) > 1:
         raise InvalidArgument(f"raw inputs have different lengths {lengths}; send one value per row in each")
     n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
@@ -247,7 +263,10 @@ def decode_tensors(inputs: Any) -> RawBatch:
             try:
                 categorical[:, _CATEGORICAL[key]] = list(map(bytes.decode, values))
             except UnicodeDecodeError as exc:
-                raise InvalidArgument(f"input '{key}' holds a value that is not UTF-8: {exc}") from exc
+                row = next(i for i, v in enumerate(values) if not _is_utf8(v))
+                raise InvalidArgument(
+                    f"row {row} field '{key}' is {values[row][:40]!r}, not UTF-8 text; send UTF-8 strings"
+                ) from exc
         elif isinstance(values, np.ndarray) and values.dtype.kind == "f":
             numeric[:, _NUMERIC[key]] = _check_floats(values.astype(np.float64), key)
         elif isinstance(values, np.ndarray):
@@ -260,6 +279,14 @@ def decode_tensors(inputs: Any) -> RawBatch:
                 for i, v in enumerate(values)
             ]
     return RawBatch.from_rows(numeric, categorical)
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _check_floats(values: np.ndarray, key: str) -> np.ndarray:

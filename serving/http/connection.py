@@ -63,6 +63,7 @@ class HttpConnection(asyncio.Protocol):
         self._length: int | None = None
         self._expect = False
         self._request_id = b""
+        self._header_length: int | None = None
         self._chunks: list[bytes] = []
         self._size = 0
 
@@ -169,6 +170,8 @@ class HttpConnection(asyncio.Protocol):
             self._expect = True
         elif name == b"x-request-id":
             self._request_id = value
+        elif name == b"inference-header-content-length":
+            self._header_length = int(value) if value.isdigit() and len(value) < 19 else -1  # -1: a 400 later
 
     def on_headers_complete(self) -> None:
         self._header_left = None
@@ -220,6 +223,7 @@ class HttpConnection(asyncio.Protocol):
             self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks),
             self.parser.should_keep_alive(),
             request_id=request_id_from(self._request_id),
+            header_length=self._header_length,
         )
         self._chunks, self._size = [], 0
         self.pending.append(request)
@@ -251,7 +255,7 @@ class HttpConnection(asyncio.Protocol):
                 head_only = request.method == "HEAD"
                 method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
                 status, body, content_type = await self.app.handle(
-                    method, request.path, request.body, request.request_id
+                    method, request.path, request.body, request.request_id, request.header_length
                 )
                 self.budget.count_freed(len(request.body))
                 if self.transport is None:

@@ -11,7 +11,7 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class PendingRequest:
     """A complete request queued on its connection until the answers before it are written."""
 
-    __slots__ = ("body", "error", "keep_alive", "method", "path", "request_id")
+    __slots__ = ("body", "error", "header_length", "keep_alive", "method", "path", "request_id")
 
     def __init__(
         self,
@@ -21,8 +21,10 @@ class PendingRequest:
         keep_alive: bool,
         error: bytes = b"",
         request_id: str = "",
+        header_length: int | None = None,
     ) -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+        self.header_length = header_length  # the v2 binary extension's JSON header length (api/v2_rest.py)
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
         self.request_id = (
             request_id  # the client's x-request-id, or a fresh one (observability/request_log.py)
@@ -47,7 +49,10 @@ def render(
     head_only: bool = False,
     request_id: str = "",
 ) -> bytes:
-    """One HTTP/1.1 response: status line, headers (`extra_headers` are raw CRLF-ended lines), then `body`."""
+    """One HTTP/1.1 response: status line, headers (`extra_headers` are raw CRLF-ended lines), then `body`.
+
+    `content_type` may end with further CRLF-separated header lines (the v2 binary extension's header length).
+    """
     head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s%s\r\n" % (
         status,
         _REASONS.get(status, b""),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import time
 
 from serving.http.connection import HttpConnection
@@ -47,10 +48,15 @@ class HttpServer:
         self._sweeper: asyncio.Task[None] | None = None
         self._trimming = False
 
-    async def start(self, sock: socket.socket) -> None:
+    async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
+        """Serve `sock`; `tls`: HTTPS only (serving/tls.py), the handshake bounded like a header section."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: HttpConnection(self.app, self.budget), sock=sock, backlog=2048
+            lambda: HttpConnection(self.app, self.budget),
+            sock=sock,
+            backlog=2048,
+            ssl=tls,
+            ssl_handshake_timeout=self.budget.limits.header_timeout_s if tls is not None else None,
         )
         self._sweeper = loop.create_task(self._sweep_forever())
 

@@ -35,9 +35,17 @@ class RequestHandler(Protocol):
     """The application behind the HTTP layer (serving/api/rest.py's RestApp)."""
 
     async def handle(
-        self, method: str, path: str, body: bytes | bytearray, request_id: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray,
+        request_id: str | None = None,
+        header_length: int | None = None,
     ) -> tuple[int, bytes, bytes]:
-        """Answer one request: (status, body, content type); never raises."""
+        """Answer one request: (status, body, content type); never raises.
+
+        `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
+        """
         ...
 
 

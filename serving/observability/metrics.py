@@ -16,6 +16,8 @@ import numpy as np
 # TF Serving's request/runtime latency buckets: ExponentialBuckets(10 µs, 1.8, 33).
 LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
+# Labels of ctr_serving_versions_rejected_total (serving/version_states.py).
+REJECT_REASONS = ("hash_mismatch", "not_ready", "load_timeout", "os_error", "bad_manifest", "load_error")
 CTR_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 
 
@@ -197,8 +199,7 @@ class ServingMetrics:
         )
         self.versions_rejected = self._counter(
             "ctr_serving_versions_rejected_total",
-            "Model versions not loaded, by reason: hash_mismatch, not_ready, load_timeout, os_error, bad_manifest, "
-            "load_error.",
+            f"Model versions not loaded, by reason: {', '.join(REJECT_REASONS)}.",
             ("model_name", "reason"),
         )
         self.predicted_ctr = self._histogram(
@@ -206,6 +207,11 @@ class ServingMetrics:
             "Predicted click probability per instance.",
             ("model_name",),
             CTR_BUCKETS,
+        )
+        self.nonfinite_outputs = self._counter(
+            "ctr_serving_nonfinite_outputs_total",
+            "Model outputs that were NaN or infinite, withheld from the client (serving/api/output_check.py).",
+            ("model_name",),
         )
         # Sampled request logs (serving/observability/request_log.py); the drift gauges are rendered by serving/observability/drift.py.
         self.request_log_lines = self._counter(
@@ -231,6 +237,13 @@ class ServingMetrics:
             "header_count, url_bytes, body_bytes, buffered_bytes, instances).",
             ("kind",),
         )
+
+    def start_at_zero(self, model_name: str) -> None:
+        """Show the counters alerts take increase() of at 0 from start-up: a first sample of 1 gives no increase."""
+        self.load_failures.inc(model_name, amount=0)
+        self.nonfinite_outputs.inc(model_name, amount=0)
+        for reason in REJECT_REASONS:
+            self.versions_rejected.inc(model_name, reason, amount=0)
 
     def _counter(self, name: str, help_text: str, labelnames: Sequence[str]) -> Counter:
         return Counter(name, help_text, labelnames)

@@ -1,6 +1,7 @@
-"""Dev tool: dump TF Serving's protos from `tensorflow-serving-api` into `tf_serving.binpb`.
+"""Dev tool: dump TF Serving's protos (`tensorflow-serving-api`) into `tf_serving.binpb` and the Open Inference
+Protocol v2 protos (`tritonclient`'s grpc_service.proto, package `inference`) into `inference_v2.binpb`.
 
-Run `python -m serving.protos.refresh` after upgrading tensorflow-serving-api. The server itself never
+Run `python -m serving.protos.refresh` after upgrading tensorflow-serving-api or tritonclient. The server itself never
 imports TensorFlow: it loads the committed FileDescriptorSet into a private descriptor pool.
 """
 
@@ -22,8 +23,11 @@ API_MODULES = (
     "tensorflow_serving.apis.prediction_log_pb2",
     "tensorflow_serving.apis.prediction_service_pb2",
     "tensorflow_serving.apis.model_service_pb2",
+    "tensorflow_serving.config.model_server_config_pb2",  # --model_config_file (serving/versions/model_config.py)
 )
 DEFAULT_OUT = Path(__file__).with_name("tf_serving.binpb")
+V2_MODULE = "tritonclient.grpc.service_pb2"  # KServe's grpc_predict_v2 RPCs, plus Triton's own
+V2_OUT = Path(__file__).with_name("inference_v2.binpb")
 
 
 def _collect(fd: FileDescriptor, seen: dict[str, descriptor_pb2.FileDescriptorProto]) -> None:
@@ -37,21 +41,54 @@ def _collect(fd: FileDescriptor, seen: dict[str, descriptor_pb2.FileDescriptorPr
     seen[fd.name] = proto
 
 
+def ssl_config_file() -> descriptor_pb2.FileDescriptorProto:
+    """TF Serving's `tensorflow_serving/config/ssl_config.proto` (--ssl_config_file), which tensorflow-serving-api
+    does not ship: its one message, field for field (server_key = 1, server_cert = 2, custom_ca = 3,
+    client_verify = 4)."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="tensorflow_serving/config/ssl_config.proto", package="tensorflow.serving", syntax="proto3"
+    )
+    message = proto.message_type.add(name="SSLConfig")
+    field = descriptor_pb2.FieldDescriptorProto
+    for number, (name, kind) in enumerate(
+        (("server_key", field.TYPE_STRING), ("server_cert", field.TYPE_STRING),
+         ("custom_ca", field.TYPE_STRING), ("client_verify", field.TYPE_BOOL)), start=1,
+    ):  # fmt: skip
+        message.field.add(
+            name=name,
+            number=number,
+            type=kind,
+            label=field.LABEL_OPTIONAL,
+            json_name="".join(w.title() if i else w for i, w in enumerate(name.split("_"))),
+        )
+    return proto
+
+
 def build_descriptor_set() -> descriptor_pb2.FileDescriptorSet:
     """Return the FileDescriptorSet of TF Serving's API protos and all their transitive dependencies."""
     seen: dict[str, descriptor_pb2.FileDescriptorProto] = {}
     for name in API_MODULES:
         _collect(importlib.import_module(name).DESCRIPTOR, seen)
+    ssl = ssl_config_file()
+    seen[ssl.name] = ssl
+    return descriptor_pb2.FileDescriptorSet(file=list(seen.values()))
+
+
+def build_v2_descriptor_set() -> descriptor_pb2.FileDescriptorSet:
+    """Return the FileDescriptorSet of the v2 `inference` protos and their dependencies."""
+    seen: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    _collect(importlib.import_module(V2_MODULE).DESCRIPTOR, seen)
     return descriptor_pb2.FileDescriptorSet(file=list(seen.values()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the FileDescriptorSet")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write TF Serving's set")
+    parser.add_argument("--v2_out", type=Path, default=V2_OUT, help="where to write the v2 set")
     args = parser.parse_args()
-    fds = build_descriptor_set()
-    args.out.write_bytes(fds.SerializeToString(deterministic=True))
-    print(f"wrote {len(fds.file)} files to {args.out}")
+    for fds, out in ((build_descriptor_set(), args.out), (build_v2_descriptor_set(), args.v2_out)):
+        out.write_bytes(fds.SerializeToString(deterministic=True))
+        print(f"wrote {len(fds.file)} files to {out}")
 
 
 if __name__ == "__main__":

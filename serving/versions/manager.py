@@ -228,6 +228,11 @@ class ModelManager:
         backend = with_spec_transform(load_backend(self.backend_kind, path, self.intra_op_threads), path)
         return backend, warm_up(backend, path)
 
+    def retire_all(self, reason: str) -> None:
+        """Retire every loaded version (the model left the config); each unloads after its last request."""
+        for servable in list(self.loaded.values()):
+            self._retire(servable, reason)
+
     def _retire(self, servable: LoadedVersion, reason: str) -> None:
         log.info(
             "retiring %s version %d (%s); %d requests in flight",

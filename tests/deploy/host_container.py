@@ -111,7 +111,12 @@ def start_from_image(model_base: Path, tmp: Path, extra_args: list[str]) -> Host
     process_env["PYTHONPATH"] = f"{blocker}{os.pathsep}{process_env.get('PYTHONPATH', '')}"
     argv = [host_path(a, model_base) for a in exec_form(single(stage, "ENTRYPOINT").args)]
     grpc_port, rest_port = free_port(), free_port()
-    argv += [*extra_args, f"--port={grpc_port}", f"--rest_api_port={rest_port}", "--host=127.0.0.1"]
+    # The request-log volume (compose, k8s) maps into tmp; the pod name comes from the downward API there.
+    mounted = [
+        a.replace("/var/log/ctr", str(tmp / "request-logs")).replace("$(POD_NAME)", "pod-0")
+        for a in extra_args
+    ]
+    argv += [*mounted, f"--port={grpc_port}", f"--rest_api_port={rest_port}", "--host=127.0.0.1"]
     log = tmp / "server.log"
     # `python` resolves through the mapped PATH, i.e. to this venv, as /opt/venv/bin/python in the image.
     with log.open("w") as out:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,9 +20,11 @@ EXPECTED_ALERTS = {
     "CtrServingLatencyBudgetSlowBurn",
     "CtrServingErrorRatioHigh",
     "CtrServingModelLoadFailed",
+    "CtrServingVersionRejected",
     "CtrServingFeatureDrift",
     "CtrServingScoreDrift",
     "CtrServingRequestLogDropping",
+    "CtrServingNonFiniteOutputs",
 }
 
 
@@ -56,12 +59,44 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
     assert silent == EXPECTED_ALERTS
 
 
+def increased_counters() -> set[str]:
+    """The counters an alert takes increase() of."""
+    return set(re.findall(r"increase\((\w+)", ALERTS.read_text()))
+
+
+def test_unit_tests_feed_both_bucket_forms_and_counters_that_start_absent():
+    assert increased_counters() == {
+        "ctr_serving_model_load_failures_total",
+        "ctr_serving_versions_rejected_total",
+        "ctr_serving_request_log_dropped_total",
+        "ctr_serving_nonfinite_outputs_total",
+    }
+    les: set[str] = set()
+    first_values: dict[str, set[str]] = {name: set() for name in increased_counters()}
+    for case in yaml.safe_load(UNIT_TESTS.read_text())["tests"]:
+        for series in case["input_series"]:
+            les.update(re.findall(r'le="([^"]+)"', series["series"]))
+            name = series["series"].split("{")[0]
+            if name in first_values:
+                first_values[name].add(series["values"].split()[0])
+    assert les == {"20823", "20823.0"}  # Prometheus v2 keeps the scraped text, v3 stores a float
+    # As a scrape shows a counter: absent before the server starts, then 0 (created at start-up), or
+    # absent then already past 0 (its first scrape came after the event).
+    assert first_values == {
+        "ctr_serving_model_load_failures_total": {"_x5", "_x10"},
+        "ctr_serving_versions_rejected_total": {"_x5", "_x10", "_x30"},
+        "ctr_serving_request_log_dropped_total": {"_x5", "_x10"},
+        "ctr_serving_nonfinite_outputs_total": {"_x5", "_x10"},
+    }
+
+
 def test_compose_prometheus_loads_the_rules_file():
     config = yaml.safe_load((REPO_ROOT / "docker/prometheus/prometheus.yml").read_text())
-    assert config["rule_files"] == ["alerts.yml"]
+    assert config["rule_files"] == ["alerts.yml", "online-alerts.yml"]
     compose = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
     assert "./docker/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts
+    assert "./docker/prometheus/online-alerts.yml:/etc/prometheus/online-alerts.yml:ro" in mounts
     assert "./docker/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
 
 

@@ -100,11 +100,13 @@ def _k8s_argv(c: dict, paths: dict[str, Path], operator_env: dict[str, str]) -> 
 def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(builds, tmp_path):
     objects = builds["k8s/overlays/dev"]
     paths = {"/data": tmp_path / "data", "/runs": tmp_path / "runs", "/models": tmp_path / "models"}
-    synth = subprocess.run(
-        [sys.executable, "-m", "training.synth", "--out", str(paths["/data"] / "train.txt"), "--rows", str(ROWS)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert synth.returncode == 0, synth.stderr
+    for name, seed in (("train.txt", "7"), ("eval.txt", "8")):  # as the data Job writes them
+        synth = subprocess.run(
+            [sys.executable, "-m", "training.synth", "--out", str(paths["/data"] / name), "--rows", str(ROWS),
+             "--seed", seed],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert synth.returncode == 0, synth.stderr
 
     job = find(objects, "PyTorchJob", "ctr-train")["spec"]["pytorchReplicaSpecs"]
     roles = [("Master", 0)] + [("Worker", i + 1) for i in range(job["Worker"]["replicas"])]

@@ -230,3 +230,17 @@ def test_prod_trains_on_gpus_and_dev_on_cpus(builds):
     assert _flag(train_args("k8s/overlays/dev"), "--accelerator") == "cpu"
     images = {c["image"] for _, t in _pods(builds["k8s/overlays/prod"]) for c in t["spec"]["containers"]}
     assert all(re.fullmatch(r"[\w./-]+:[\w.-]+", image) and not image.endswith(":latest") for image in images)
+
+
+@pytest.mark.parametrize("path", OVERLAYS)
+def test_training_caches_on_the_shared_writable_runs_claim_not_the_read_only_data(builds, path: str):
+    spec = _replicas(find(builds[path], "PyTorchJob", "ctr-train"))
+    for role in ("Master", "Worker"):
+        pod = spec[role]["template"]["spec"]
+        pytorch = container(pod, "pytorch")
+        [(_, train_args)] = module_calls(pytorch["command"] + pytorch["args"])
+        cache = _flag(train_args, "--cache-dir")
+        [mount] = [m for m in pytorch["volumeMounts"] if cache.startswith(m["mountPath"] + "/")]
+        assert mount["mountPath"] == "/runs" and not mount.get("readOnly"), f"{role}: {mount}"
+        [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["persistentVolumeClaim"]["claimName"] == "ctr-runs"  # ReadWriteMany: every rank sees it

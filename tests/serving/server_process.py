@@ -19,13 +19,14 @@ from tests.helpers import REPO_ROOT, free_port
 class ServerProcess:
     """A running server; `url(path)` for REST, `grpc_target` for gRPC; `stop()` sends SIGTERM."""
 
-    def __init__(self, base_path: Path, log_path: Path, *flags: str, model_name: str = "ctr") -> None:
+    def __init__(self, base_path: Path | None, log_path: Path, *flags: str, model_name: str = "ctr") -> None:
+        """`base_path` None: the models come from a `--model_config_file` among `flags`."""
         self.rest_port, self.grpc_port = free_port(), free_port()
         self.model_name, self.log_path = model_name, log_path
         cmd = [
             sys.executable, "-m", "serving", "--host=127.0.0.1",
             f"--port={self.grpc_port}", f"--rest_api_port={self.rest_port}",
-            f"--model_name={model_name}", f"--model_base_path={base_path}", *flags,
+            *([f"--model_name={model_name}", f"--model_base_path={base_path}"] if base_path else []), *flags,
         ]  # fmt: skip
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)

@@ -138,9 +138,11 @@ def test_malformed_data_fails_naming_file_line_and_field(
 def test_help_lists_every_option(run_module: Callable[..., subprocess.CompletedProcess]) -> None:
     proc = run_module("training", "--help", check=True)
     for name in TrainConfig.__dataclass_fields__:
-        flag = {"progress_bar": "--no-progress-bar", "num_nodes": "--num_nodes"}.get(
-            name, "--" + name.replace("_", "-")
-        )
+        flag = {
+            "progress_bar": "--no-progress-bar",
+            "num_nodes": "--num_nodes",
+            "fast_dropout": "--no-fast-dropout",
+        }.get(name, "--" + name.replace("_", "-"))
         assert flag in proc.stdout, flag
     assert "torchrun" in proc.stdout
 

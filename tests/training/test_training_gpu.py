@@ -31,6 +31,13 @@ def test_single_gpu_run_writes_a_checkpoint_and_metrics(
     assert m["world_size"] == 1 and m["epochs"] == 2
     assert 0.5 < m["val_auc"] <= 1.0
     assert (out / "checkpoints" / "best.ckpt").is_file()
+    # CUDA's own fast paths, no CPU trick: torch's dropout, fused Adam, AMP.
+    amp = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    assert (m["speed"]["fast_dropout"], m["speed"]["adam_impl"], m["speed"]["precision"]) == (
+        False,
+        "fused",
+        amp,
+    )
 
 
 @needs_two_gpus

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from training.data.cache_dir import cached_name
 from training.data.criteo import SCHEMA, ReadReport, read_batches
 from training.data.once import build_once
 from training.errors import DataError
@@ -27,12 +30,14 @@ CACHE_VERSION = 2
 ROW_GROUP_ROWS = 1 << 17  # ~55 MB decoded: small enough to stream, large enough to read fast
 
 
-def cache_path(data: Path) -> Path:
-    return data.with_name(data.name + ".cache.parquet")
+def cache_path(data: Path, cache_dir: Path | None = None) -> Path:
+    """`FILE.cache.parquet` beside the data, or its name in `cache_dir` (see `training.cache_dir`)."""
+    folder = cache_dir if cache_dir is not None else data.parent
+    return folder / (cached_name(data, folder) + ".cache.parquet")
 
 
-def _meta_path(data: Path) -> Path:
-    return data.with_name(data.name + ".cache.json")
+def _meta_path(data: Path, cache_dir: Path | None) -> Path:
+    return cache_path(data, cache_dir).with_suffix(".json")
 
 
 def _source_key(data: Path) -> dict[str, int]:
@@ -40,9 +45,9 @@ def _source_key(data: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "version": CACHE_VERSION}
 
 
-def _valid_meta(src: Path, skip_bad_rows: bool) -> dict[str, Any] | None:
+def _valid_meta(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> dict[str, Any] | None:
     """The cache's metadata if the cache is usable for this read, else None."""
-    meta_file, parquet = _meta_path(src), cache_path(src)
+    meta_file, parquet = _meta_path(src, cache_dir), cache_path(src, cache_dir)
     if not (meta_file.is_file() and parquet.is_file()):
         return None
     try:
@@ -59,7 +64,10 @@ def _valid_meta(src: Path, skip_bad_rows: bool) -> dict[str, Any] | None:
 
 
 def ensure_cache(
-    data: str | Path, skip_bad_rows: bool = False, say: Callable[[str], None] = print
+    data: str | Path,
+    skip_bad_rows: bool = False,
+    say: Callable[[str], None] = print,
+    cache_dir: Path | None = None,
 ) -> tuple[Path, ReadReport]:
     """Return the Parquet cache for `data`, building it when missing or stale (once across processes).
 
@@ -73,35 +81,47 @@ def ensure_cache(
         raise DataError(
             f"data file not found: {src} (generate one with `python -m training.synth --out {src}`)"
         )
-    lock = src.with_name(src.name + ".cache.lock")
+    lock = cache_path(src, cache_dir).with_suffix(".lock")
     build_once(
-        lock, lambda: _valid_meta(src, skip_bad_rows) is not None, lambda: _build(src, skip_bad_rows), say
+        lock,
+        lambda: _valid_meta(src, skip_bad_rows, cache_dir) is not None,
+        lambda: _build(src, skip_bad_rows, cache_dir),
+        say,
     )
-    meta = _valid_meta(src, skip_bad_rows)
+    meta = _valid_meta(src, skip_bad_rows, cache_dir)
     if meta is None:  # only when the source changed again right after the build
         raise DataError(f"{src} changed while its cache was being built; re-run once the file is complete")
-    return cache_path(src), ReadReport(**meta["report"])
+    return cache_path(src, cache_dir), ReadReport(**meta["report"])
 
 
-def _build(src: Path, skip_bad_rows: bool) -> None:
+def _build(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> None:
     report = ReadReport()
-    dst, meta_file = cache_path(src), _meta_path(src)
+    dst, meta_file = cache_path(src, cache_dir), _meta_path(src, cache_dir)
     tmp, tmp_meta = (p.with_name(f"{p.name}.{os.getpid()}.tmp") for p in (dst, meta_file))
     before = _source_key(src)
     try:
-        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer:
+        # Row groups are written on a second thread while the next block parses (both release the GIL);
+        # one waits at most, so memory stays a couple of row groups.
+        with pq.ParquetWriter(tmp, SCHEMA, compression="zstd") as writer, ThreadPoolExecutor(1) as bg:
+            waiting: deque[Future[None]] = deque()
+
+            def write(table: pa.Table) -> None:
+                waiting.append(bg.submit(writer.write_table, table, row_group_size=ROW_GROUP_ROWS))
+                if len(waiting) > 1:
+                    waiting.popleft().result()
+
             pending: list[pa.RecordBatch] = []  # parser blocks, regrouped into full row groups
             for batch in read_batches(src, skip_bad_rows=skip_bad_rows, report=report):
                 pending.append(batch)
                 table = pa.Table.from_batches(pending)
                 while len(table) >= ROW_GROUP_ROWS:
-                    writer.write_table(table.slice(0, ROW_GROUP_ROWS), row_group_size=ROW_GROUP_ROWS)
+                    write(table.slice(0, ROW_GROUP_ROWS))
                     table = table.slice(ROW_GROUP_ROWS)
                 pending = table.to_batches()
             if pending:
-                writer.write_table(
-                    pa.Table.from_batches(pending, schema=SCHEMA), row_group_size=ROW_GROUP_ROWS
-                )
+                write(pa.Table.from_batches(pending, schema=SCHEMA))
+            while waiting:
+                waiting.popleft().result()
         if _source_key(src) != before:
             raise DataError(
                 f"{src} changed while it was being parsed (size {before['size']} -> {src.stat().st_size} bytes); "

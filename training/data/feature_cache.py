@@ -5,8 +5,8 @@ would cost a third of the throughput. After the fit, one pass writes every row o
 as a fixed-size record: the first 52 columns of its feature vector (z-scores, missing flags, rate lifts;
 float32 exactly as `FeatureSpec.transform` makes them), the column each categorical value adds 1.0 to
 (int16: a bucket or the out-of-vocabulary column), the label and the row's index in its split.
-`expand` rebuilds the float32 [N, width] vectors bit for bit (1.0 counts add exactly). 264 bytes a row on
-disk; files are read with plain reads (not mmap, which would count every page read in the process's RSS).
+`expand` rebuilds the float32 [N, width] vectors bit for bit (1.0 counts add exactly). 272 bytes a row on
+disk (52 * 4 + 26 * 2 + 4 + 8); files are read with plain reads (not mmap, which would count every page read in the process's RSS).
 """
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
 from training.data.parquet import ParquetData, Split, numeric_matrix, string_column
 from training.errors import DataError
 from training.features.layout import HASH_START, categorical_values
 from training.features.spec import FeatureSpec
+
+if TYPE_CHECKING:  # torch is imported where records are expanded: `python -m training.prepare` never loads it
+    import torch
 
 N_CAT = len(CATEGORICAL_FIELDS)
 RECORD = np.dtype(
@@ -54,6 +57,8 @@ def encode(spec: FeatureSpec, table: pa.Table, index: np.ndarray) -> np.ndarray:
 
 def expand(rec: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Records -> (x float32 [N, width], y float32 [N, 1], index int64 [N])."""
+    import torch
+
     n = rec.shape[0]
     x = torch.zeros(n, width)
     x[:, :HASH_START] = torch.from_numpy(np.ascontiguousarray(rec["dense"]))

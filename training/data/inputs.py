@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ctr_contract import cgroup
 from training.config import TrainConfig
-from training.data.cache import ensure_cache
 from training.data.criteo import ReadReport
 from training.data.parquet import ParquetData, Split
-from training.data.prepare import PreparedData, load_in_memory, prepare_streaming
-from training.data.sources import DataFile, resolve_data
+from training.data.preparation import prepare_data
+from training.data.prepare import PreparedData, load_in_memory
+from training.data.rank_group import launched_group
 from training.errors import DataError
 from training.features.spec import FeatureSpec
 
@@ -52,21 +53,21 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
         say: prints progress once per job.
     """
     pin_malloc_mmap_threshold()
-    files = resolve_data(cfg.data)  # 1. the files `--data` names
-    parquet, report = to_parquet(files, cfg.skip_bad_rows, say)  # 2. text parsed once into Parquet caches
-    pa.default_memory_pool().release_unused()  # the parse's buffers: do not carry them into training
     width = frozen.width if frozen is not None else cfg.width
-    # 3. one data set, the spec fitted on its training rows, both splits encoded with it
-    data, spec, encoded = prepare_streaming(parquet, cfg.val_fraction, width, cfg.max_rows, say, frozen)
-    if files[0].parquet:
-        report.rows = data.rows("train") + data.rows("val")
+    # 1-3. the files `--data` names, text parsed once into Parquet caches, the spec fitted on the training
+    # rows and both splits encoded with it, in the cache folder; under torchrun every rank does its share
+    with launched_group(cfg.ddp_timeout) as group:
+        prepared = prepare_data(cfg.data, cfg.cache_dir, cfg.val_fraction, width, cfg.max_rows,
+                                cfg.skip_bad_rows, say, frozen, group)  # fmt: skip
+    pa.default_memory_pool().release_unused()  # the preparation's buffers: do not carry them into training
+    data, spec, encoded, report = prepared.data, prepared.spec, prepared.encoded, prepared.report
     if data.rows("train") < cfg.world_size:
         raise DataError(
             f"{data.rows('train')} training rows cannot be shared by {cfg.world_size} processes; "
             "use fewer --devices / --num_nodes or more data"
         )
     loader, why = choose_loader(cfg.loader, data, spec.width, cfg.devices)  # 4. memory or stream
-    n_files = f" ({len(files)} files)" if len(files) > 1 else ""
+    n_files = f" ({len(data.files)} files)" if len(data.files) > 1 else ""
     say(f"data: {cfg.data}{n_files}: {report.summary()}")
     say(
         f"loader: {loader} ({why})"
@@ -75,24 +76,6 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
     pa.default_memory_pool().release_unused()
     memory = load_in_memory(data, spec, encoded) if loader == "memory" else None  # 5. arrays, if memory
     return RunInputs(data, spec, loader, memory, report, encoded)
-
-
-def to_parquet(
-    files: list[DataFile], skip_bad_rows: bool, say: Callable[[str], None]
-) -> tuple[list[Path], ReadReport]:
-    """The Parquet file of each input (text files parsed once into caches), and the parse's merged report."""
-    report = ReadReport()
-    if files[0].parquet:
-        return [f.path for f in files], report
-    parquet = []
-    for f in files:
-        cache, r = ensure_cache(f.path, skip_bad_rows=skip_bad_rows, say=say)
-        parquet.append(cache)
-        report.rows += r.rows
-        for kind, k in r.skipped.items():
-            report.skipped[kind] = report.skipped.get(kind, 0) + k
-        report.examples.extend(r.examples[: max(0, 5 - len(report.examples))])
-    return parquet, report
 
 
 def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: int) -> tuple[str, str]:
@@ -112,14 +95,8 @@ def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: in
 
 
 def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    # The container's memory limit, not the node's: /proc/meminfo alone would size a 4 GiB pod by its node.
+    return cgroup.available_memory()
 
 
 def pin_malloc_mmap_threshold(nbytes: int = 1 << 20) -> bool:

@@ -91,7 +91,7 @@ class ParquetData:
                  pieces: list[Piece], val_fraction: float) -> None:  # fmt: skip
         self.files, self.stamps, self.row_ids = files, stamps, row_ids
         self.pieces, self.val_fraction = pieces, val_fraction
-        self._open: dict[int, pq.ParquetFile] = {}
+        self._open: dict[tuple[int, bool], pq.ParquetFile] = {}
 
     @classmethod
     def open(cls, files: list[Path], val_fraction: float, max_rows: int | None = None) -> ParquetData:
@@ -134,15 +134,31 @@ class ParquetData:
 
     def read(self, piece: Piece, split: Split, columns: tuple[str, ...] | None = None) -> Chunk:
         """The rows of `split` in `piece`, typed like the cache (label int8, I* float64, C* string)."""
+        return self.read_splits(piece, (split,), columns)[split]
+
+    def read_splits(
+        self,
+        piece: Piece,
+        splits: tuple[Split, ...],
+        columns: tuple[str, ...] | None = None,
+        dictionary: bool = False,
+    ) -> dict[Split, Chunk]:
+        """`read` for several splits of one piece, decoding its row group once.
+
+        With `dictionary`, C1..C26 come as Arrow dictionary arrays (Parquet's own dictionary pages, not
+        decoded into one string per row): what hash-based counting and lookups want.
+        """
         path = self.files[piece.file]
         if _stamp(path) != self.stamps[piece.file]:
             raise DataError(f"{path} changed while training was reading it; re-run once the file is complete")
         names = list(columns or (LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS))
         if LABEL not in names:
             names.insert(0, LABEL)
-        pf = self._open.get(piece.file)
+        pf = self._open.get((piece.file, dictionary))
         if pf is None:
-            pf = self._open[piece.file] = pq.ParquetFile(path)
+            pf = self._open[(piece.file, dictionary)] = pq.ParquetFile(
+                path, read_dictionary=list(CATEGORICAL_FIELDS) if dictionary else None
+            )
         try:
             table = pf.read_row_group(
                 piece.row_group, columns=[*names, "row_id"] if self.row_ids[piece.file] else names
@@ -158,14 +174,20 @@ class ParquetData:
         else:
             local = np.arange(piece.first_row, piece.first_row + piece.rows, dtype=np.int64)
         ids = piece.id_offset + local
-        keep = validation_mask(ids, self.val_fraction)
-        if split == "train":
-            keep = ~keep
-        if int(keep.sum()) != piece.count(split):
-            raise DataError(f"{path} changed while training was reading it; re-run once the file is complete")
-        table = _normalise(path, table.filter(pa.array(keep)))
-        start = piece.start(split)
-        return Chunk(table, ids[keep], np.arange(start, start + piece.count(split), dtype=np.int64))
+        is_val = validation_mask(ids, self.val_fraction)
+        chunks: dict[Split, Chunk] = {}
+        for split in splits:
+            keep = is_val if split == "val" else ~is_val
+            if int(keep.sum()) != piece.count(split):
+                raise DataError(
+                    f"{path} changed while training was reading it; re-run once the file is complete"
+                )
+            part = _normalise(path, table.filter(pa.array(keep)), dictionary)
+            start = piece.start(split)
+            chunks[split] = Chunk(
+                part, ids[keep], np.arange(start, start + piece.count(split), dtype=np.int64)
+            )
+        return chunks
 
     def to_json(self) -> dict[str, Any]:
         return {"files": [str(f) for f in self.files], "stamps": self.stamps, "row_ids": self.row_ids,
@@ -189,18 +211,22 @@ def _read_ids(pf: pq.ParquetFile, path: Path, group: int, has_ids: bool, first: 
     return col.to_numpy().astype(np.int64)
 
 
-def _normalise(path: Path, table: pa.Table) -> pa.Table:
-    """Cast a Parquet file's Criteo columns to the cache's types and check the labels are 0/1."""
+def _normalise(path: Path, table: pa.Table, dictionary: bool = False) -> pa.Table:
+    """Cast a Parquet file's Criteo columns to the cache's types (C* may stay dictionaries); check labels are 0/1."""
     label = table.column(LABEL)
     if label.type != pa.int8():
         label = pc.cast(label, pa.int8(), safe=False)
     if len(label) and (label.null_count or pc.max(label).as_py() > 1 or pc.min(label).as_py() < 0):
         raise DataError(f"{path}: column 'label' must hold only 0 and 1 (no missing values)")
     cols = {LABEL: label}
+
+    def kept(col: pa.ChunkedArray) -> bool:
+        return dictionary and pa.types.is_dictionary(col.type)
+
     for f in table.column_names:
         if f in NUMERIC_FIELDS and table.column(f).type != pa.float64():
             cols[f] = pc.cast(table.column(f), pa.float64())
-        elif f in CATEGORICAL_FIELDS and table.column(f).type != pa.string():
+        elif f in CATEGORICAL_FIELDS and table.column(f).type != pa.string() and not kept(table.column(f)):
             cols[f] = pc.cast(table.column(f), pa.string())
     for name, col in cols.items():
         table = table.set_column(table.column_names.index(name), name, col)

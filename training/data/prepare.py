@@ -1,9 +1,11 @@
 """Parquet files to prepared splits: open them as one data set, fit the FeatureSpec, encode both splits, once.
 
-`prepare_streaming` is what a run uses: one process opens the files, fits the spec by streaming the training
-rows (`FeatureSpec.fit_streaming`) and encodes each split (`training.data.feature_cache`); it writes the data
-set and the spec to a small JSON beside the data, and every rank loads that. `load_in_memory` expands the
-encoded splits into arrays for the `memory` loader; `prepare` does all of it in memory (benchmarks, tests).
+`prepare_streaming` is the one-process reference preparation (the benchmarks use it): one process opens the
+files, fits the spec by streaming the training rows (`FeatureSpec.fit_streaming`) and encodes each split
+(`training.data.feature_cache`); it writes the data set and the spec to a small JSON beside the data.
+A run uses `training.data.preparation.prepare_data`, which makes the same files (tested bit for bit) faster,
+in the cache folder, and shares the work among ranks. `load_in_memory` expands the encoded splits into
+arrays for the `memory` loader; `prepare` does all of it in memory (benchmarks, tests).
 """
 
 from __future__ import annotations

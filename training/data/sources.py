@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from training.data.compressed import text_name
 from training.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -25,15 +26,10 @@ class DataFile:
 
 
 def _is_input(path: Path) -> bool:
-    return (
-        path.is_file()
-        and not _DERIVED.search(path.name)
-        and path.suffix.lower()
-        in (
-            *PARQUET_SUFFIXES,
-            *TEXT_SUFFIXES,
-        )
-    )
+    plain = text_name(path)  # `day_0.gz` is text; compressed Parquet is not a thing
+    suffix = Path(plain).suffix.lower()
+    kinds = TEXT_SUFFIXES if plain != path.name else (*PARQUET_SUFFIXES, *TEXT_SUFFIXES)
+    return path.is_file() and not _DERIVED.search(path.name) and suffix in kinds
 
 
 def _natural_key(path: Path) -> list[object]:
@@ -55,7 +51,7 @@ def resolve_data(data: str | Path) -> list[DataFile]:
         files = [f for f in p.iterdir() if _is_input(f)]
         if not files:
             raise DataError(
-                f"{p} holds no data files: expected Criteo text files (no suffix, .txt, .tsv, .csv) "
+                f"{p} holds no data files: expected Criteo text files (no suffix, .txt, .tsv, .csv; or .gz, .zst, .bz2) "
                 f"or Parquet files (.parquet); generate one with `python -m training.synth --out {p / 'train.txt'}`"
             )
     elif glob.has_magic(text):

@@ -5,7 +5,8 @@ of the split are cut into `world` contiguous ranges that differ by at most one r
 row groups its range touches (two ranks share a boundary group, each keeping its own rows), so there are
 never idle ranks, even with more ranks than row groups. Each rank fills a buffer of `buffer_rows`
 transformed rows, hands out whole batches of randomly drawn rows until half of it is left, then refills,
-so rows mix across row groups. Every rank makes ceil(ceil(N / world) / batch) batches (DDP needs equal step
+so rows mix across row groups; while it first fills, it already hands out half of each slice's rows (so the
+first step does not wait for a whole buffer). Every rank makes ceil(ceil(N / world) / batch) batches (DDP needs equal step
 counts): across ranks each row is seen exactly once per epoch. The order depends only on (seed, epoch,
 rank), so a resumed run replays it. A background thread reads and transforms the next row groups while
 the model trains on the current ones. Memory per process: the buffer (buffer_rows + 32k feature rows), one
@@ -32,6 +33,7 @@ from training.features.spec import FeatureSpec
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)
 _TRANSFORM_ROWS = 1 << 15
+_FIRST_SLICE_ROWS = 1 << 12  # two batches of 2048: the ramp-up hands out one while the next slices load
 
 
 def epoch_plan(
@@ -83,15 +85,15 @@ class StreamedBatches(IterableDataset):
         return epoch_plan(self.data.pieces, self.split, order, self.rank, self.world_size)
 
     def _chunks(self, plan: list[tuple[Piece, int, int]]) -> Iterator[Batch]:
+        first = [True]  # the epoch's first slice is small, so its first batch comes after a few thousand rows
         for piece, lo, hi in plan:
             if self.encoded is not None:  # transformed once already: read and expand
-                for a in range(lo, hi, _TRANSFORM_ROWS):
-                    n = min(_TRANSFORM_ROWS, hi - a)
+                for a, n in _slices(lo, hi, first):
                     yield expand(read_records(self.encoded, piece.start(self.split) + a, n), self.spec.width)
                 continue
             chunk = self.data.read(piece, self.split)
-            for a in range(lo, hi, _TRANSFORM_ROWS):  # slices bound the transform's temporaries
-                table = chunk.table.slice(a, min(_TRANSFORM_ROWS, hi - a))
+            for a, n in _slices(lo, hi, first):  # slices bound the transform's temporaries
+                table = chunk.table.slice(a, n)
                 x = torch.from_numpy(transform_chunk(self.spec, table))
                 y = torch.from_numpy(table.column(LABEL).to_numpy().astype(np.float32)).reshape(-1, 1)
                 yield x, y, torch.from_numpy(chunk.index[a : a + len(table)])
@@ -112,9 +114,24 @@ class StreamedBatches(IterableDataset):
                 k = yield from buf.drain(
                     sizes, k, self.buffer_rows // 2 if self.shuffle else 0, g if self.shuffle else None
                 )
+            elif self.shuffle:
+                # Ramp-up: while the buffer first fills, hand out half of each new slice's rows (drawn from all
+                # rows held), so training starts after one slice instead of a whole buffer and the buffer still
+                # grows by half a slice per slice.
+                k = yield from buf.drain(sizes, k, buf.n - x.shape[0] // 2, g)
         k = yield from buf.drain(sizes, k, 0, g if self.shuffle else None)
         if k != len(sizes) or buf.n:
             raise RuntimeError(f"streamed {k} of {len(sizes)} batches, {buf.n} rows left over; a bug")
+
+
+def _slices(lo: int, hi: int, first: list[bool]) -> Iterator[tuple[int, int]]:
+    """(start, rows) slices of [lo, hi): `_TRANSFORM_ROWS` each, the first of the epoch (`first[0]`) smaller."""
+    a = lo
+    while a < hi:
+        n = min(_FIRST_SLICE_ROWS if first[0] else _TRANSFORM_ROWS, hi - a)
+        first[0] = False
+        yield a, n
+        a += n
 
 
 class _RowBuffer:
@@ -141,11 +158,23 @@ class _RowBuffer:
             rows = order[pos : pos + sizes[k]]
             yield self.x.index_select(0, rows), self.y.index_select(0, rows), self.idx.index_select(0, rows)
             pos, k = pos + sizes[k], k + 1
-        rest = order[pos:]  # move the rows kept back to the front (a copy of at most `keep` + a batch rows)
-        self.x[: rest.numel()] = self.x.index_select(0, rest)
-        self.y[: rest.numel()] = self.y.index_select(0, rest)
-        self.idx[: rest.numel()] = self.idx.index_select(0, rest)
-        self.n = rest.numel()
+        if (
+            g is None
+        ):  # in order: move the rows kept back to the front, keeping their order (less than a batch)
+            rest = order[pos:]
+            self.x[: rest.numel()] = self.x.index_select(0, rest)
+            self.y[: rest.numel()] = self.y.index_select(0, rest)
+            self.idx[: rest.numel()] = self.idx.index_select(0, rest)
+        else:  # shuffled: the next drain draws a fresh order, so only kept rows past the end fill the holes
+            n_kept = self.n - pos
+            holes, movers = order[:pos], order[pos:]
+            holes, movers = (
+                holes[holes < n_kept],
+                movers[movers >= n_kept],
+            )  # equal counts; copies <= pos rows
+            for t in (self.x, self.y, self.idx):
+                t.index_copy_(0, holes, t.index_select(0, movers))
+        self.n -= pos
         return k
 
 

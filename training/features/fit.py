@@ -46,7 +46,7 @@ def merge_value_counts(parts: list[Counts]) -> Counts:
     return values, views.astype(np.int64), clicks
 
 
-def _carry_sum(total: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def carry_sum(total: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """total + rows summed down axis 0, in the same order as one `sum(axis=0)` over all rows would."""
     return np.concatenate([total[None, :], rows]).sum(axis=0)
 
@@ -68,7 +68,7 @@ class SpecStats:
         self.rows += y.size
         self.clicks += float(y.sum())  # 0/1 labels: an exact integer
         self.count += present.sum(axis=0)
-        self.sum = _carry_sum(self.sum, np.where(present, v, 0.0))
+        self.sum = carry_sum(self.sum, np.where(present, v, 0.0))
         for j, values in enumerate(categorical_values(categorical, y.size)):
             counts = value_counts(values, y)
             self._pending[j].append(counts)
@@ -115,15 +115,37 @@ def fit_parameters(
     sq = np.zeros(N_NUM)
     for numeric, _, _ in chunks(True):
         v = signed_log1p(np.asarray(numeric, dtype=np.float64))
-        sq = _carry_sum(sq, np.where(np.isfinite(v), (v - mean) ** 2, 0.0))
-    std = np.sqrt(np.divide(sq, stats.count, out=np.ones(N_NUM), where=stats.count > 0))
+        sq = carry_sum(sq, np.where(np.isfinite(v), (v - mean) ** 2, 0.0))
+    return assemble_spec(
+        stats.rows, stats.clicks, stats.count, mean, sq, stats.value_counts, width, min_count, smoothing,
+        max_entries, vocab_size, vocab_min_count,
+    )  # fmt: skip
+
+
+def assemble_spec(
+    rows: int,
+    clicks: float,
+    count: np.ndarray,
+    mean: np.ndarray,
+    sq: np.ndarray,
+    field_counts: Callable[[int], Counts],
+    width: int,
+    min_count: int,
+    smoothing: float,
+    max_entries: int,
+    vocab_size: int,
+    vocab_min_count: int,
+) -> dict[str, Any]:
+    """`FeatureSpec`'s keyword arguments from the fit's statistics: rows, clicks, per numeric field count, mean
+    and summed squared deviations, and `field_counts(j)`, field j's value counts (values sorted)."""
+    std = np.sqrt(np.divide(sq, count, out=np.ones(N_NUM), where=count > 0))
     std = np.where(std > 1e-6, std, 1.0)  # constant or absent column: centre only
-    prior = float(np.clip(np.float64(stats.clicks) / stats.rows, 1e-4, 1 - 1e-4)) if stats.rows else 0.5
+    prior = float(np.clip(np.float64(clicks) / rows, 1e-4, 1 - 1e-4)) if rows else 0.5
     n_buckets = width - HASH_START - 1
     tables = tuple(
         fit_field_table(
             field,
-            *stats.value_counts(j),
+            *field_counts(j),
             prior,
             n_buckets,
             vocab_size,

@@ -133,18 +133,21 @@ class FeatureSpec:
         n = num.shape[0]
         columns = categorical_values(categorical, n)
         out = np.zeros((n, self.width), dtype=np.float32)
-        with np.errstate(invalid="ignore", over="ignore"):
-            v = signed_log1p(num)
-        missing = ~np.isfinite(v)
-        z = (np.where(missing, 0.0, v) - np.asarray(self.mean)) / np.asarray(self.std)
-        out[:, :N_NUM] = np.clip(np.where(missing, 0.0, z), -self.clip, self.clip)
-        out[:, N_NUM : 2 * N_NUM] = missing
+        out[:, :N_NUM], out[:, N_NUM : 2 * N_NUM] = self.numeric_columns(num)
         rows = np.arange(n)
         for j, (table, col) in enumerate(zip(self.tables, columns, strict=True)):
             bucket, lift = table.lookup(col)
             out[:, 2 * N_NUM + j] = lift
             out[rows, np.where(bucket >= 0, HASH_START + bucket, self.oov_column)] += 1.0
         return out
+
+    def numeric_columns(self, num: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Clipped z-scores float64 [N, 13] (0 where missing) and missing flags bool [N, 13] of float64 counts."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            v = signed_log1p(num)
+        missing = ~np.isfinite(v)
+        z = (np.where(missing, 0.0, v) - np.asarray(self.mean)) / np.asarray(self.std)
+        return np.clip(np.where(missing, 0.0, z), -self.clip, self.clip), missing
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -1,1 +1,1 @@
-"""The model room: the pure network, the LightningModule around it, checkpoints, warm start, DDP, metrics."""
+"""The model room: the pure network (and its fast CPU dropout), the LightningModule around it, the speed settings, checkpoints, warm start, DDP, metrics."""

@@ -14,7 +14,11 @@ from training.data.batches import Batch
 from training.errors import NonFiniteLossError
 from training.model.net import CTRNet, ModelConfig
 
-ADAM_IMPLS = ("default", "foreach", "fused")
+ADAM_IMPLS = (
+    "default",
+    "foreach",
+    "fused",
+)  # resolved ones; `training.model.speed` turns "auto" into one of these
 
 
 class CTRModule(L.LightningModule):
@@ -25,16 +29,16 @@ class CTRModule(L.LightningModule):
         lr: Adam learning rate.
         weight_decay: Adam L2 penalty.
         adam_impl: "default", "foreach" or "fused" (torch's Adam implementations; same maths).
+        fast_dropout: numpy-drawn CPU dropout masks (`training.model.fast_dropout`); same keep probabilities.
     """
 
-    def __init__(
-        self, model: dict[str, Any], lr: float = 1e-3, weight_decay: float = 0.0, adam_impl: str = "default"
-    ) -> None:
+    def __init__(self, model: dict[str, Any], lr: float = 1e-3, weight_decay: float = 0.0,
+                 adam_impl: str = "default", fast_dropout: bool = False) -> None:  # fmt: skip
         super().__init__()
         if adam_impl not in ADAM_IMPLS:
             raise ValueError(f"adam_impl must be one of {ADAM_IMPLS}, got {adam_impl!r}")
         self.save_hyperparameters()
-        self.net = CTRNet(ModelConfig.from_dict(model))
+        self.net = CTRNet(ModelConfig.from_dict(model), fast_dropout=fast_dropout)
         # torchmetrics states are gathered from every rank before compute(), so AUC is over the whole val set.
         self.val_auc = BinaryAUROC()
         self.val_loss_sum = SumMetric()
@@ -52,7 +56,11 @@ class CTRModule(L.LightningModule):
                 f"batch {batch_idx}); stopped before the optimizer step and before any checkpoint of this state. "
                 f"Lower --lr (now {self.hparams['lr']}) or check the input features."
             )
-        self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # `self.log` runs Lightning's result bookkeeping in Python on every call, so it runs only on the steps whose
+        # value the logger writes (every `log_every_n_steps`); the progress bar's loss refreshes as often.
+        every = int(getattr(self.trainer, "log_every_n_steps", 1))  # set on the Trainer at run time
+        if every and (self.global_step + 1) % every == 0:
+            self.log("train_loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ctr_contract.signatures import DEFAULT_WIDTH
+from training.model.fast_dropout import FastDropout
 
 ACTIVATIONS = ("relu", "hardtanh")
 
@@ -48,19 +49,22 @@ class CTRNet(nn.Module):
     """Linear(128,256) → act → Dropout(0.3) → Linear(256,128) → act → Dropout(0.2) → Linear(128,1).
 
     `forward` returns logits (train with BCE-with-logits); `predict_proba` applies the sigmoid.
+    `fast_dropout` swaps in `FastDropout` (an `nn.Dropout` subclass, no parameters, same positions): the
+    state_dict and the eval-mode graph export traces are the same either way.
     """
 
-    def __init__(self, cfg: ModelConfig | None = None) -> None:
+    def __init__(self, cfg: ModelConfig | None = None, fast_dropout: bool = False) -> None:
         super().__init__()
         self.cfg = cfg or ModelConfig()
         c = self.cfg
+        dropout = FastDropout if fast_dropout else nn.Dropout
         self.layers = nn.Sequential(
             nn.Linear(c.width, c.hidden1),
             _activation(c.activation),
-            nn.Dropout(c.dropout1),
+            dropout(c.dropout1),
             nn.Linear(c.hidden1, c.hidden2),
             _activation(c.activation),
-            nn.Dropout(c.dropout2),
+            dropout(c.dropout2),
             nn.Linear(c.hidden2, 1),
         )
 

@@ -115,7 +115,7 @@ def test_grpc_tensors_decode_doubles_integers_and_strings() -> None:
         ({"C1": (2, [1.0])}, "input 'C1' has dtype DT_DOUBLE, expected DT_STRING"),
         ({"I1": (2, [1.5])}, "row 0 field 'I1' is 1.5, a fractional count; counts are integers"),
         ({"I1": (2, [1.0]), "C1": (7, [b"a", b"b"])}, "raw inputs have different lengths {'I1': 1, 'C1': 2}; send one value per row in each"),
-        ({"C1": (7, [b"\xff"])}, "input 'C1' holds a value that is not UTF-8: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+        ({"C1": (7, [b"\xff"])}, "row 0 field 'C1' is b'\\xff', not UTF-8 text; send UTF-8 strings"),
     ],
     ids=["unknown-field", "category-as-double", "fractional", "ragged", "not-utf8"],
 )  # fmt: skip

@@ -1,0 +1,44 @@
+"""A version folder with both signatures in ONNX (model.onnx + model_raw.onnx), without TensorFlow: quick to build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from export.raw_onnx import build_raw_model
+from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
+from training.features.spec import FeatureSpec
+from training.synth import sample_rows
+
+
+def fit_spec(seed: int = 3, n: int = 3_000) -> FeatureSpec:
+    """A FeatureSpec fitted on synthetic rows (values C1 saw are `spec.tables[0].vocab`)."""
+    rng = np.random.default_rng(seed)
+    numeric, ranks = sample_rows(rng, n)
+    categorical = np.char.mod("%08x", ranks % 40).astype(object)
+    categorical[ranks < 0] = ""
+    labels = (rng.random(n) < 0.25 + 0.3 * (ranks[:, 8] == 0)).astype(np.float32)
+    return FeatureSpec.fit(numeric, categorical, labels, min_count=20)
+
+
+def seen_values(spec: FeatureSpec, n: int = 2) -> list[str]:
+    """The first `n` values of C1 that the spec saw in training (they map to their own embedding rows)."""
+    return [v.decode() for v in spec.tables[0].vocab[:n]]
+
+
+def write_raw_version(base: Path, version: int, spec: FeatureSpec, seed: int = 11) -> Path:
+    """`<base>/<version>/` serving `serving_default` and `raw` from ONNX, renamed into place like export does."""
+    stage = base / f".tmp-{version}"
+    stage.mkdir(parents=True)
+    write_onnx(make_weights(seed=seed), stage / "model.onnx")
+    proto = onnx.load(str(stage / "model.onnx"))
+    onnx.save(build_raw_model(proto, spec), stage / "model_raw.onnx")
+    (stage / "assets.extra").mkdir(exist_ok=True)
+    spec.save(stage / "assets.extra" / "feature_spec.json")
+    write_warmup(stage / "assets.extra" / "tf_serving_warmup_requests", [np.zeros((1, 128), np.float32)])
+    write_manifest(stage, version)
+    final = base / str(version)
+    stage.rename(final)
+    return final

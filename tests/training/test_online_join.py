@@ -1,0 +1,154 @@
+"""The click join (`training/online/join.py`): window, duplicates, late clicks, clicks before requests, unknown ids."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from training.online.join import join_interval, partition_name
+from training.online.ratelog import RateLimitedLog
+
+T = 1_800_000_000.0  # interval 0 of these tests starts here; intervals are 100 s, the window 30 s
+ROW = {"I1": 3, "I5": 1382, "C1": "68fd1e64", "C9": "a73ee510"}
+
+
+def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _requests(folder: Path, *reqs: tuple[str, float, int]) -> None:
+    """(id, time, instances) -> one request log file, in time order, mtime = the last time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "requests-1-1.jsonl"
+    with path.open("a") as f:
+        for rid, t, n in reqs:
+            f.write(
+                json.dumps({"request_id": rid, "time": _iso(t), "inputs": {"instances": [ROW] * n}}) + "\n"
+            )
+    os.utime(path, (reqs[-1][1], reqs[-1][1]))
+
+
+def _clicks(folder: Path, *clicks: tuple[str, int, float] | str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "clicks-1.jsonl"
+    with path.open("a") as f:
+        for c in clicks:
+            line = (
+                c if isinstance(c, str) else json.dumps({"request_id": c[0], "instance": c[1], "time": c[2]})
+            )
+            f.write(line + "\n")
+    os.utime(path, (T + 1000, T + 1000))
+
+
+def _join(tmp: Path, interval: int = 0):
+    start = T + 100 * interval
+    return join_interval(tmp / "logs", tmp / "clicks", tmp / "out", interval, start, start + 100, 30.0, 0.0)
+
+
+def _labels(tmp: Path, interval: int = 0) -> dict[tuple[str, int], int]:
+    t = pq.read_table(tmp / "out" / "train" / partition_name(interval)).to_pydict()
+    return {(r, i): y for r, i, y in zip(t["request_id"], t["instance"], t["label"], strict=True)}
+
+
+def test_a_click_inside_the_window_is_a_positive_and_outside_it_a_late_click(tmp_path: Path):
+    _requests(tmp_path / "logs", ("a", T + 10, 2), ("b", T + 20, 1))
+    _clicks(tmp_path / "clicks", ("a", 1, T + 40), ("b", 0, T + 50.001))  # a/1 at +30 s exactly; b at +30.001
+    r = _join(tmp_path)
+    assert _labels(tmp_path) == {("a", 0): 0, ("a", 1): 1, ("b", 0): 0}
+    assert (r.requests, r.rows, r.positives, r.counts) == (2, 3, 1, {"clicks": 1, "late clicks": 1})
+
+
+def test_duplicate_clicks_count_once_and_label_once(tmp_path: Path):
+    _requests(tmp_path / "logs", ("a", T + 10, 1))
+    _clicks(tmp_path / "clicks", ("a", 0, T + 12), ("a", 0, T + 12), ("a", 0, T + 15))
+    r = _join(tmp_path)
+    assert _labels(tmp_path) == {("a", 0): 1}
+    assert r.counts == {"clicks": 1, "duplicate clicks": 2}
+
+
+def test_clicks_before_their_request_and_unknown_ids_are_counted_not_joined(tmp_path: Path):
+    _requests(tmp_path / "logs", ("a", T + 10, 1), ("b", T + 50, 1))
+    _clicks(
+        tmp_path / "clicks",
+        ("b", 0, T + 40),  # before its request (clock skew)
+        ("nobody", 0, T + 41),  # an id never logged
+        ("a", 5, T + 42),  # an instance the request does not have
+        ("a", 0, T + 38),
+    )
+    r = _join(tmp_path)
+    assert _labels(tmp_path) == {("a", 0): 1, ("b", 0): 0}
+    assert r.counts == {"clicks": 1, "clicks before their request": 1, "unknown clicks": 2}
+
+
+def test_each_click_is_counted_by_one_interval_and_labels_across_the_boundary(tmp_path: Path):
+    # a request near the end of interval 0 clicked early in interval 1; a late click for it in interval 1
+    _requests(tmp_path / "logs", ("a", T + 90, 1), ("c", T + 150, 1))
+    _clicks(tmp_path / "clicks", ("a", 0, T + 105), ("a", 0, T + 110), ("c", 0, T + 125), ("a", 0, T + 121))
+    first, second = _join(tmp_path, 0), _join(tmp_path, 1)
+    assert _labels(tmp_path, 0) == {("a", 0): 1} and _labels(tmp_path, 1) == {("c", 0): 0}
+    assert first.counts == {}  # no click falls inside interval 0
+    assert second.counts == {
+        "clicks": 1,
+        "duplicate clicks": 1,
+        "late clicks": 1,
+        "clicks before their request": 1,
+    }
+
+
+def test_bad_lines_and_repeated_requests_are_counted_once(tmp_path: Path):
+    _requests(tmp_path / "logs", ("a", T + 10, 1), ("a", T + 11, 1))
+    with (tmp_path / "logs" / "requests-1-1.jsonl").open("a") as f:
+        f.write("{not json\n")
+    os.utime(tmp_path / "logs" / "requests-1-1.jsonl", (T + 11, T + 11))
+    _clicks(tmp_path / "clicks", ("a", 0, T + 12), '{"request_id": "a"}', "garbage")
+    with (tmp_path / "clicks" / "clicks-1.jsonl").open("a") as f:
+        f.write('{"request_id": "a", "instance": 0')
+    os.utime(tmp_path / "clicks" / "clicks-1.jsonl", (T + 1000, T + 1000))
+    r = _join(tmp_path)
+    # the last click line has no newline yet (being written): left for a later read, not counted
+    assert r.counts == {"bad click lines": 2, "bad request lines": 1, "clicks": 1, "duplicate requests": 1}
+    assert _labels(tmp_path) == {("a", 0): 1}
+
+
+def test_an_interval_without_requests_writes_no_partition(tmp_path: Path):
+    _requests(tmp_path / "logs", ("a", T + 10, 1))
+    r = _join(tmp_path, 3)
+    assert (r.rows, r.counts) == (0, {})
+    assert not (tmp_path / "out" / "train" / partition_name(3)).exists()
+
+
+def test_holdout_takes_whole_requests_by_hash_of_the_id(tmp_path: Path):
+    _requests(tmp_path / "logs", *[(f"r{i}", T + i * 0.1, 2) for i in range(200)])
+    r = join_interval(tmp_path / "logs", tmp_path / "c", tmp_path / "out", 0, T, T + 100, 30.0, 0.25)
+    held = pq.read_table(tmp_path / "out" / "holdout" / partition_name(0)).to_pydict()
+    assert r.holdout_rows == len(held["label"]) == 2 * len(set(held["request_id"]))
+    assert 60 < r.holdout_rows < 140 and r.rows == 400
+
+
+def test_the_rate_limited_log_writes_one_line_per_kind_per_minute(caplog: pytest.LogCaptureFixture):
+    limited = RateLimitedLog(logging.getLogger("t"))
+    with caplog.at_level(logging.WARNING):
+        assert limited.count("late clicks", 3, "dropped") is True
+        assert limited.count("late clicks", 4, "dropped") is False
+        assert limited.count("unknown clicks", 2, "dropped") is True
+    assert caplog.messages == [
+        "3 late clicks dropped (at most one line per kind per minute)",
+        "2 unknown clicks dropped (at most one line per kind per minute)",
+    ]
+
+
+def test_request_logs_in_one_folder_per_pod_are_all_joined(tmp_path: Path):
+    # k8s serving pods each write --request_log_dir=/var/log/ctr/$(POD_NAME): same file names, other folders.
+    _requests(tmp_path / "logs" / "ctr-serving-a", ("a", T + 10, 1))
+    _requests(tmp_path / "logs" / "ctr-serving-b", ("b", T + 20, 2))
+    _clicks(tmp_path / "clicks", ("b", 1, T + 25))
+    r = _join(tmp_path)
+    assert _labels(tmp_path) == {("a", 0): 0, ("b", 0): 0, ("b", 1): 1}
+    assert (r.requests, r.rows, r.positives) == (2, 3, 1)
