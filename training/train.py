@@ -143,6 +143,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         with explain_rendezvous_failures(cfg.ddp_timeout, cfg.world_size > 1):
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not trainer.is_global_zero:
+        _leave_process_group()
         return None
     metrics = _final_metrics(cfg, data, trainer, throughput, best)
     metrics["speed"] = speed.to_dict()
@@ -157,7 +158,17 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         json.dumps(metrics, indent=2) + "\n"
     )  # last: marks the run complete
     _print_summary(metrics)
+    _leave_process_group()
     return metrics
+
+
+def _leave_process_group() -> None:
+    """Destroy the DDP process group before the interpreter exits: torch tearing a live gloo group down at exit
+    aborts the process now and then (`terminate called without an active exception`, exit -6 under torchrun)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> str | None:

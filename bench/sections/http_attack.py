@@ -100,7 +100,10 @@ async def pathological(port: int, until: float, tally: Tally) -> None:
         writer.write(request + PATHOLOGICAL)
         try:
             status = await asyncio.wait_for(reader.readline(), max(0.1, until - time.monotonic()))
-            tally.pathological.append(f"{status.decode().strip()} in {time.monotonic() - started:.2f}s")
+            if not status:  # EOF: the server dropped the connection (a timeout's abort) without answering
+                tally.pathological.append("no answer (closed)")
+            else:
+                tally.pathological.append(f"{status.decode().strip()} in {time.monotonic() - started:.2f}s")
         except (TimeoutError, ConnectionError) as exc:
             tally.pathological.append(f"no answer ({type(exc).__name__})")
         writer.close()

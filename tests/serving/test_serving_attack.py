@@ -89,6 +89,7 @@ def test_attack_keeps_normal_p99_under_50ms_and_memory_comes_back(start_server, 
         "HTTP/1.1 400 Bad Request",
         "HTTP/1.1 503 Service Unavailable",
         "no answer (ConnectionResetError)",
+        "no answer (closed)",  # dropped by a timeout with nothing unread: a FIN, not a reset
     }
     assert answers and answers <= refused, report
     assert len(latencies) > 100
