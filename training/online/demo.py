@@ -141,9 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", type=int, default=8, help="rows per request (default 8)")
     p.add_argument("--static-rows", type=int, default=20000, help="rows version 1 trains on (default 20000)")
     p.add_argument("--replay", type=int, default=2)
+    # The demo's world drifts 24x (an hour is a day) and its click rate climbs within each one-minute interval,
+    # so a candidate trained on the interval plus its replay lags the freshest held-out rows' click rate by a few
+    # points: at the trainer's own 0.01 the calibration gate refuses most candidates on that lag alone (AUC up).
     p.add_argument(
-        "--max-ece-rise", type=float, default=0.01, help="the trainer's quality gate (default 0.01)"
-    )
+        "--max-ece-rise", type=float, default=0.03,
+        help="the trainer's calibration gate (default 0.03 here; python -m training.online defaults to 0.01)",
+    )  # fmt: skip
     p.add_argument("--train-args", default="--batch-size 512", help="extra flags for python -m training")
     a = p.parse_args(argv)
     out = a.out.resolve()
