@@ -15,14 +15,19 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 DESCRIPTOR_SET = Path(__file__).with_name("tf_serving.binpb")
 
 
-@cache
-def pool() -> descriptor_pool.DescriptorPool:
-    """Return the private pool holding every file of `tf_serving.binpb` (written in dependency order)."""
-    fds = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
+def private_pool(descriptor_set: Path) -> descriptor_pool.DescriptorPool:
+    """A new pool holding every file of a committed FileDescriptorSet (written in dependency order)."""
+    fds = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set.read_bytes())
     private = descriptor_pool.DescriptorPool()
     for file_proto in fds.file:
         private.Add(file_proto)
     return private
+
+
+@cache
+def pool() -> descriptor_pool.DescriptorPool:
+    """Return the private pool holding every file of `tf_serving.binpb`."""
+    return private_pool(DESCRIPTOR_SET)
 
 
 @cache

@@ -10,7 +10,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pool, message_factory
+
+from serving.protos import private_pool
 
 DESCRIPTOR_SET = Path(__file__).with_name("inference_v2.binpb")
 SERVICE = "inference.GRPCInferenceService"
@@ -18,12 +20,8 @@ SERVICE = "inference.GRPCInferenceService"
 
 @cache
 def pool() -> descriptor_pool.DescriptorPool:
-    """The private pool holding every file of `inference_v2.binpb` (written in dependency order)."""
-    fds = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes())
-    private = descriptor_pool.DescriptorPool()
-    for file_proto in fds.file:
-        private.Add(file_proto)
-    return private
+    """The private pool holding every file of `inference_v2.binpb`."""
+    return private_pool(DESCRIPTOR_SET)
 
 
 def message_class(name: str) -> Any:
