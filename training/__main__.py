@@ -1,8 +1,8 @@
 import sys
 
-from training.model.speed import prefer_passive_omp_wait
+from training.model.speed import set_omp_wait_policy
 
-prefer_passive_omp_wait()  # before anything imports torch
+set_omp_wait_policy()  # before anything imports torch
 
 from training.cli import main  # noqa: E402
 

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--adam-impl",
         choices=ADAM_IMPLS,
         default=d.adam_impl,
-        help="torch Adam implementation (default auto: foreach on CPU, fused on GPU; `default` is torch's choice)",
+        help="torch Adam implementation (default auto: fused; `default` is torch's choice)",
     )
     g.add_argument(
         "--patience",

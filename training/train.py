@@ -69,7 +69,10 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         threads = max(1, cgroup.available_cpus() // cfg.devices)
     if threads:
         torch.set_num_threads(threads)
-    speed = SpeedSettings.choose(cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads)
+    speed = SpeedSettings.choose(
+        cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads, governed=cfg.threads is None
+    )
+    speed_callbacks = speed.callbacks()
     ckpt_dir = cfg.out / run_dir.CHECKPOINTS_DIR
     resume_from = _resume_checkpoint(cfg, ckpt_dir)
     t0 = time.perf_counter()
@@ -119,6 +122,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
             best,
             EarlyStopping(monitor="val_auc", mode="max", patience=cfg.patience),
             throughput,
+            *speed_callbacks,
             *extra,
             *callbacks,
         ],
@@ -147,6 +151,8 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         return None
     metrics = _final_metrics(cfg, data, trainer, throughput, best)
     metrics["speed"] = speed.to_dict()
+    for governor in speed_callbacks:
+        metrics["speed"]["thread_governor"] = governor.summary()
     metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
     # Capped samples for export: parity and the quality gate (first validation rows), drift (spread training rows).
     val_x, val_y, train_sample = samples(data, VAL_FEATURES_ROWS)

@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.settings == "fast":
-        from training.model.speed import prefer_passive_omp_wait
+        from training.model.speed import set_omp_wait_policy
 
-        prefer_passive_omp_wait()  # as `python -m training` does, before torch loads
+        set_omp_wait_policy()  # as `python -m training` does, before torch loads
     result = profile(dict(np.load(args.features)), args.settings == "fast", args.steps)
     args.out.write_text(json.dumps(result))
     print(json.dumps(result))

@@ -209,7 +209,7 @@ def lightning_fit(
             epoch_seconds.append(time.perf_counter() - self.t0)
 
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[EpochClock()],
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[EpochClock(), *speed.callbacks()],
                         precision=speed.precision)  # fmt: skip
     module = CTRModule(
         ModelConfig().to_dict(), lr=LR, adam_impl=speed.adam_impl, fast_dropout=speed.fast_dropout
@@ -276,16 +276,19 @@ def worker_main(argv: list[str] | None = None) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the net (bare loop only)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    from training.model.speed import SpeedSettings, prefer_passive_omp_wait
+    from ctr_contract import cgroup
+    from training.model.speed import SpeedSettings, set_omp_wait_policy
 
-    if args.worker == "ours":
-        prefer_passive_omp_wait()  # as `python -m training` does, before torch loads
-
+    ours, governed = args.worker == "ours", False
+    if ours:
+        set_omp_wait_policy()  # as `python -m training` does, before torch loads
+        # as `python -m training` does: one thread per core of the CPU limit, governed unless --threads is given
+        args.threads, governed = args.threads or cgroup.available_cpus(), args.threads is None
     # Only "ours" gets the pipeline's speed settings; bare and naive stay plain torch unless told otherwise.
-    ours = args.worker == "ours"
     speed = SpeedSettings.choose("cpu", fast_dropout=ours and args.fast_dropout,
                                  adam_impl=args.adam_impl if ours or args.adam_impl != "auto" else "default",
-                                 precision=args.precision if ours else "32-true", threads=args.threads)  # fmt: skip
+                                 precision=args.precision if ours else "32-true", threads=args.threads,
+                                 governed=ours and governed)  # fmt: skip
     args.adam_impl = speed.adam_impl
     if ours:
         print(speed.line(), flush=True)

@@ -2,9 +2,8 @@
 
 Measured on a 2-core AVX-512 CPU (docs/training.md, "Step time"): torch's CPU dropout draws its mask with a
 per-element Mersenne Twister (5–7 ms of a ~15 ms step); bf16 autocast runs the matmuls on AVX512_BF16 at the same
-val AUC; the for-loop Adam walks six tensors one op at a time; and when other processes share the cores,
-OpenMP threads that spin while they wait for each other at every op make a step 3–10x slower
-(`prefer_passive_omp_wait` makes them sleep instead).
+val AUC; fused Adam updates each parameter in one pass; OpenMP threads that spin briefly between ops, with one
+thread when another process takes a core (`training.model.threads`).
 On CUDA torch's own dropout (fused Philox), fused Adam and AMP are the fast path; nothing CPU-only applies.
 """
 
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 ADAM_IMPLS = ("auto", "default", "foreach", "fused")
-CALIBRATION_STEPS = 6  # steps per thread count per round; two rounds, interleaved
+SPIN_COUNT = 30_000  # libgomp's default is 300,000: ~7 ms of spinning under contention
 
 
 def on_cpu(accelerator: str) -> bool:
@@ -48,14 +47,16 @@ class SpeedSettings:
     adam_impl: str
     precision: str
     threads: int | None  # None: leave torch's choice
+    governed: bool  # ThreadGovernor picks 1 or `threads` as the run goes
     reasons: tuple[str, ...]
 
     @classmethod
     def choose(cls, accelerator: str, fast_dropout: bool = True, adam_impl: str = "auto",
-               precision: str = "auto", threads: int | None = None) -> SpeedSettings:  # fmt: skip
+               precision: str = "auto", threads: int | None = None, governed: bool = False) -> SpeedSettings:  # fmt: skip
         """Resolve the flags for `accelerator`: fast settings unless turned off, torch's own off the CPU.
 
-        `threads`: what the run set (None: torch's default, one per core).
+        `threads`: what the run set (None: torch's default, one per core). `governed`: the count was not given
+        (`--threads`), so `ThreadGovernor` may drop to one thread when that is faster.
         """
         if adam_impl not in ADAM_IMPLS:
             raise ValueError(f"adam_impl must be one of {ADAM_IMPLS}, got {adam_impl!r}")
@@ -68,8 +69,8 @@ class SpeedSettings:
         else:
             reasons.append("dropout torch (GPU: torch's fused dropout is already fast)")
         if adam_impl == "auto":
-            adam_impl = "foreach" if cpu else "fused"
-            why = "CPU: one multi-tensor op per update step" if cpu else "GPU: one fused kernel"
+            adam_impl = "fused"
+            why = "one pass over each parameter" if cpu else "GPU: one fused kernel"
             reasons.append(f"adam {adam_impl} ({why}; --adam-impl default turns it off)")
         else:
             reasons.append(f"adam {adam_impl} (--adam-impl {adam_impl})")
@@ -78,23 +79,30 @@ class SpeedSettings:
             reasons.append(f"precision {precision} ({why}; --precision 32-true turns it off)")
         else:
             reasons.append(f"precision {precision} (--precision {precision})")
+        governed = governed and cpu and (threads or 0) > 1
         if cpu:
             import torch
 
-            policy = os.environ.get("OMP_WAIT_POLICY", "unset")
-            why = (
-                "waiting threads sleep: shared cores stay usable" if policy.upper() == "PASSIVE" else "as set"
-            )
             count = (
-                f"{threads} (--threads, or the CPU limit // devices)"
+                f"{threads} (the CPU limit // devices; ThreadGovernor drops to 1 while that is faster, --threads N fixes it)"
+                if governed
+                else f"{threads} (--threads)"
                 if threads is not None
                 else f"{torch.get_num_threads()} (one per core)"
             )
-            reasons.append(f"threads {count}, OMP_WAIT_POLICY={policy} ({why})")
-        return cls(fast_dropout and cpu, adam_impl, precision, threads, tuple(reasons))
+            reasons.append(f"threads {count}, OpenMP waits {omp_wait_policy()}")
+        return cls(fast_dropout and cpu, adam_impl, precision, threads, governed, tuple(reasons))
+
+    def callbacks(self) -> list[Any]:
+        """The Lightning callbacks these settings need: the `ThreadGovernor` of a governed CPU run, else none."""
+        if not self.governed or self.threads is None:
+            return []
+        from training.model.threads import ThreadGovernor
+
+        return [ThreadGovernor(self.threads)]
 
     def line(self) -> str:
-        """The one line a run prints, e.g. `speed: dropout fast (...); adam foreach (...); ...`."""
+        """The one line a run prints, e.g. `speed: dropout fast (...); adam fused (...); ...`."""
         return "speed: " + "; ".join(self.reasons)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,15 +121,24 @@ def _auto_precision(cpu: bool) -> tuple[str, str]:
     return "16-mixed", "GPU AMP in fp16 with a gradient scaler"
 
 
-def prefer_passive_omp_wait() -> None:
-    """Make OpenMP threads sleep, not spin, while they wait (unless OMP_WAIT_POLICY is set); call before torch loads.
+def set_omp_wait_policy() -> str:
+    """Make OpenMP threads spin up to `SPIN_COUNT` loops before sleeping, unless the user chose; call before torch loads.
 
-    With spinning waits, a thread that finished its half of an op holds its core while its peer waits for one
-    (other processes run there): on this 2-core box a 2-thread step went from ~12 ms to 90–140 ms; sleeping
-    waits kept it at ~13 ms. libgomp reads the variable once, when torch is imported.
+    Returns the policy in words for the run's `speed:` line. libgomp reads the variables once, when torch loads.
     """
     if "torch" in sys.modules:
-        raise RuntimeError(
-            "prefer_passive_omp_wait() must run before torch is imported; it would do nothing now"
-        )
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        raise RuntimeError("set_omp_wait_policy() must run before torch is imported; it would do nothing now")
+    return omp_wait_policy(set_default=True)
+
+
+def omp_wait_policy(set_default: bool = False) -> str:
+    """The OpenMP wait policy this process runs with, in words (setting ours first when `set_default`)."""
+    user = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ}
+    if not user and set_default:
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        return f"GOMP_SPINCOUNT={SPIN_COUNT} (waiting threads spin ~0.7 ms, then sleep)"
+    if not user:
+        return "libgomp's default (spin 300,000 loops, then sleep)"
+    if os.environ.get("GOMP_SPINCOUNT") == str(SPIN_COUNT) and "OMP_WAIT_POLICY" not in user:
+        return f"GOMP_SPINCOUNT={SPIN_COUNT} (waiting threads spin ~0.7 ms, then sleep)"
+    return " ".join(f"{k}={v}" for k, v in user.items()) + " (as set)"
