@@ -43,9 +43,13 @@ class RawBatch:
                 **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True))}  # fmt: skip
 
     @staticmethod
-    def from_rows(numeric: np.ndarray, categorical: np.ndarray) -> RawBatch:
-        """Row-major (N, 13) and (N, 26) -> a field-major RawBatch."""
-        return RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
+    def from_rows(numeric: np.ndarray, categorical: np.ndarray, keys: RawKeys | None = None) -> RawBatch:
+        """Row-major (N, 13) and (N, 26) -> a field-major RawBatch; `keys`: its (26, N) keys when the decoder
+        has them already."""
+        batch = RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
+        if keys is not None:
+            batch.__dict__["keys"] = keys  # what the `keys` property would compute
+        return batch
 
     @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:

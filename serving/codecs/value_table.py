@@ -40,22 +40,30 @@ class RawKeys:
     @staticmethod
     def of(values: np.ndarray) -> RawKeys | None:
         """The keys of a (F, N) object array of str, or None when it must be looked up value by value."""
-        flat = values.ravel().tolist()
-        text = _WORD_SEPARATOR.join(flat)
-        if "\1" in text:
-            return None  # a value holding 0x01 would read as "": by dict
         try:
-            data = text.encode("utf-8")
+            return RawKeys.of_joined(join(values.ravel().tolist()), values.size, values.shape)
         except UnicodeEncodeError:  # a lone surrogate (the JSON and gRPC decoders reject them before here)
             return None
-        m = len(flat)
+
+    @staticmethod
+    def of_joined(text: str, m: int, shape: tuple[int, ...]) -> RawKeys | None:
+        """The keys of `m` values given as `join(values)`, shaped `shape`; UnicodeEncodeError for a string
+        UTF-8 cannot hold (a lone surrogate)."""
+        data = text.encode("utf-8")  # first: a caller relies on it to find lone surrogates
+        if b"\1" in data:
+            return None  # a value holding 0x01 would read as "": by dict
         if np.count_nonzero(np.frombuffer(data, np.uint8)) != len(data) - SHORT * (m - 1):
             return None  # a NUL inside a value would cut it in two
         key = _word_keys(data, m)
         if key is None:
             return None  # values of other lengths: the dicts are as fast as cutting them out one by one
-        slow = None if text.isascii() else ((key & _HIGH_BITS) != 0).reshape(values.shape)
-        return RawKeys(key.reshape(values.shape), slow)
+        slow = None if text.isascii() else ((key & _HIGH_BITS) != 0).reshape(shape)
+        return RawKeys(key.reshape(shape), slow)
+
+    def transposed(self) -> RawKeys:
+        """The keys of the transposed batch (rows <-> fields), contiguous."""
+        slow = None if self.slow is None else np.ascontiguousarray(self.slow.T)
+        return RawKeys(np.ascontiguousarray(self.key.T), slow)
 
     @staticmethod
     def concat(parts: list[RawKeys]) -> RawKeys:
@@ -66,6 +74,12 @@ class RawKeys:
                 [np.zeros(p.key.shape, bool) if p.slow is None else p.slow for p in parts], 1
             )
         return RawKeys(np.concatenate([p.key for p in parts], axis=1), slow)
+
+
+def join(values: list[str]) -> str:
+    """The values as `RawKeys.of_joined` reads them: one string, 8 NULs between two values (TypeError for a
+    value that is not a str)."""
+    return _WORD_SEPARATOR.join(values)
 
 
 def _word_keys(data: bytes, m: int) -> np.ndarray | None:

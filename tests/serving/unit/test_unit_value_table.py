@@ -79,3 +79,15 @@ def test_a_table_too_crowded_for_its_slots_grows_until_every_entry_has_one() -> 
     values = np.array([[f"{i:08x}" for i in range(3000)]] * 7, dtype=object)
     expected = np.array([[t.get(v, 0) for v in row] for t, row in zip(tables, values.tolist(), strict=True)])
     assert np.array_equal(table.lookup(values, RawKeys.of(values)), expected)
+
+
+def test_rest_rows_arrive_with_the_keys_of_their_categoricals_from_the_decoders_join() -> None:
+    from serving.codecs.raw_codec import decode_rest
+
+    rows = [{"I1": i, "C1": "68fd1e64", "C2": None, "C26": "abcdefgh"} for i in range(12)] + [{}]
+    decoded = decode_rest(rows, False)
+    assert "keys" in decoded.__dict__  # set by the decoder, not computed by the property
+    fresh = RawKeys.of(decoded.categorical)
+    assert decoded.keys is not None and fresh is not None
+    assert np.array_equal(decoded.keys.key, fresh.key) and decoded.keys.slow is fresh.slow is None
+    assert decoded.categorical[1, 0] == "" and decoded.categorical[2, 5] == ""  # null and absent: missing
