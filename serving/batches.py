@@ -8,11 +8,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, cast
 
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from serving.codecs.value_table import RawKeys
 from serving.signatures import RAW_SIGNATURE
 
 
@@ -29,6 +31,11 @@ class RawBatch:
     def __len__(self) -> int:
         return self.numeric.shape[1]
 
+    @cached_property
+    def keys(self) -> RawKeys | None:
+        """The categorical values' keys, computed once and shared by the transform and drift binning."""
+        return RawKeys.of(self.categorical)
+
     @property
     def inputs(self) -> dict[str, np.ndarray]:
         """The `raw` signature's 39 inputs, each (N,) (views, no copy)."""
@@ -36,17 +43,26 @@ class RawBatch:
                 **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True))}  # fmt: skip
 
     @staticmethod
-    def from_rows(numeric: np.ndarray, categorical: np.ndarray) -> RawBatch:
-        """Row-major (N, 13) and (N, 26) -> a field-major RawBatch."""
-        return RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
+    def from_rows(numeric: np.ndarray, categorical: np.ndarray, keys: RawKeys | None = None) -> RawBatch:
+        """Row-major (N, 13) and (N, 26) -> a field-major RawBatch; `keys`: its (26, N) keys when the decoder
+        has them already."""
+        batch = RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
+        if keys is not None:
+            batch.__dict__["keys"] = keys  # what the `keys` property would compute
+        return batch
 
     @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:
-        """The batches one after another (what the dynamic batcher runs as one call): two copies."""
-        return RawBatch(
+        """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
+        every part's keys are known: they are joined too, not computed again)."""
+        merged = RawBatch(
             np.concatenate([p.numeric for p in parts], axis=1),
             np.concatenate([p.categorical for p in parts], axis=1),
         )
+        known = [p.__dict__.get("keys") for p in parts]
+        if all(k is not None for k in known):
+            merged.__dict__["keys"] = RawKeys.concat(cast(list[RawKeys], known))
+        return merged
 
 
 Batch = np.ndarray | RawBatch  # float32 (N, width) for `serving_default`, RawBatch for `raw`

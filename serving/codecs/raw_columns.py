@@ -5,6 +5,8 @@ only known fields) are turned into columns by C-level calls (dict merges, itemge
 numpy conversions) and checked with vectorised comparisons. Anything else returns None, and the caller's
 per-value path (serving/codecs/raw_codec.py) decodes the body again and names the first bad instance and
 field with the exact message. So this module never raises for a client's mistake and decides nothing alone.
+The one join of the categorical values that checks them also gives their keys for the batch-wide lookups
+(serving/codecs/value_table.py), so the transform and drift binning need not join them again.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import RawBatch
+from serving.codecs.value_table import RawKeys, join
 
 _LIMIT = float(2**53)  # counts are within ±2**53, the integers float64 holds exactly
 # Below this many rows the per-value loop is as fast as the dozen numpy calls here (~1-2 µs each).
 FAST_MIN_ROWS = 8
-_ALL_MISSING = dict.fromkeys(NUMERIC_FIELDS + CATEGORICAL_FIELDS)
+# An absent count is None (NaN), an absent categorical "" (the value of a missing one): no null to replace.
+_ALL_MISSING = dict.fromkeys(NUMERIC_FIELDS) | dict.fromkeys(CATEGORICAL_FIELDS, "")
 _N_FIELDS = len(_ALL_MISSING)
 _NUMERIC = itemgetter(*NUMERIC_FIELDS)
 _CATEGORICAL = itemgetter(*CATEGORICAL_FIELDS)
@@ -54,34 +58,36 @@ def counts(values: list[Any], n: int) -> np.ndarray | None:
     return array
 
 
-def categories(values: list[Any], n: int) -> np.ndarray | None:
-    """Categorical values -> object str (-1, n), "" = missing; None when one is not a string or null."""
-    types = set(map(type, values))
-    if not types <= _STRINGS:
-        return None
-    if type(None) in types:
-        values = list(map(_NULL_IS_BLANK.get, values, values))
+def categories(values: list[Any], n: int) -> tuple[np.ndarray, RawKeys | None] | None:
+    """Categorical values -> object str (-1, n), "" = missing, and their keys (serving/codecs/value_table.py);
+    None when one is not a string or null."""
     try:
-        "".join(values).encode(
-            "utf-8"
-        )  # one C call: a lone surrogate ("\ud800") is the exact path's to judge
+        text = join(values)  # one C call; TypeError for a null (or a non-string, which the checks below find)
+    except TypeError:
+        if not set(map(type, values)) <= _STRINGS:
+            return None
+        values = list(map(_NULL_IS_BLANK.get, values, values))
+        text = join(values)
+    try:
+        keys = RawKeys.of_joined(text, len(values), (-1, n))
     except UnicodeEncodeError:
-        return None
-    return np.array(values, dtype=object).reshape(-1, n)
+        return None  # a lone surrogate ("\ud800"): the exact path's to judge
+    return np.array(values, dtype=object).reshape(-1, n), keys
 
 
 def fast_instances(rows: list[Any]) -> RawBatch | None:
     """REST row format -> a RawBatch, or None when a row needs the exact path (or there are few rows)."""
     if len(rows) < FAST_MIN_ROWS or set(map(type, rows)) != {dict}:
         return None
-    full = list(map(_ALL_MISSING.__or__, rows))  # every row with all 39 keys; absent ones None
+    full = list(map(_ALL_MISSING.__or__, rows))  # every row with all 39 keys, absent ones missing
     if set(map(len, full)) != {_N_FIELDS}:
         return None  # an unknown field
     numeric = counts(list(chain.from_iterable(map(_NUMERIC, full))), len(NUMERIC_FIELDS))
     categorical = categories(list(chain.from_iterable(map(_CATEGORICAL, full))), len(CATEGORICAL_FIELDS))
     if numeric is None or categorical is None:
         return None
-    return RawBatch.from_rows(numeric, categorical)
+    strings, keys = categorical
+    return RawBatch.from_rows(numeric, strings, keys.transposed() if keys is not None else None)
 
 
 def fast_columns(columns: dict[str, Any], n: int) -> RawBatch | None:
@@ -99,5 +105,5 @@ def fast_columns(columns: dict[str, Any], n: int) -> RawBatch | None:
             strings = categories(columns[field], n)
             if strings is None:
                 return None
-            categorical[j] = strings[0]
+            categorical[j] = strings[0][0]
     return RawBatch(numeric, categorical)

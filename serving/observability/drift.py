@@ -28,14 +28,15 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from itertools import repeat
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from ctr_contract.repository import DRIFT_REFERENCE_PATH
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import DecodedRequest, RawBatch
+from serving.codecs.value_table import ValueTable
 from serving.observability.drift_window import RingBuffer, shared_windows
 from serving.signatures import RAW_SIGNATURE
 
@@ -80,26 +81,28 @@ class Reference:
             else:
                 codes = {v: i for i, v in enumerate(f["values"])} | {"": len(f["values"]) + 1}
                 self.raw_categorical.append((f["name"], codes, np.asarray(f["fractions"], np.float64)))
+        # Where each raw series' field sits in a RawBatch (ValueError, an ignored reference, for another name).
+        self._numeric_rows = [NUMERIC_FIELDS.index(name) for name, _, _ in self.raw_numeric]
+        self._categorical_rows = [CATEGORICAL_FIELDS.index(name) for name, _, _ in self.raw_categorical]
+        # The categorical bins, looked up batch-wide with the batch's keys (shared with the transform);
+        # a value no bin names is "other", the bin before "missing".
+        bins = dict(zip(self._categorical_rows, self.raw_categorical, strict=True))
+        self._codes = ValueTable(
+            [bins[j][1] if j in bins else {} for j in range(len(CATEGORICAL_FIELDS))], -1
+        )
+        self._other = np.array([len(s) - 2 for _, _, s in self.raw_categorical], np.float32)[:, None]
 
     @property
     def width(self) -> int:
         return len(self.names)
 
-    def raw_codes(self, inputs: dict[str, np.ndarray], n: int) -> np.ndarray:
-        """A raw batch as float32 (n, 39): transformed counts, then categorical bin codes."""
-        out = np.empty((n, len(self.raw_numeric) + len(self.raw_categorical)), np.float32)
-        for j, (name, _, _) in enumerate(self.raw_numeric):
-            v = np.asarray(inputs[name], dtype=np.float64)
-            with np.errstate(invalid="ignore"):
-                out[:, j] = np.where(np.isfinite(v), np.sign(v) * np.log1p(np.abs(v)), -np.inf)
-        base = len(self.raw_numeric)
-        for j, (name, codes, shares) in enumerate(self.raw_categorical):
-            other = len(shares) - 2
-            # map over dict.get: a C-level loop (a generator here cost ~26 Python steps per raw row).
-            out[:, base + j] = np.fromiter(
-                map(codes.get, inputs[name].tolist(), repeat(other)), np.float32, n
-            )
-        return out
+    def raw_codes(self, batch: RawBatch) -> np.ndarray:
+        """A raw batch as float32 (N, 39): transformed counts, then categorical bin codes."""
+        with np.errstate(invalid="ignore"):
+            x = batch.numeric[self._numeric_rows]
+            numeric = np.where(np.isfinite(x), np.sign(x) * np.log1p(np.abs(x)), -np.inf).astype(np.float32)
+        codes = self._codes.lookup(batch.categorical, batch.keys)[self._categorical_rows].astype(np.float32)
+        return np.concatenate([numeric, np.where(codes < 0, self._other, codes)]).T
 
 
 class DriftMonitor:
@@ -158,7 +161,7 @@ class DriftMonitor:
             # One RawBatch of every pending request, binned at once: binning each request's 39 columns apart
             # paused the event loop at every flush (raw p99 55 ms at 1 connection, 2026-11-30).
             merged = RawBatch.concat([b for b, _ in raw])
-            codes = ref.raw_codes(merged.inputs, len(merged))
+            codes = ref.raw_codes(merged)
             self.raw.append(np.hstack([codes, np.concatenate([s for _, s in raw])]))
 
     def _tick(self) -> None:

@@ -15,7 +15,7 @@ from export.raw_parity import build_raw_rows
 from serving.batches import RawBatch
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
-from serving.codecs.raw_transform import SMALL_BATCH, RawTransform
+from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.raw_transform import fnv1a_32 as serving_fnv1a_32
 from serving.errors import InvalidArgument
 from training.features.spec import FeatureSpec
@@ -138,7 +138,13 @@ def test_compiled_spec_equals_feature_spec_transform_bit_for_bit_on_every_gate_r
     transform = RawTransform(spec.to_dict())
     for name, rows in groups.items():
         assert np.array_equal(served[rows], expected[rows]), name
-        for n in (1, 3, SMALL_BATCH):  # small batches take np.add.at, not bincount
+        for n in (
+            1,
+            3,
+            DICT_ROWS,
+            DICT_ROWS + 1,
+            200,
+        ):  # dicts up to DICT_ROWS rows, the batch-wide table above
             few = slice(rows.start, rows.start + n)
             assert np.array_equal(
                 transform(RawBatch.from_rows(numeric[few], categorical[few])), expected[few]
