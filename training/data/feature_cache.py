@@ -60,12 +60,20 @@ def expand(rec: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor, tor
     import torch
 
     n = rec.shape[0]
-    x = torch.zeros(n, width)
-    x[:, :HASH_START] = torch.from_numpy(np.ascontiguousarray(rec["dense"]))
-    cols = torch.from_numpy(rec["cols"].astype(np.int64))
-    x.scatter_add_(1, cols, torch.ones(n, N_CAT))  # each categorical field adds 1.0 to its column
+    x = torch.empty(n, width)
+    expand_into(rec, x)
     y = torch.from_numpy(np.ascontiguousarray(rec["y"])).reshape(-1, 1)
     return x, y, torch.from_numpy(np.ascontiguousarray(rec["index"]))
+
+
+def expand_into(rec: np.ndarray, x: torch.Tensor) -> None:
+    """Write the feature vectors of `rec` into `x` (float32 [N, width], e.g. rows of a preallocated buffer)."""
+    import torch
+
+    x.zero_()
+    x[:, :HASH_START] = torch.from_numpy(np.ascontiguousarray(rec["dense"]))
+    cols = torch.from_numpy(rec["cols"].astype(np.int64))
+    x.scatter_add_(1, cols, torch.ones(len(rec), N_CAT))  # each categorical field adds 1.0 to its column
 
 
 def write_split(data: ParquetData, spec: FeatureSpec, split: Split, path: Path) -> None:

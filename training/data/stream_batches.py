@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset
 
 from ctr_contract.schema import LABEL
 from training.data.batches import Batch, shard_bounds
-from training.data.feature_cache import expand, read_records, transform_chunk
+from training.data.feature_cache import expand_into, read_records, transform_chunk
 from training.data.parquet import ParquetData, Piece, Split
 from training.features.spec import FeatureSpec
 
@@ -111,8 +111,8 @@ class StreamedBatches(IterableDataset):
         for item in _prefetched(self._chunks(plan)):
             # torch ops on the prefetch thread would start a second OpenMP team whose threads spin against the
             # training thread's two (1M-row epoch: 166k vs 218k samples/s in memory); so records are expanded here.
-            x, y, idx = expand(item, self.spec.width) if isinstance(item, np.ndarray) else item
-            buf.add(x, y, idx)
+            # Records are expanded straight into the buffer's rows: no fresh 16 MB tensor (and its page faults) per slice.
+            rows = buf.add_records(item) if isinstance(item, np.ndarray) else buf.add(*item)
             if buf.n >= fill:
                 # Keep half a buffer back so that rows of the next row groups mix with these.
                 k = yield from buf.drain(
@@ -122,7 +122,7 @@ class StreamedBatches(IterableDataset):
                 # Ramp-up: while the buffer first fills, hand out half of each new slice's rows (drawn from all
                 # rows held), so training starts after one slice instead of a whole buffer and the buffer still
                 # grows by half a slice per slice.
-                k = yield from buf.drain(sizes, k, buf.n - x.shape[0] // 2, g)
+                k = yield from buf.drain(sizes, k, buf.n - rows // 2, g)
         k = yield from buf.drain(sizes, k, 0, g if self.shuffle else None)
         if k != len(sizes) or buf.n:
             raise RuntimeError(f"streamed {k} of {len(sizes)} batches, {buf.n} rows left over; a bug")
@@ -147,10 +147,21 @@ class _RowBuffer:
         self.idx = torch.empty(capacity, dtype=torch.int64)
         self.n = 0
 
-    def add(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
+    def add(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> int:
+        """Copy a transformed slice in; returns its row count."""
         k = x.shape[0]
         self.x[self.n : self.n + k], self.y[self.n : self.n + k], self.idx[self.n : self.n + k] = x, y, idx
         self.n += k
+        return k
+
+    def add_records(self, rec: np.ndarray) -> int:
+        """Expand encoded records straight into the next rows; returns their count."""
+        k = len(rec)
+        expand_into(rec, self.x[self.n : self.n + k])
+        self.y[self.n : self.n + k, 0] = torch.from_numpy(np.ascontiguousarray(rec["y"]))
+        self.idx[self.n : self.n + k] = torch.from_numpy(np.ascontiguousarray(rec["index"]))
+        self.n += k
+        return k
 
     def drain(
         self, sizes: list[int], k: int, keep: int, g: torch.Generator | None
