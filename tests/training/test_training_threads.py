@@ -52,36 +52,31 @@ def _drive(governor: ThreadGovernor, step_ms: dict[int, float], steps: int, monk
         governor.on_train_batch_end(None, None, None, None, i)  # type: ignore[arg-type]
 
 
-def test_governor_keeps_all_threads_when_they_are_faster(monkeypatch: Any) -> None:
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Any:
     before = torch.get_num_threads()
-    try:
-        governor = ThreadGovernor(2, period=20, probe_steps=3, first_probe=2)
-        _drive(governor, {1: 8.0, 2: 5.5}, 40, monkeypatch)
-        assert governor.current == 2
-        assert governor.choices == [(10, 8.0, 5.5, 2), (38, 8.0, 5.5, 2)]
-    finally:
-        torch.set_num_threads(before)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_governor_keeps_all_threads_when_they_are_faster(monkeypatch: Any) -> None:
+    governor = ThreadGovernor(2, period=20, probe_steps=3, first_probe=2)
+    _drive(governor, {1: 8.0, 2: 5.5}, 40, monkeypatch)
+    assert governor.current == 2
+    assert governor.choices == [(10, 8.0, 5.5, 2), (38, 8.0, 5.5, 2)]
 
 
 def test_governor_drops_to_one_thread_when_a_busy_neighbour_makes_two_slower(monkeypatch: Any) -> None:
-    before = torch.get_num_threads()
-    try:
-        governor = ThreadGovernor(2, period=20, probe_steps=3, first_probe=2)
-        _drive(governor, {1: 8.0, 2: 48.0}, 12, monkeypatch)
-        assert governor.current == 1 and torch.get_num_threads() == 1
-        assert governor.summary() == {"threads": 2, "period": 20, "probes": [[10, 8.0, 48.0, 1]]}
-    finally:
-        torch.set_num_threads(before)
+    governor = ThreadGovernor(2, period=20, probe_steps=3, first_probe=2)
+    _drive(governor, {1: 8.0, 2: 48.0}, 12, monkeypatch)
+    assert governor.current == 1 and torch.get_num_threads() == 1
+    assert governor.summary() == {"threads": 2, "period": 20, "probes": [[10, 8.0, 48.0, 1]]}
 
 
 def test_governor_keeps_all_threads_when_one_is_only_slightly_faster(monkeypatch: Any) -> None:
-    before = torch.get_num_threads()
-    try:
-        governor = ThreadGovernor(2, period=20, probe_steps=3, first_probe=2)
-        _drive(governor, {1: 5.0, 2: 5.5}, 12, monkeypatch)  # within noise: 1 thread must be < 0.8x
-        assert governor.current == 2
-    finally:
-        torch.set_num_threads(before)
+    governor = ThreadGovernor(2, period=20, probe_steps=3, first_probe=2)
+    _drive(governor, {1: 5.0, 2: 5.5}, 12, monkeypatch)  # within noise: 1 thread must be < 0.8x
+    assert governor.current == 2
 
 
 def test_only_an_unpinned_multi_thread_cpu_run_is_governed() -> None:
