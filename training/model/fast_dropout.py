@@ -26,8 +26,6 @@ DRAW_LEVELS = 1 << 16  # each mask element is one uint16 draw
 SEED_RANGE = 2**62
 _NUMPY: dict[torch.dtype, type[np.floating]] = {torch.float32: np.float32, torch.float64: np.float64}
 
-MaskKey = tuple[int, int, tuple[int, ...], float, torch.dtype]  # seed, rank, shape, p, dtype
-
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -57,10 +55,9 @@ def mask_array(seed: int, rank: int, shape: tuple[int, ...], p: float, dtype: to
     return keep.view(np.uint8)
 
 
-def scaled_mask(key: MaskKey) -> torch.Tensor:
-    """`mask_array(*key)` as a tensor of the key's dtype."""
-    _, _, _, p, dtype = key
-    t = torch.from_numpy(mask_array(*key))
+def scaled_mask(seed: int, rank: int, shape: tuple[int, ...], p: float, dtype: torch.dtype) -> torch.Tensor:
+    """`mask_array(...)` as a tensor of `dtype`."""
+    t = torch.from_numpy(mask_array(seed, rank, shape, p, dtype))
     if dtype == torch.bfloat16:
         return t.view(torch.bfloat16)
     if dtype in _NUMPY:
@@ -79,4 +76,4 @@ class FastDropout(nn.Dropout):
             return F.dropout(x, self.p, True, self.inplace)
         # (B, H) * (B, H): the scaled mask is a constant to autograd, so backward is one multiply too.
         seed = int(torch.randint(0, SEED_RANGE, (1,)).item())
-        return x * scaled_mask((seed, _rank(), tuple(x.shape), self.p, x.dtype))
+        return x * scaled_mask(seed, _rank(), tuple(x.shape), self.p, x.dtype)
