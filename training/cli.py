@@ -149,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="use torch's dropout on CPU too (default: numpy-drawn masks on CPU, same keep probabilities)",
     )
     g.add_argument(
+        "--no-malloc-tuning",
+        dest="malloc_tuning",
+        action="store_false",
+        help="keep glibc's malloc defaults (default: freed tensors stay in the heap for the next step; "
+        "MALLOC_*_ or GLIBC_TUNABLES in the environment win)",
+    )
+    g.add_argument(
         "--ddp-timeout",
         type=float,
         default=d.ddp_timeout,

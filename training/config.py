@@ -44,6 +44,7 @@ class TrainConfig:
     strategy: str = "auto"
     precision: str = "auto"
     fast_dropout: bool = True
+    malloc_tuning: bool = True
     ddp_timeout: float = 120.0
     resume: bool = False
     init_from: Path | None = None

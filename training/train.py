@@ -27,6 +27,7 @@ from training.model.callbacks import SampleAudit, TrainThroughput
 from training.model.checkpoint import load_net
 from training.model.distributed import build_strategy, explain_rendezvous_failures, launch_rank
 from training.model.lightning_module import CTRModule
+from training.model.malloc import keep_freed_memory
 from training.model.metrics import log_loss, roc_auc
 from training.model.net import ModelConfig
 from training.model.speed import SpeedSettings
@@ -69,8 +70,9 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         threads = max(1, cgroup.available_cpus() // cfg.devices)
     if threads:
         torch.set_num_threads(threads)
+    malloc = keep_freed_memory() if cfg.malloc_tuning else "glibc's defaults (--no-malloc-tuning)"
     speed = SpeedSettings.choose(
-        cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads, governed=cfg.threads is None
+        cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads, cfg.threads is None, malloc
     )
     speed_callbacks = speed.callbacks()
     ckpt_dir = cfg.out / run_dir.CHECKPOINTS_DIR

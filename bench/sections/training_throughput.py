@@ -277,18 +277,20 @@ def worker_main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     from ctr_contract import cgroup
+    from training.model.malloc import keep_freed_memory
     from training.model.speed import SpeedSettings, set_omp_wait_policy
 
-    ours, governed = args.worker == "ours", False
+    ours, governed, malloc = args.worker == "ours", False, None
     if ours:
         set_omp_wait_policy()  # as `python -m training` does, before torch loads
+        malloc = keep_freed_memory()  # as `python -m training` does
         # as `python -m training` does: one thread per core of the CPU limit, governed unless --threads is given
         args.threads, governed = args.threads or cgroup.available_cpus(), args.threads is None
     # Only "ours" gets the pipeline's speed settings; bare and naive stay plain torch unless told otherwise.
     speed = SpeedSettings.choose("cpu", fast_dropout=ours and args.fast_dropout,
                                  adam_impl=args.adam_impl if ours or args.adam_impl != "auto" else "default",
                                  precision=args.precision if ours else "32-true", threads=args.threads,
-                                 governed=ours and governed)  # fmt: skip
+                                 governed=ours and governed, malloc=malloc)  # fmt: skip
     args.adam_impl = speed.adam_impl
     if ours:
         print(speed.line(), flush=True)

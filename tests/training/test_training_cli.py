@@ -142,6 +142,7 @@ def test_help_lists_every_option(run_module: Callable[..., subprocess.CompletedP
             "progress_bar": "--no-progress-bar",
             "num_nodes": "--num_nodes",
             "fast_dropout": "--no-fast-dropout",
+            "malloc_tuning": "--no-malloc-tuning",
         }.get(name, "--" + name.replace("_", "-"))
         assert flag in proc.stdout, flag
     assert "torchrun" in proc.stdout

@@ -16,6 +16,7 @@ from export.onnx_export import export_onnx
 from training.model.checkpoint import load_net, read_checkpoint
 from training.model.fast_dropout import FastDropout
 from training.model.lightning_module import CTRModule
+from training.model.malloc import POLICY
 from training.model.speed import SpeedSettings
 from training.synth import generate
 
@@ -69,7 +70,14 @@ def test_fast_defaults_reach_the_val_auc_of_torch_defaults_on_the_same_data(
     aucs = {}
     for name, flags in {
         "fast": (),
-        "off": ("--no-fast-dropout", "--adam-impl", "default", "--precision", "32-true"),
+        "off": (
+            "--no-fast-dropout",
+            "--adam-impl",
+            "default",
+            "--precision",
+            "32-true",
+            "--no-malloc-tuning",
+        ),
     }.items():
         out = tmp_path / name
         proc = run_module("training", "--data", data, "--out", out, "--batch-size", "512", "--max-epochs", "3",
@@ -77,6 +85,8 @@ def test_fast_defaults_reach_the_val_auc_of_torch_defaults_on_the_same_data(
         metrics = json.loads((out / "metrics.json").read_text())
         aucs[name] = metrics["val_auc"]
         assert ("speed: dropout fast" in proc.stdout) == (name == "fast")
+        malloc = "malloc glibc's defaults (--no-malloc-tuning)" if name == "off" else f"malloc {POLICY}"
+        assert malloc in proc.stdout
         want = "32-true" if name == "off" else SpeedSettings.choose("cpu").precision
         assert metrics["speed"]["precision"] == want
     assert aucs["fast"] == pytest.approx(aucs["off"], abs=0.003)

@@ -52,11 +52,13 @@ class SpeedSettings:
 
     @classmethod
     def choose(cls, accelerator: str, fast_dropout: bool = True, adam_impl: str = "auto",
-               precision: str = "auto", threads: int | None = None, governed: bool = False) -> SpeedSettings:  # fmt: skip
+               precision: str = "auto", threads: int | None = None, governed: bool = False,
+               malloc: str | None = None) -> SpeedSettings:  # fmt: skip
         """Resolve the flags for `accelerator`: fast settings unless turned off, torch's own off the CPU.
 
         `threads`: what the run set (None: torch's default, one per core). `governed`: the count was not given
-        (`--threads`), so `ThreadGovernor` may drop to one thread when that is faster.
+        (`--threads`), so `ThreadGovernor` may drop to one thread when that is faster. `malloc`: the allocator
+        policy the run set, in words (`training.model.malloc.keep_freed_memory`), for the printed line.
         """
         if adam_impl not in ADAM_IMPLS:
             raise ValueError(f"adam_impl must be one of {ADAM_IMPLS}, got {adam_impl!r}")
@@ -91,6 +93,8 @@ class SpeedSettings:
                 else f"{torch.get_num_threads()} (one per core)"
             )
             reasons.append(f"threads {count}, OpenMP waits {omp_wait_policy()}")
+        if malloc is not None:
+            reasons.append(f"malloc {malloc}")
         return cls(fast_dropout and cpu, adam_impl, precision, threads, governed, tuple(reasons))
 
     def callbacks(self) -> list[Any]:
