@@ -27,7 +27,7 @@ from training.model.callbacks import SampleAudit, TrainThroughput
 from training.model.checkpoint import load_net
 from training.model.distributed import build_strategy, explain_rendezvous_failures, launch_rank
 from training.model.lightning_module import CTRModule
-from training.model.malloc import keep_freed_memory
+from training.model.malloc import keep_freed_memory, return_large_blocks, step_tensor_bytes
 from training.model.metrics import log_loss, roc_auc
 from training.model.net import ModelConfig
 from training.model.speed import SpeedSettings
@@ -70,7 +70,8 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         threads = max(1, cgroup.available_cpus() // cfg.devices)
     if threads:
         torch.set_num_threads(threads)
-    malloc = keep_freed_memory() if cfg.malloc_tuning else "glibc's defaults (--no-malloc-tuning)"
+    largest = step_tensor_bytes(cfg.batch_size, (cfg.width, ModelConfig.hidden1, ModelConfig.hidden2))
+    malloc = keep_freed_memory(largest) if cfg.malloc_tuning else return_large_blocks()
     speed = SpeedSettings.choose(
         cfg.accelerator, cfg.fast_dropout, cfg.adam_impl, cfg.precision, threads, cfg.threads is None, malloc
     )

@@ -143,11 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.settings == "fast":
-        from training.model.malloc import keep_freed_memory
+        from bench.sections.training_throughput import BATCH_SIZE, MODEL_WIDTHS
+        from training.model.malloc import keep_freed_memory, step_tensor_bytes
         from training.model.speed import set_omp_wait_policy
 
         set_omp_wait_policy()  # as `python -m training` does, before torch loads
-        keep_freed_memory()  # as `python -m training` does
+        keep_freed_memory(step_tensor_bytes(BATCH_SIZE, MODEL_WIDTHS))  # as `python -m training` does
     result = profile(dict(np.load(args.features)), args.settings == "fast", args.steps)
     args.out.write_text(json.dumps(result))
     print(json.dumps(result))

@@ -35,6 +35,11 @@ FOREIGN_REPEATS = {"full": 2, "quick": 1, "tiny": 1}
 # rows generated, epochs per repeat, repeats; batch size and lr follow `make train`'s defaults.
 SIZES = {"full": (1_000_000, 2, 3), "quick": (60_000, 2, 3), "tiny": (12_000, 2, 2)}
 BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
+MODEL_WIDTHS = (
+    128,
+    256,
+    128,
+)  # the MLP's input and hidden widths (training.model.net.ModelConfig's defaults)
 
 
 def run(mode: str, workdir: Path) -> dict[str, Any]:
@@ -277,13 +282,15 @@ def worker_main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     from ctr_contract import cgroup
-    from training.model.malloc import keep_freed_memory
+    from training.model.malloc import keep_freed_memory, step_tensor_bytes
     from training.model.speed import SpeedSettings, set_omp_wait_policy
 
     ours, governed, malloc = args.worker == "ours", False, None
     if ours:
         set_omp_wait_policy()  # as `python -m training` does, before torch loads
-        malloc = keep_freed_memory()  # as `python -m training` does
+        malloc = keep_freed_memory(
+            step_tensor_bytes(args.batch_size, MODEL_WIDTHS)
+        )  # as `python -m training` does
         # as `python -m training` does: one thread per core of the CPU limit, governed unless --threads is given
         args.threads, governed = args.threads or cgroup.available_cpus(), args.threads is None
     # Only "ours" gets the pipeline's speed settings; bare and naive stay plain torch unless told otherwise.

@@ -16,7 +16,7 @@ from export.onnx_export import export_onnx
 from training.model.checkpoint import load_net, read_checkpoint
 from training.model.fast_dropout import FastDropout
 from training.model.lightning_module import CTRModule
-from training.model.malloc import POLICY
+from training.model.malloc import policy
 from training.model.speed import SpeedSettings
 from training.synth import generate
 
@@ -85,7 +85,11 @@ def test_fast_defaults_reach_the_val_auc_of_torch_defaults_on_the_same_data(
         metrics = json.loads((out / "metrics.json").read_text())
         aucs[name] = metrics["val_auc"]
         assert ("speed: dropout fast" in proc.stdout) == (name == "fast")
-        malloc = "malloc glibc's defaults (--no-malloc-tuning)" if name == "off" else f"malloc {POLICY}"
+        malloc = (
+            "malloc mmap above 1 MiB (--no-malloc-tuning: freed blocks of 1 MiB and more go back to the OS)"
+            if name == "off"
+            else f"malloc {policy(512 * 256 * 4)}"
+        )
         assert malloc in proc.stdout
         want = "32-true" if name == "off" else SpeedSettings.choose("cpu").precision
         assert metrics["speed"]["precision"] == want

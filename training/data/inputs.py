@@ -7,7 +7,6 @@ batches; `training.data.samples` reads the rows export needs once training is do
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,6 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
         frozen: a spec to use as is (warm start) instead of fitting one.
         say: prints progress once per job.
     """
-    pin_malloc_mmap_threshold()
     width = frozen.width if frozen is not None else cfg.width
     # 1-3. the files `--data` names, text parsed once into Parquet caches, the spec fitted on the training
     # rows and both splits encoded with it, in the cache folder; under torchrun every rank does its share
@@ -97,18 +95,3 @@ def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: in
 def _available_memory() -> int | None:
     # The container's memory limit, not the node's: /proc/meminfo alone would size a 4 GiB pod by its node.
     return cgroup.available_memory()
-
-
-def pin_malloc_mmap_threshold(nbytes: int = 1 << 20) -> bool:
-    """Fix glibc's mmap threshold so that buffers of 1 MiB and more always go back to the system when freed.
-
-    glibc raises the threshold (up to 32 MiB) each time it frees an mmapped block; the stream's row slices and
-    buffer copies are such blocks, so without this the heap keeps their freed space and fragments: measured,
-    an epoch over 10M rows peaked at 1.28 GB instead of 0.72 GB. Returns False where there is no glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_mmap_threshold = -3  # from <malloc.h>
-    return bool(libc.mallopt(m_mmap_threshold, nbytes))
