@@ -110,9 +110,15 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
 def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[str, Any]:
     """In one process, train from both loaders in alternating rounds of `batches` steps; samples/s of each.
 
-    The same model, optimiser and batch size (2048) for both. Alternating short rounds cancel the drift of
-    a shared machine's load, which two separate runs (or long phases) would not.
+    The step is the pipeline's on this CPU (`training.model.speed`: its dropout, Adam, precision, threads,
+    OpenMP waits and malloc policy), batch 2048. Alternating short rounds cancel the drift of a shared
+    machine's load, which two separate runs (or long phases) would not.
     """
+    from training.model.malloc import keep_freed_memory, step_tensor_bytes
+    from training.model.speed import SpeedSettings, set_omp_wait_policy
+
+    set_omp_wait_policy()  # as `python -m training` does, before torch loads
+    malloc = keep_freed_memory(step_tensor_bytes(2048, (128, 256, 128)))
     import torch
     import torch.nn.functional as F
 
@@ -120,8 +126,10 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
     from training.data.cache import ensure_cache
     from training.data.prepare import load_in_memory, prepare_streaming
     from training.data.stream_batches import StreamedBatches
-    from training.model.net import CTRNet, ModelConfig
+    from training.model.lightning_module import CTRModule
+    from training.model.net import ModelConfig
 
+    speed = SpeedSettings.choose("cpu", malloc=malloc)
     pq_data, spec, encoded = prepare_streaming([ensure_cache(data)[0]], 0.1, 128, rows, print)
     memory = load_in_memory(pq_data, spec, encoded)
     sources: dict[str, ShuffledBatches | StreamedBatches] = {
@@ -129,8 +137,11 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
         "stream": StreamedBatches(pq_data, spec, "train", 2048, seed=1, encoded=encoded["train"]),
     }  # fmt: skip
     iters = {name: iter(source) for name, source in sources.items()}
-    net = CTRNet(ModelConfig())
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    module = CTRModule(
+        ModelConfig().to_dict(), 2e-3, adam_impl=speed.adam_impl, fast_dropout=speed.fast_dropout
+    )
+    net, opt = module.net.train(), module.configure_optimizers()
+    bf16 = speed.precision.startswith("bf16")
     seconds = dict.fromkeys(sources, 0.0)
     samples = dict.fromkeys(sources, 0)
     for _ in range(rounds):
@@ -142,15 +153,17 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
                     iters[name] = iter(sources[name])
                     batch = next(iters[name])
                 x, y, _ = batch
-                loss = F.binary_cross_entropy_with_logits(net(x), y.reshape(-1, 1))
-                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    logits = net(x)
+                loss = F.binary_cross_entropy_with_logits(logits.float(), y.reshape(-1, 1))
+                opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 samples[name] += x.shape[0]
             seconds[name] += time.perf_counter() - t0
     sps = {name: samples[name] / seconds[name] for name in sources}
     return {"samples_per_sec": sps, "stream_over_memory": sps["stream"] / sps["memory"], "rounds": rounds,
-            "batches_per_round": batches}  # fmt: skip
+            "batches_per_round": batches, "settings": speed.line()}  # fmt: skip
 
 
 def primitives(data: Path) -> dict[str, float]:

@@ -55,6 +55,9 @@ def encode(spec: FeatureSpec, table: pa.Table, index: np.ndarray) -> np.ndarray:
     return rec
 
 
+_ONE: torch.Tensor | None = None
+
+
 def expand(rec: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Records -> (x float32 [N, width], y float32 [N, 1], index int64 [N])."""
     import torch
@@ -62,18 +65,22 @@ def expand(rec: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor, tor
     n = rec.shape[0]
     x = torch.empty(n, width)
     expand_into(rec, x)
-    y = torch.from_numpy(np.ascontiguousarray(rec["y"])).reshape(-1, 1)
-    return x, y, torch.from_numpy(np.ascontiguousarray(rec["index"]))
+    # Record fields are strided views (272-byte rows), which torch reads as they are: no numpy copy first.
+    y = torch.from_numpy(rec["y"]).reshape(-1, 1).clone()
+    return x, y, torch.from_numpy(rec["index"]).clone()
 
 
 def expand_into(rec: np.ndarray, x: torch.Tensor) -> None:
     """Write the feature vectors of `rec` into `x` (float32 [N, width], e.g. rows of a preallocated buffer)."""
     import torch
 
-    x.zero_()
-    x[:, :HASH_START] = torch.from_numpy(np.ascontiguousarray(rec["dense"]))
-    cols = torch.from_numpy(rec["cols"].astype(np.int64))
-    x.scatter_add_(1, cols, torch.ones(len(rec), N_CAT))  # each categorical field adds 1.0 to its column
+    global _ONE
+    if _ONE is None:
+        _ONE = torch.ones(())  # scatter_add_'s source, broadcast: no [N, 26] tensor of ones per call
+    x[:, :HASH_START] = torch.from_numpy(rec["dense"])
+    x[:, HASH_START:].zero_()
+    cols = torch.from_numpy(rec["cols"]).long()  # torch's conversion runs on its threads, numpy's on one
+    x.scatter_add_(1, cols, _ONE.expand(len(rec), N_CAT))  # each categorical field adds 1.0 to its column
 
 
 def write_split(data: ParquetData, spec: FeatureSpec, split: Split, path: Path) -> None:
@@ -96,6 +103,37 @@ def read_records(path: Path, start: int, count: int) -> np.ndarray:
     if rec.shape[0] != count:
         raise DataError(f"{path} holds fewer records than expected (truncated?); delete it to rebuild")
     return rec
+
+
+class RecordFile:
+    """An encoded split open for reading slices into caller-owned memory, with kernel readahead on request."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = path.open("rb", buffering=0)
+
+    def will_need(self, start: int, count: int) -> None:
+        """Ask the kernel to read records [start, start + count) ahead (POSIX_FADV_WILLNEED; a no-op elsewhere)."""
+        advise = getattr(os, "posix_fadvise", None)
+        if advise is not None:
+            advise(
+                self.file.fileno(), start * RECORD.itemsize, count * RECORD.itemsize, os.POSIX_FADV_WILLNEED
+            )
+
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """Fill `out` (uint8, a whole number of records) with the records from `start` on: one copy, no fresh array."""
+        self.file.seek(start * RECORD.itemsize)
+        got = self.file.readinto(out.data)
+        if got != out.nbytes:
+            raise DataError(
+                f"{self.path} holds fewer records than expected (truncated?); delete it to rebuild"
+            )
+
+    def __enter__(self) -> RecordFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
 
 
 def iter_records(path: Path, rows: int, block: int = 1 << 16) -> Iterator[np.ndarray]:
