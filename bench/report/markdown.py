@@ -15,6 +15,7 @@ from bench.report.tables import (
     fmt_ratio,
     ratio,
     scaling_ddp_lines,
+    scaling_loader_lines,
     serving_memory_table,
     table,
 )
@@ -65,6 +66,8 @@ def section_lines(number: int, name: str, sec: dict[str, Any], plots: set[str]) 
         lines += [*serving_memory_table(sec), ""]
     if name == "training":
         lines += [*training_settings_lines(sec.get("rows") or []), *profile_lines(sec.get("profile") or {})]
+    if name == "scaling" and sec.get("loaders"):
+        lines += [*scaling_loader_lines(sec["loaders"]), ""]
     if name == "scaling" and sec.get("ddp"):
         lines += [*scaling_ddp_lines(sec["ddp"]), ""]
     if sec.get("notes"):

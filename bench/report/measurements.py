@@ -42,6 +42,10 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
                 out[f"training/{row['name']}/{f}"] = v
     for f, v in ddp_figures(results).items():
         out[f"scaling/ddp/{f}"] = v
+    loaders = (results.get("sections", {}).get("scaling") or {}).get("loaders") or {}
+    for f in ("stream_over_memory", "ab_stream_over_memory"):
+        if (v := _number(loaders.get(f))) is not None:
+            out[f"scaling/loaders/{f}"] = v
     for row in ok_rows(results, "inference"):
         for f in INFERENCE_FIELDS:
             if (v := _number(row.get(f))) is not None:

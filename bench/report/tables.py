@@ -184,6 +184,18 @@ def scaling_ddp_lines(ddp: dict[str, Any]) -> list[str]:
     ]
 
 
+def scaling_loader_lines(loaders: dict[str, Any]) -> list[str]:
+    """Streamed ÷ in-memory samples/s: whole runs in alternating pairs, and the in-process A/B."""
+    pairs = ", ".join(f"{fmt(s)} / {fmt(m)}" for s, m in loaders.get("pairs") or [])
+    lo, hi = loaders.get("spread") or [None, None]
+    return [
+        f"Streamed ÷ in-memory on {fmt(loaders.get('rows'))} rows: **{fmt(loaders.get('stream_over_memory'))}**, the "
+        f"median of {len(loaders.get('pairs') or [])} alternating pairs of whole runs (spread {fmt(lo)}–{fmt(hi)}; "
+        f"stream / memory samples/s: {pairs}); in one process, alternating rounds of the pipeline's step: "
+        f"{fmt(loaders.get('ab_stream_over_memory'))}."
+    ]
+
+
 TABLES = {
     "training": training_table,
     "inference": inference_table,

@@ -34,6 +34,10 @@ SIZES: dict[str, tuple[tuple[int, ...], int, int]] = {
     "tiny": ((4_000, 12_000), 12_000, 12_000),
 }
 RUN_TIMEOUT_S = {"full": 3600.0, "quick": 600.0, "tiny": 300.0}
+# Whole runs of each loader at the largest in-memory size, alternating: one run's samples/s moves ±25% on a shared
+# machine, so the loaders' ratio is the median over pairs (the first pair is the table's own two runs).
+LOADER_PAIRS = 3
+AB_ROUNDS = {"full": 60, "quick": 30, "tiny": 10}  # `--ab` rounds of 10 steps per loader
 
 
 def _train(data: Path, out: Path, rows: int, loader: str, devices: int, timeout_s: float) -> dict[str, Any]:
@@ -95,6 +99,7 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
             print(
                 f"[scaling] {loader} {n} rows: {rows[-1]['peak_rss_mib']} MiB, {rows[-1]['samples_per_sec']} samples/s"
             )
+    loaders = _loader_ratio(data, workdir, rows, memory_max, timeout, AB_ROUNDS[mode])
     one = next((r for r in rows if r["loader"] == "stream" and r["rows"] == ddp_rows), None)
     if one is None:
         one = _train(data, workdir / f"stream_{ddp_rows}", ddp_rows, "stream", 1, timeout)
@@ -104,7 +109,34 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
            "speedup": two["samples_per_sec"] / one["samples_per_sec"], "backend": "gloo",
            "usable_cores": len(os.sched_getaffinity(0))}  # fmt: skip
     config = {"mode": mode, "sizes": list(sizes), "memory_loader_up_to": memory_max, "epochs": 1}
-    return {"rows": rows, "ddp": ddp, "commands": [r["command"] for r in rows], "config": config}
+    commands = [r["command"] for r in rows] + [loaders["ab_command"]]
+    return {"rows": rows, "ddp": ddp, "loaders": loaders, "commands": commands, "config": config}
+
+
+def _loader_ratio(
+    data: Path, workdir: Path, rows: list[dict[str, Any]], n: int, timeout: float, ab_rounds: int
+) -> dict[str, Any]:
+    """Streamed ÷ in-memory samples/s at `n` rows: the median of `LOADER_PAIRS` alternating whole runs (Lightning,
+    `python -m training`), and the in-process `--ab` figure (alternating rounds of the same step, one process)."""
+    import statistics
+
+    def first(loader: str) -> dict[str, Any]:
+        return next(r for r in rows if r["rows"] == n and r["loader"] == loader)
+
+    pairs = [(first("stream"), first("memory"))]
+    for i in range(1, LOADER_PAIRS):
+        stream = _train(data, workdir / f"stream_{n}_pair{i}", n, "stream", 1, timeout)
+        pairs.append((stream, _train(data, workdir / f"memory_{n}_pair{i}", n, "memory", 1, timeout)))
+    ratios = [s["samples_per_sec"] / m["samples_per_sec"] for s, m in pairs]
+    out = workdir / "loader_ab.json"
+    cmd = [sys.executable, "-m", "bench.sections.scaling", "--ab", str(data), "--ab-rows", str(n),
+           "--ab-rounds", str(ab_rounds), "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=timeout)
+    ab = json.loads(out.read_text())
+    return {"rows": n, "pairs": [[s["samples_per_sec"], m["samples_per_sec"]] for s, m in pairs],
+            "stream_over_memory": statistics.median(ratios), "spread": [min(ratios), max(ratios)],
+            "ab_stream_over_memory": ab["stream_over_memory"], "ab_rounds": ab_rounds,
+            "ab_command": shlex.join(cmd)}  # fmt: skip
 
 
 def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[str, Any]:

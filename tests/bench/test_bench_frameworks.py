@@ -408,3 +408,22 @@ def test_ddp_scaling_reports_both_rates_and_their_efficiency(
         f"DDP (gloo): 1 process {r['samples_per_sec_1']:,.0f} samples/s, 2 processes "
         f"{r['samples_per_sec_2']:,.0f} samples/s, efficiency {r['efficiency']:.2f}"
     )
+
+
+def test_scaling_reports_the_loaders_ratio_as_the_median_of_its_pairs_and_compare_tracks_it() -> None:
+    results = with_new_rows(make_results())
+    results["sections"]["scaling"]["loaders"] = {
+        "rows": 90_000, "pairs": [[300_000.0, 320_000.0], [290_000.0, 300_000.0], [250_000.0, 330_000.0]],
+        "stream_over_memory": 0.9375, "spread": [0.7576, 0.9667], "ab_stream_over_memory": 0.93, "ab_rounds": 30,
+        "ab_command": "python -m bench.sections.scaling --ab train.txt --ab-rows 90000 --ab-rounds 30",
+    }  # fmt: skip
+    report = render_report(results, PLOTS)
+
+    assert (
+        "Streamed ÷ in-memory on 90,000 rows: **0.938**, the median of 3 alternating pairs of whole runs "
+        "(spread 0.758–0.967; stream / memory samples/s: 300,000 / 320,000, 290,000 / 300,000, 250,000 / 330,000); "
+        "in one process, alternating rounds of the pipeline's step: 0.93." in report
+    )
+    figures = flatten(results)
+    assert figures["scaling/loaders/stream_over_memory"] == 0.9375
+    assert figures["scaling/loaders/ab_stream_over_memory"] == 0.93
