@@ -2,10 +2,11 @@
 
     python -m bench.raw_stages VERSION_DIR [--rows CRITEO.csv] [--batches 1 100 256] [--repeat 5]
 
-Each stage is the server's own function on a real body: parse (`parse_body`), decode + validate
-(`to_request` + `check_request`), transform + model (what a servable runs), decode + transform + model (a
-fresh batch: the decoder's keys feed the transform), drift (`DriftMonitor.observe` of FLUSH_ROWS rows, then
-one `flush`), encode (`encode_predictions`). Prints µs per row, the min of `--repeat` timeit repeats. Rows: the
+Each stage is the server's own function on a real body: body -> request (`decode_body` + `check_request`, what
+the server runs), and the old path's two steps apart (orjson `parse_body`; `to_request` + `check_request`),
+transform + model (what a servable runs), body -> scores (decode, transform and model of a fresh batch: the
+decoder's keys feed the transform), drift (`DriftMonitor.observe` of FLUSH_ROWS rows, then one `flush`),
+encode (`encode_predictions`). Prints µs per row, the min of `--repeat` timeit repeats. Rows: the
 curl example's Criteo row with I1 varied (26 strings repeated, which flatters dict lookups), or the rows of a
 Criteo CSV (`label,I1..I13,C1..C26`, empty cell = absent field) sent as clients send them.
 """
@@ -24,6 +25,7 @@ import numpy as np
 import orjson
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from serving.api.rest_body import decode_body
 from serving.api.validation import Limits, check_request
 from serving.backends import load_backend
 from serving.batches import RawBatch
@@ -69,8 +71,11 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
     def decode() -> None:
         check_request(to_request(parsed, sig), sig, limits)
 
+    def body_to_request() -> None:  # what the server runs on a body: the raw fast path, or parse + decode
+        check_request(decode_body(body, sig, limits.max_instances)[1], sig, limits)
+
     def decode_fresh() -> None:  # a new batch: the keys cached on RawBatch are computed again
-        raw_model(to_request(parsed, sig).batch)
+        raw_model(decode_body(body, sig, limits.max_instances)[1].batch)
 
     per_flush = -(-FLUSH_ROWS // n)  # requests the server observes between two flushes
 
@@ -83,12 +88,16 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
         check_request(to_request(vparsed, sig), sig, limits)
 
     return {
-        "parse": per_row_us(lambda: parse_body(body), n, repeat),
-        "decode+validate": per_row_us(decode, n, repeat),
+        "body -> request (the server's)": per_row_us(body_to_request, n, repeat),
+        "orjson parse": per_row_us(lambda: parse_body(body), n, repeat),
+        "decode+validate after orjson": per_row_us(decode, n, repeat),
         "transform+model": per_row_us(lambda: raw_model(batch), n, repeat),
-        "decode+transform+model": per_row_us(decode_fresh, n, repeat),
+        "body -> scores": per_row_us(decode_fresh, n, repeat),
         "drift": per_row_us(observe, n * per_flush, repeat),
         "encode": per_row_us(lambda: encode_predictions(scores, False), n, repeat),
+        "vec body -> request": per_row_us(
+            lambda: check_request(decode_body(vbody, sig, limits.max_instances)[1], sig, limits), n, repeat
+        ),
         "vec parse": per_row_us(lambda: parse_body(vbody), n, repeat),
         "vec decode+validate": per_row_us(vdecode, n, repeat),
         "vec model": per_row_us(lambda: backend.predict(vrequest.batch), n, repeat),
