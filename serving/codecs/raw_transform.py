@@ -75,6 +75,10 @@ class RawTransform:
         # tables leave the cache to the features model that runs next.
         self._lift = np.asarray(lifts, np.float64).astype(np.float32)
         self._column = np.asarray(columns, np.int32)
+        self._counts_after_lifts = bool(self._column.min() >= HASH_START)  # the layout's, checked
+        self._row_starts = (np.arange(DICT_ROWS) * self.width)[
+            None, :
+        ]  # (1, DICT_ROWS): row r's first column
 
     def probe(self) -> RawBatch:
         """Two rows for a load check when warm-up has none: all missing, and each field's first table value."""
@@ -104,7 +108,18 @@ class RawTransform:
     def __call__(self, batch: RawBatch) -> np.ndarray:
         """The batch's float32 (N, width) features, equal to `FeatureSpec.transform` of its rows."""
         n = len(batch)
-        out = np.zeros((n, self.width), np.float32)
+        entries = self.entries(batch.categorical, batch.keys if n > DICT_ROWS else None)
+        hits = self._column[entries]  # (26, N): the column each value counts in
+        if n <= DICT_ROWS and self._counts_after_lifts:
+            # Few rows: the bucket counts of every row at once, as the output's first values (~3 numpy calls
+            # instead of add.at's ~6); exact, as every hit is in a column no other part writes.
+            out = np.bincount((hits + self._row_starts[:, :n]).ravel(), minlength=n * self.width)
+            out = out.astype(np.float32).reshape(n, self.width)
+        else:
+            out = np.zeros((n, self.width), np.float32)
+            # Every (row, column) hit, counted at once (two fields may share a bucket; the counts are small
+            # integers, exact in float32). numpy >= 1.25's add.at: ~9 µs at 256 rows, bincount ~70.
+            np.add.at(out.reshape(-1), (hits + np.arange(n) * self.width).ravel(), np.float32(1))
         # No np.errstate (~1.5 µs): counts are within ±2**53 or NaN/±Inf, and none of these operations makes
         # a NaN or an overflow from them (log1p(inf) = inf, and NaN propagates without a warning).
         x = batch.numeric
@@ -115,9 +130,5 @@ class RawTransform:
         z = np.where(missing, 0.0, (v - self._mean) / self._std)
         out[:, :N_NUM] = np.minimum(np.maximum(z, -self._clip), self._clip).T  # np.clip, without its wrapper
         out[:, N_NUM : 2 * N_NUM] = missing.T
-        entries = self.entries(batch.categorical, batch.keys if n > DICT_ROWS else None)
         out[:, 2 * N_NUM : HASH_START] = self._lift[entries].T
-        # Bucket counts: every (row, column) hit, counted at once (two fields may share a bucket; the counts are
-        # small integers, exact in float32). numpy >= 1.25's add.at: ~9 µs at 256 rows, bincount ~70.
-        np.add.at(out.reshape(-1), (self._column[entries] + np.arange(n) * self.width).ravel(), np.float32(1))
         return out
