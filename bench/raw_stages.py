@@ -62,8 +62,8 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
     vbody = orjson.dumps({"instances": np.random.default_rng(0).random((n, sig.width)).round(4).tolist()})
     parsed, vparsed = parse_body(body), parse_body(vbody)
     request, vrequest = to_request(parsed, sig), to_request(vparsed, sig)
-    batch = request.batch
-    assert isinstance(batch, RawBatch)
+    batch, features = request.batch, vrequest.batch
+    assert isinstance(batch, RawBatch) and isinstance(features, np.ndarray)
     raw_model = getattr(backend, "predict_batch", None) or (lambda b: backend.predict_raw(b.inputs))
     scores = raw_model(batch)
     drift = DriftMonitor("ctr", 10_000, lambda: version_dir)
@@ -100,7 +100,7 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
         ),
         "vec parse": per_row_us(lambda: parse_body(vbody), n, repeat),
         "vec decode+validate": per_row_us(vdecode, n, repeat),
-        "vec model": per_row_us(lambda: backend.predict(vrequest.batch), n, repeat),
+        "vec model": per_row_us(lambda: backend.predict(features), n, repeat),
     }
 
 

@@ -113,8 +113,8 @@ class RawTransform:
         if n <= DICT_ROWS and self._counts_after_lifts:
             # Few rows: the bucket counts of every row at once, as the output's first values (~3 numpy calls
             # instead of add.at's ~6); exact, as every hit is in a column no other part writes.
-            out = np.bincount((hits + self._row_starts[:, :n]).ravel(), minlength=n * self.width)
-            out = out.astype(np.float32).reshape(n, self.width)
+            counts = np.bincount((hits + self._row_starts[:, :n]).ravel(), minlength=n * self.width)
+            out = counts.astype(np.float32).reshape(n, self.width)
         else:
             out = np.zeros((n, self.width), np.float32)
             # Every (row, column) hit, counted at once (two fields may share a bucket; the counts are small
