@@ -23,6 +23,7 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import RawBatch
+from serving.codecs.raw_one_row import OneRowTransform
 from serving.codecs.value_table import RawKeys, ValueTable
 
 SPEC_VERSION = 2  # feature_spec.json's version this module reads (vocabularies, training/features/spec.py)
@@ -79,6 +80,11 @@ class RawTransform:
         self._row_starts = (np.arange(DICT_ROWS) * self.width)[
             None, :
         ]  # (1, DICT_ROWS): row r's first column
+        self._one_row = (
+            OneRowTransform(self._lookups, self._lift, self._column, self.width, self._transform)
+            if self._counts_after_lifts
+            else None
+        )
 
     def probe(self) -> RawBatch:
         """Two rows for a load check when warm-up has none: all missing, and each field's first table value."""
@@ -107,6 +113,12 @@ class RawTransform:
 
     def __call__(self, batch: RawBatch) -> np.ndarray:
         """The batch's float32 (N, width) features, equal to `FeatureSpec.transform` of its rows."""
+        if len(batch) == 1 and self._one_row is not None:
+            return self._one_row(batch)
+        return self._transform(batch)
+
+    def _transform(self, batch: RawBatch) -> np.ndarray:
+        """The numpy transform of any batch."""
         n = len(batch)
         entries = self.entries(batch.categorical, batch.keys if n > DICT_ROWS else None)
         hits = self._column[entries]  # (26, N): the column each value counts in
