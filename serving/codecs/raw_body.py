@@ -60,9 +60,13 @@ def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
     n = len(rows)
     if not n:
         return None  # no rows: which message (raw or features) depends on the exact path's rules
-    columns = list(zip(*map(msgspec.structs.astuple, rows), strict=True))  # 39 tuples of N values
-    numeric = _counts(columns[:_N_NUM], n)
-    strings = list(chain.from_iterable(columns[_N_NUM:]))  # field-major, as the batch holds them
+    if n == 1:  # one row is already field-major: no transpose
+        row = msgspec.structs.astuple(rows[0])
+        numeric, strings = _few_counts(list(row[:_N_NUM]), 1), list(row[_N_NUM:])
+    else:
+        columns = list(zip(*map(msgspec.structs.astuple, rows), strict=True))  # 39 tuples of N values
+        numeric = _counts(columns[:_N_NUM], n)
+        strings = list(chain.from_iterable(columns[_N_NUM:]))  # field-major, as the batch holds them
     if n <= DICT_ROWS:  # the transform looks these up by dict: no keys to make
         if None in strings:
             strings = list(map(_NULL_IS_BLANK.get, strings, strings))
@@ -82,10 +86,7 @@ def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
 def _counts(columns: list[tuple[Any, ...]], n: int) -> np.ndarray:
     """13 tuples of N counts (int, integral float, None or "") -> float64 (13, N), NaN = missing."""
     if n <= DICT_ROWS:  # one numpy call (~1 µs each)
-        flat = list(chain.from_iterable(columns))
-        if "" in flat:
-            flat = list(map(_BLANK_IS_MISSING.get, flat, flat))
-        return np.array(flat, np.float64).reshape(_N_NUM, n)  # None -> NaN
+        return _few_counts(list(chain.from_iterable(columns)), n)
     numeric = np.empty((_N_NUM, n))
     for j, values in enumerate(columns):  # by field: a "" costs a second pass over its own field only
         try:
@@ -93,6 +94,13 @@ def _counts(columns: list[tuple[Any, ...]], n: int) -> np.ndarray:
         except ValueError:
             numeric[j] = list(map(_BLANK_IS_MISSING.get, values, values))
     return numeric
+
+
+def _few_counts(values: list[Any], n: int) -> np.ndarray:
+    """13 * N counts, field-major -> float64 (13, N), in one numpy call."""
+    if "" in values:
+        values = list(map(_BLANK_IS_MISSING.get, values, values))
+    return np.array(values, np.float64).reshape(_N_NUM, n)  # None -> NaN
 
 
 def _objects(strings: list[str], n: int) -> np.ndarray:
