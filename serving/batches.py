@@ -52,6 +52,13 @@ class RawBatch:
         return batch
 
     @staticmethod
+    def field_major(numeric: np.ndarray, categorical: np.ndarray, keys: RawKeys | None) -> RawBatch:
+        """(13, N) and (26, N) arrays and their keys as the decoder found them (None: look up by dict)."""
+        batch = RawBatch(numeric, categorical)
+        batch.__dict__["keys"] = keys  # what the `keys` property would compute
+        return batch
+
+    @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:
         """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
         every part's keys are known: they are joined too, not computed again)."""

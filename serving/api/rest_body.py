@@ -21,7 +21,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from serving.batches import DecodedRequest
-from serving.codecs.rest_codec import parse_body, to_request
+from serving.codecs.rest_codec import decode_predict
 from serving.errors import InvalidArgument, Unavailable
 from serving.memory import release_freed_memory
 from serving.signatures import Signature
@@ -69,8 +69,7 @@ def decode_body(body: bytes | bytearray, sig: Signature, max_instances: int) -> 
 def _decode(body: bytes | bytearray, sig: Signature, max_instances: int) -> tuple[bool, DecodedRequest]:
     if len(body) > BOUNDS_MIN_BYTES:
         check_body_bounds(body, sig.width, max_instances)
-    request = parse_body(body)
-    return request.columnar, to_request(request, sig)
+    return decode_predict(body, sig)
 
 
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)

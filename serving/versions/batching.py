@@ -41,7 +41,8 @@ class DynamicBatcher:
     """Queue of pending requests for one signature of one model version, drained by one batching task.
 
     `run` maps one batch of the signature to its scores; `concat` joins the batches of several requests
-    (np.concatenate for features, RawBatch.concat for raw rows).
+    (np.concatenate for features, RawBatch.concat for raw rows); `prepare`, when given, turns the joined
+    batch into `run`'s input on the event loop (the raw rows' FeatureSpec transform).
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class DynamicBatcher:
         run: Callable[[Any], np.ndarray],
         *,
         concat: Callable[[list[Any]], Any] = np.concatenate,
+        prepare: Callable[[Any], Any] | None = None,
         max_batch_size: int,
         batch_timeout_s: float,
         max_enqueued_batches: int,
@@ -59,6 +61,7 @@ class DynamicBatcher:
         runtime: str,
     ) -> None:
         self._run, self._concat, self._executor, self._metrics = run, concat, executor, metrics
+        self._prepare = prepare  # run on the loop before `run` (servable.SignatureCall.prepare)
         self._model, self._runtime = model_name, runtime
         self.max_batch_size, self._batch_timeout_s, self._timeout_s = (
             max_batch_size,
@@ -158,6 +161,8 @@ class DynamicBatcher:
         self._metrics.batch_size.observe(len(features), self._model)
         started = time.perf_counter()
         try:
+            if self._prepare is not None:
+                features = self._prepare(features)
             if len(features) <= INLINE_MAX_ROWS:
                 # ~20 µs on the loop is cheaper than a thread hop; requests keep queueing meanwhile anyway.
                 scores = self._run(features)

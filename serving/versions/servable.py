@@ -38,17 +38,22 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class SignatureCall:
-    """How one signature runs on a backend: the model call, and how batches of it are joined."""
+    """How one signature runs on a backend: the model call, how batches of it are joined, and the Python
+    work done before the model call on the event loop (None: none)."""
 
     predict: Callable[[Any], np.ndarray]
     concat: Callable[[list[Any]], Any]
+    prepare: Callable[[Any], Any] | None = None
 
 
 def signature_calls(backend: Backend) -> dict[str, SignatureCall]:
     """The signatures `backend` serves, by signature key."""
     calls = {DEFAULT_SIGNATURE: SignatureCall(backend.predict, np.concatenate)}
     if isinstance(backend, SpecBackend):  # the FeatureSpec + the features model: no 39-input conversion
-        calls[RAW_SIGNATURE] = SignatureCall(backend.predict_batch, RawBatch.concat)
+        # The transform holds the GIL (numpy on small arrays): on the inference thread it would only take
+        # turns with the loop, each hand-over waiting on the other's Python code (up to the 5 ms switch
+        # interval), so it runs on the loop and the thread gets only the model call, which releases the GIL.
+        calls[RAW_SIGNATURE] = SignatureCall(backend.predict, RawBatch.concat, backend.transform)
     elif backend.signature.has_raw:
         calls[RAW_SIGNATURE] = SignatureCall(lambda b: backend.predict_raw(b.inputs), RawBatch.concat)
     return calls
@@ -64,13 +69,17 @@ class DirectRunner:
         metrics: ServingMetrics,
         model_name: str,
         runtime: str,
+        prepare: Callable[[Any], Any] | None = None,
     ) -> None:
+        """`prepare`: run on the loop before `predict` (SignatureCall.prepare)."""
         self._predict, self._executor, self._metrics = predict, executor, metrics
-        self._model, self._runtime = model_name, runtime
+        self._model, self._runtime, self._prepare = model_name, runtime, prepare
 
     async def run(self, batch: Any) -> np.ndarray:
         """One batch -> its scores, timed as the runtime's latency."""
         started = time.perf_counter()
+        if self._prepare is not None:
+            batch = self._prepare(batch)
         if len(batch) <= INLINE_MAX_ROWS:
             scores = self._predict(batch)
         else:
@@ -105,11 +114,14 @@ def build_runners(
     runners: dict[str, Runner] = {}
     for key, call in signature_calls(backend).items():
         if batching is None:
-            runners[key] = DirectRunner(call.predict, executor, metrics, model_name, backend.runtime)
+            runners[key] = DirectRunner(
+                call.predict, executor, metrics, model_name, backend.runtime, call.prepare
+            )
         else:
             runners[key] = DynamicBatcher(
                 call.predict,
                 concat=call.concat,
+                prepare=call.prepare,
                 max_batch_size=batching.max_batch_size,
                 batch_timeout_s=batching.batch_timeout_s,
                 max_enqueued_batches=batching.max_enqueued_batches,

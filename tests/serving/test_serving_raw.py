@@ -6,6 +6,7 @@ and every kind of bad raw input is a 400 (INVALID_ARGUMENT) naming the field and
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
 from export.raw_onnx import build_raw_model
 from export.raw_tf import save_saved_model_with_raw
+from serving.api.rest_body import INLINE_MAX_BYTES
 from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
 from tests.serving.server_process import ServerProcess, http
 from training.features.spec import FeatureSpec
@@ -336,3 +338,20 @@ def test_concurrent_raw_requests_through_the_batcher_each_get_their_own_rows(
         np.testing.assert_allclose(
             answer["predictions"], features_path(onnx_server, spec, body["instances"]), atol=1e-6, rtol=0
         )
+
+
+def test_typed_fast_path_rows_alone_again_and_in_a_body_for_the_child_match_the_features_path(
+    onnx_server: ServerProcess, raw_repo
+) -> None:
+    _, spec, seen = raw_repo
+    rows = [raw_rows(seen)[i] for i in (0, 2, 3, 4, 5, 6)]  # no numeric strings, no ±2**53: msgspec's forms
+    want = features_path(onnx_server, spec, rows)
+    for _ in range(2):  # a single row: numpy's z-scores first, the one-row cache's the second time
+        for row, expected in zip(rows, want, strict=True):
+            status, answer = predict(onnx_server, {"instances": [row]})
+            assert status == 200 and answer["predictions"] == [expected.tolist()], answer
+    many = json.dumps({"instances": rows * 170}, indent=4).encode()  # 1,020 rows spaced out over 256 KiB
+    assert len(many) > INLINE_MAX_BYTES  # decoded in the child process
+    status, answer = predict(onnx_server, raw=many)
+    assert status == 200, answer
+    np.testing.assert_array_equal(answer["predictions"], np.tile(want, (170, 1)))

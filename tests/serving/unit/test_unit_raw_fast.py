@@ -15,6 +15,7 @@ from export.raw_parity import build_raw_rows
 from serving.batches import RawBatch
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
+from serving.codecs.raw_one_row import CACHED_COUNTS
 from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.raw_transform import fnv1a_32 as serving_fnv1a_32
 from serving.errors import InvalidArgument
@@ -173,3 +174,25 @@ def test_a_lone_surrogate_goes_to_the_per_value_path_which_judges_strings() -> N
     rows[4] = {"C2": "\ud800"}  # not UTF-8 encodable: valid JSON, but no string a Criteo file holds
     assert fast_instances(rows) is None
     assert fast_columns({"C2": [r.get("C2") for r in rows]}, 12) is None
+
+
+def test_one_row_transform_equals_feature_spec_transform_before_and_after_its_cache_fills(
+    spec: FeatureSpec,
+) -> None:
+    (numeric, categorical), _ = build_raw_rows(spec, MIN_ROWS, None)
+    expected = spec.transform(numeric, categorical)
+    transform = RawTransform(spec.to_dict())
+    one_row = transform._one_row
+    assert one_row is not None  # the layout puts every bucket column after the lifts
+    numpy_rows = []
+    full = one_row._full
+    one_row._full = lambda batch: numpy_rows.append(1) or full(batch)  # count the rows numpy transforms
+    for attempt in ("first: counts from numpy", "second: from the cache where it had room"):
+        numpy_rows.clear()
+        for i in range(len(numeric)):
+            row = RawBatch.from_rows(numeric[i : i + 1], categorical[i : i + 1])
+            assert transform(row).tobytes() == expected[i : i + 1].tobytes(), (attempt, i)
+        assert 0 < len(numpy_rows) < len(numeric), attempt  # both paths ran
+    cached = one_row._z
+    assert 0 < sum(map(len, cached)) <= CACHED_COUNTS * len(NUMERIC_FIELDS)
+    assert not any(math.isinf(v) or math.isnan(v) for c in cached for v in c)  # only present counts

@@ -1,0 +1,84 @@
+"""Raw Criteo rows vs 128-float vectors through our server, batching off and on, optionally against another
+checkout of the project (the code before a change), all interleaved in the same rounds.
+
+    python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT] [--rounds 3] [--seconds 3]
+
+Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
+connections (rows/s, p99): the points of issue 19's goals. One worker, `--intra_op_threads=1`; wrk bodies from
+`write_lua` and `write_raw_lua` (the serving section's). Each point is the median of `--rounds` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.harness import procs
+from bench.harness.inputs import PROJECT_ROOT
+from bench.harness.servers import Server, base_path_of, free_port, measure, write_lua
+from bench.sections.serving_load import RANKING_INSTANCES, write_raw_lua
+
+
+def our_server(name: str, checkout: Path, base: Path, batching: bool) -> Server:
+    """Our server from `checkout` (its code on PYTHONPATH), one worker, one intra-op thread."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}",
+           "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1", "--log_level=warning",
+           f"--enable_batching={str(batching).lower()}"]  # fmt: skip
+    return Server(name, cmd, port, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)})
+
+
+def report(rows: dict[tuple[str, int, str], dict[str, Any]], names: list[str]) -> str:
+    """Markdown tables: single-row raw / vector QPS per server and connections, then ranking rows/s."""
+    lines = ["| server | connections | raw QPS | vector QPS | raw / vector | raw p99 ms | vector p99 ms |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        for c in (8, 64):
+            raw, vec = rows[(name, c, "raw1.lua")], rows[(name, c, "vec1.lua")]
+            lines.append(f"| {name} | {c} | {raw['qps']:,.0f} | {vec['qps']:,.0f} | {raw['qps'] / vec['qps']:.2f} "
+                         f"| {raw['p99_ms']:.2f} | {vec['p99_ms']:.2f} |")  # fmt: skip
+    lines += ["", f"| server | raw rows/s ({RANKING_INSTANCES}/request, 8 connections) | raw p99 ms | vector rows/s "
+              "| vector p99 ms |", "|---|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        raw, vec = rows[(name, 8, "raw100.lua")], rows[(name, 8, "vec100.lua")]
+        lines.append(f"| {name} | {raw['qps'] * RANKING_INSTANCES:,.0f} | {raw['p99_ms']:.1f} "
+                     f"| {vec['qps'] * RANKING_INSTANCES:,.0f} | {vec['p99_ms']:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_base_path", type=Path, help="e.g. artifacts/models/ctr")
+    parser.add_argument("--before", type=Path, help="another checkout of the project, served alongside")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=3)
+    args = parser.parse_args()
+    base = base_path_of(args.model_base_path.resolve())
+    checkouts = {"": PROJECT_ROOT} | ({"before, ": args.before.resolve()} if args.before else {})
+    servers = [our_server(f"{tag}batching {'on' if on else 'off'}", path, base, on)
+               for tag, path in checkouts.items() for on in (False, True)]  # fmt: skip
+    procs.install_cleanup()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        vec1, vec100 = write_lua(work / "vec1.lua", 1), write_lua(work / "vec100.lua", RANKING_INSTANCES)
+        raw1, raw100 = (
+            write_raw_lua(work / "raw1.lua", 1),
+            write_raw_lua(work / "raw100.lua", RANKING_INSTANCES),
+        )
+        plan = [(8, vec1), (8, raw1), (64, vec1), (64, raw1), (8, vec100), (8, raw100)]
+        commands: list[str] = []
+        try:
+            for server in servers:
+                server.start(work, commands)
+            rows = measure(servers, plan, args.rounds, args.seconds, commands)
+        finally:
+            procs.stop_all()
+    print(report(rows, [s.name for s in servers]))
+
+
+if __name__ == "__main__":
+    main()

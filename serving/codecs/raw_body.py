@@ -1,0 +1,108 @@
+"""The fast path of raw REST bodies: JSON bytes -> typed rows (msgspec) -> a field-major RawBatch.
+
+`{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}` is decoded by msgspec
+straight into one small struct per row (no dict per row, no key lookups in Python), checked as it is read:
+a count is a JSON integer or an integral float strictly within ±2**53, "" or null; a categorical is a string
+or null; no other field, no other key in the envelope. The rows are then turned into columns with C-level
+calls (`astuple`, `zip`, one numpy conversion per kind) and the join that gives the categorical keys
+(serving/codecs/value_table.py). Any body this does not take (a numeric string, a boolean, an unknown
+field, columnar `inputs`, malformed JSON, no rows...) returns None and goes the way it always went
+(serving/codecs/rest_codec.py: orjson, then serving/codecs/raw_codec.py), which serves or names the
+instance and field with the same message as before. So this module never raises for a client's mistake.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Annotated, Any, Literal
+
+import msgspec
+import numpy as np
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from serving.batches import RawBatch
+from serving.codecs.raw_transform import DICT_ROWS
+from serving.codecs.value_table import RawKeys, join
+from serving.signatures import RAW_SIGNATURE
+
+_LIMIT = 2**53  # counts within ±2**53 exclusive: the bounds themselves go to the exact path, which names them
+Count = (
+    Annotated[int, msgspec.Meta(gt=-_LIMIT, lt=_LIMIT)]
+    | Annotated[float, msgspec.Meta(gt=-_LIMIT, lt=_LIMIT, multiple_of=1)]  # integral floats (3.0, 1e3)
+    | Annotated[str, msgspec.Meta(max_length=0)]  # "", a missing count
+    | None
+)
+# An absent count is None (NaN) and an absent categorical "" (the missing value): nothing to replace after.
+RawRow = msgspec.defstruct(
+    "RawRow",
+    [(f, Count, None) for f in NUMERIC_FIELDS] + [(f, str | None, "") for f in CATEGORICAL_FIELDS],
+    forbid_unknown_fields=True,
+    gc=False,  # rows hold no containers: no cycle tracking for thousands of small objects
+)
+RawInstances = msgspec.defstruct(
+    "RawInstances",
+    [("instances", list[RawRow]), ("signature_name", Literal[RAW_SIGNATURE], RAW_SIGNATURE)],  # type: ignore[valid-type]
+    forbid_unknown_fields=True,
+    gc=False,
+)
+_DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(RawInstances)
+_N_NUM = len(NUMERIC_FIELDS)
+_BLANK_IS_MISSING = {"": None}  # dict.get(v, v): "" -> None (NaN), any other value itself
+_NULL_IS_BLANK = {None: ""}
+
+
+def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
+    """A raw REST body in row format -> a RawBatch (with its keys), or None: the exact path's to decode."""
+    try:
+        rows = _DECODER.decode(body).instances
+    except msgspec.DecodeError:  # malformed JSON, or a value the types above do not take (ValidationError)
+        return None
+    n = len(rows)
+    if not n:
+        return None  # no rows: which message (raw or features) depends on the exact path's rules
+    if n == 1:  # one row is already field-major: no transpose
+        row = msgspec.structs.astuple(rows[0])
+        numeric, strings = _few_counts(list(row[:_N_NUM]), 1), list(row[_N_NUM:])
+    else:
+        columns = list(zip(*map(msgspec.structs.astuple, rows), strict=True))  # 39 tuples of N values
+        numeric = _counts(columns[:_N_NUM], n)
+        strings = list(chain.from_iterable(columns[_N_NUM:]))  # field-major, as the batch holds them
+    if n <= DICT_ROWS:  # the transform looks these up by dict: no keys to make
+        if None in strings:
+            strings = list(map(_NULL_IS_BLANK.get, strings, strings))
+        return RawBatch(numeric, _objects(strings, n))
+    try:
+        text = join(strings)
+    except TypeError:  # a null categorical
+        strings = list(map(_NULL_IS_BLANK.get, strings, strings))
+        text = join(strings)
+    try:
+        keys = RawKeys.of_joined(text, len(strings), (len(CATEGORICAL_FIELDS), n))
+    except UnicodeEncodeError:
+        return None  # a lone surrogate (msgspec refuses them first): the exact path names it
+    return RawBatch.field_major(numeric, _objects(strings, n), keys)
+
+
+def _counts(columns: list[tuple[Any, ...]], n: int) -> np.ndarray:
+    """13 tuples of N counts (int, integral float, None or "") -> float64 (13, N), NaN = missing."""
+    if n <= DICT_ROWS:  # one numpy call (~1 µs each)
+        return _few_counts(list(chain.from_iterable(columns)), n)
+    numeric = np.empty((_N_NUM, n))
+    for j, values in enumerate(columns):  # by field: a "" costs a second pass over its own field only
+        try:
+            numeric[j] = values  # None -> NaN
+        except ValueError:
+            numeric[j] = list(map(_BLANK_IS_MISSING.get, values, values))
+    return numeric
+
+
+def _few_counts(values: list[Any], n: int) -> np.ndarray:
+    """13 * N counts, field-major -> float64 (13, N), in one numpy call."""
+    if "" in values:
+        values = list(map(_BLANK_IS_MISSING.get, values, values))
+    return np.array(values, np.float64).reshape(_N_NUM, n)  # None -> NaN
+
+
+def _objects(strings: list[str], n: int) -> np.ndarray:
+    """Field-major strings -> object (26, N)."""
+    return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), n)
