@@ -20,8 +20,8 @@ from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.errors import InvalidArgument
 from serving.signatures import RAW_SIGNATURE, Signature
+from tests.serving.unit.test_unit_raw_fast import fit_spec
 from training.features.spec import FeatureSpec
-from training.synth import sample_rows
 
 SIG = Signature("features", "ctr", 128, 1, has_raw=True)
 BATCH_SIZES = (1, 3, DICT_ROWS, DICT_ROWS + 1, 100, 200)
@@ -29,12 +29,7 @@ BATCH_SIZES = (1, 3, DICT_ROWS, DICT_ROWS + 1, 100, 200)
 
 @pytest.fixture(scope="module")
 def spec() -> FeatureSpec:
-    rng = np.random.default_rng(5)
-    numeric, ranks = sample_rows(rng, 3_000)
-    categorical = np.char.mod("%08x", ranks % 40).astype(object)
-    categorical[ranks < 0] = ""
-    labels = (rng.random(3_000) < 0.25 + 0.3 * (ranks[:, 8] == 0)).astype(np.float32)
-    return FeatureSpec.fit(numeric, categorical, labels, min_count=20)
+    return fit_spec()
 
 
 def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, Any]]:
