@@ -98,6 +98,9 @@ def test_ctrl_c_stops_every_child_and_still_writes_the_report(tmp_path: Path) ->
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        # Ctrl-C's default action even when this suite runs as a background job (`cmd &` without job
+        # control starts it with SIGINT ignored, and Python keeps an inherited SIG_IGN).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Wait for a grandchild (the section's own worker process, in its own session) besides the section
     # runner: the interrupt must reach processes two levels down.
