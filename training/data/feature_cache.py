@@ -105,37 +105,6 @@ def read_records(path: Path, start: int, count: int) -> np.ndarray:
     return rec
 
 
-class RecordFile:
-    """An encoded split open for reading slices into caller-owned memory, with kernel readahead on request."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.file = path.open("rb", buffering=0)
-
-    def will_need(self, start: int, count: int) -> None:
-        """Ask the kernel to read records [start, start + count) ahead (POSIX_FADV_WILLNEED; a no-op elsewhere)."""
-        advise = getattr(os, "posix_fadvise", None)
-        if advise is not None:
-            advise(
-                self.file.fileno(), start * RECORD.itemsize, count * RECORD.itemsize, os.POSIX_FADV_WILLNEED
-            )
-
-    def read_into(self, start: int, out: np.ndarray) -> None:
-        """Fill `out` (uint8, a whole number of records) with the records from `start` on: one copy, no fresh array."""
-        self.file.seek(start * RECORD.itemsize)
-        got = self.file.readinto(out.data)
-        if got != out.nbytes:
-            raise DataError(
-                f"{self.path} holds fewer records than expected (truncated?); delete it to rebuild"
-            )
-
-    def __enter__(self) -> RecordFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.file.close()
-
-
 def iter_records(path: Path, rows: int, block: int = 1 << 16) -> Iterator[np.ndarray]:
     """All `rows` records of an encoded split, `block` at a time."""
     for a in range(0, rows, block):

@@ -8,13 +8,20 @@ transformed rows, hands out whole batches of randomly drawn rows until half of i
 so rows mix across row groups; while it first fills, it already hands out half of each slice's rows (so the
 first step does not wait for a whole buffer). Every rank makes ceil(ceil(N / world) / batch) batches (DDP needs equal step
 counts): across ranks each row is seen exactly once per epoch. The order depends only on (seed, epoch,
-rank), so a resumed run replays it. A background thread reads and transforms the next row groups while
-the model trains on the current ones. Memory per process: the buffer (buffer_rows + 32k encoded records of 272 bytes), one
-decoded row group and a few 32k-row slices in flight, whatever the row count.
+rank), so a resumed run replays it.
+
+Encoded splits (the usual case) are mapped: the buffer holds row ids, the kernel reads slices ahead, and a
+batch gathers and expands its records as it is drawn; a slice's pages leave the process once its last row
+is drawn. Data that could not be encoded once is read and transformed by a background thread instead.
+Memory per process: the buffer (buffer_rows + 32k ids, or feature rows on the transforming path), the
+mapped pages of the slices that still have rows in it (~32 slices of 8.9 MB at the default sizes), one
+batch expanded at a time, whatever the row count.
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import queue
 import threading
 from collections.abc import Generator, Iterator
@@ -26,8 +33,9 @@ from torch.utils.data import IterableDataset
 
 from ctr_contract.schema import LABEL
 from training.data.batches import Batch, shard_bounds
-from training.data.feature_cache import RECORD, RecordFile, expand, transform_chunk
+from training.data.feature_cache import RECORD, expand, transform_chunk
 from training.data.parquet import ParquetData, Piece, Split
+from training.errors import DataError
 from training.features.spec import FeatureSpec
 
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128
@@ -35,10 +43,8 @@ _PREFETCH = 2  # transformed slices waiting in the queue (one more is being tran
 _READAHEAD = 2  # encoded slices the kernel is asked to read ahead
 _MOVE_ROWS = 1 << 12  # rows per chunk when the buffer fills its holes
 _TRANSFORM_ROWS = 1 << 15
-_FIRST_SLICE_ROWS = 1 << 12
-_WORDS = (
-    RECORD.itemsize // 8
-)  # a record is 34 int64 words  # two batches of 2048: the ramp-up hands out one while the next slices load
+_FIRST_SLICE_ROWS = 1 << 12  # two batches of 2048: the ramp-up hands out one while the next slices load
+_WORDS = RECORD.itemsize // 8  # a record is 34 int64 words
 
 
 def epoch_plan(
@@ -100,42 +106,10 @@ class StreamedBatches(IterableDataset):
                 y = torch.from_numpy(table.column(LABEL).to_numpy().astype(np.float32)).reshape(-1, 1)
                 yield x, y, torch.from_numpy(chunk.index[a : a + len(table)])
 
-    def _records(self, plan: list[tuple[Piece, int, int]], buf: _RecordBuffer) -> Iterator[int]:
-        """The encoded path: each slice read straight into `buf`'s free rows; yields the rows added.
-
-        No thread: the kernel reads `_READAHEAD` slices ahead (posix_fadvise WILLNEED) while the model trains, and
-        each slice is then one copy from the page cache into the buffer (1.2 ms per 32k rows). A reading thread
-        with its own arrays cost a second copy per slice and took cores from torch's OpenMP team at random.
-        """
-        assert self.encoded is not None
-        first = [True]
-        slices = [
-            (piece.start(self.split) + a, n) for piece, lo, hi in plan for a, n in _slices(lo, hi, first)
-        ]
-        with RecordFile(self.encoded) as records:
-            for start, n in slices[:_READAHEAD]:
-                records.will_need(start, n)
-            for i, (start, n) in enumerate(slices):
-                if i + _READAHEAD < len(slices):
-                    records.will_need(*slices[i + _READAHEAD])
-                yield buf.read(records, start, n)
-
-    def __iter__(self) -> Iterator[Batch]:
-        plan = self.plan()
-        shard = sum(hi - lo for _, lo, hi in plan)
-        sizes = torch.diff(shard_bounds(shard, len(self))).tolist()
-        g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 65_537 + self.rank)
-        largest = min(_TRANSFORM_ROWS, max((hi - lo for _, lo, hi in plan), default=0))
-        fill = min(self.buffer_rows, shard) if self.shuffle else max(sizes, default=1)
-        buf: _Buffer
-        if self.encoded is not None:
-            buf = _RecordBuffer(fill + largest, self.spec.width)
-            added = self._records(plan, buf)
-        else:
-            # The transform runs on a prefetch thread; it only makes tensors from numpy (torch ops there would
-            # start a second OpenMP team whose threads spin against the training thread's two).
-            buf = rows_buf = _RowBuffer(fill + largest, self.spec.width)
-            added = (rows_buf.add(*item) for item in _prefetched(self._chunks(plan)))
+    def _batches(
+        self, buf: _Buffer, added: Iterator[int], sizes: list[int], fill: int, g: torch.Generator
+    ) -> Generator[Batch, None, int]:
+        """Drain `buf` as slices are `added`; returns the number of batches yielded."""
         k = 0
         for rows in added:
             if buf.n >= fill:
@@ -148,7 +122,43 @@ class StreamedBatches(IterableDataset):
                 # rows held), so training starts after one slice instead of a whole buffer and the buffer still
                 # grows by half a slice per slice.
                 k = yield from buf.drain(sizes, k, buf.n - rows // 2, g)
-        k = yield from buf.drain(sizes, k, 0, g if self.shuffle else None)
+        return (yield from buf.drain(sizes, k, 0, g if self.shuffle else None))
+
+    def _slices_of(self, plan: list[tuple[Piece, int, int]]) -> list[tuple[int, int]]:
+        """(first record, rows) of each slice of the encoded split this rank reads this epoch, in order."""
+        first = [True]
+        return [(piece.start(self.split) + a, n) for piece, lo, hi in plan for a, n in _slices(lo, hi, first)]
+
+    @staticmethod
+    def _mapped(buf: _MappedBuffer) -> Iterator[int]:
+        """The encoded path: each slice's rows added to `buf`, the kernel reading `_READAHEAD` slices ahead."""
+        for i in range(min(_READAHEAD, len(buf.slices))):
+            buf.will_need(i)
+        for i in range(len(buf.slices)):
+            if i + _READAHEAD < len(buf.slices):
+                buf.will_need(i + _READAHEAD)
+            yield buf.add_next()
+
+    def __iter__(self) -> Iterator[Batch]:
+        plan = self.plan()
+        shard = sum(hi - lo for _, lo, hi in plan)
+        sizes = torch.diff(shard_bounds(shard, len(self))).tolist()
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + self.epoch) * 65_537 + self.rank)
+        largest = min(_TRANSFORM_ROWS, max((hi - lo for _, lo, hi in plan), default=0))
+        fill = min(self.buffer_rows, shard) if self.shuffle else max(sizes, default=1)
+        buf: _Buffer
+        if self.encoded is not None:
+            mapped = _MappedBuffer(fill + largest, self.spec.width, self.encoded, self._slices_of(plan))
+            buf, added = mapped, self._mapped(mapped)
+        else:
+            # The transform runs on a prefetch thread; it only makes tensors from numpy (torch ops there would
+            # start a second OpenMP team whose threads spin against the training thread's two).
+            buf = rows_buf = _RowBuffer(fill + largest, self.spec.width)
+            added = (rows_buf.add(*item) for item in _prefetched(self._chunks(plan)))
+        try:
+            k = yield from self._batches(buf, added, sizes, fill, g)
+        finally:
+            buf.close()
         if k != len(sizes) or buf.n:
             raise RuntimeError(f"streamed {k} of {len(sizes)} batches, {buf.n} rows left over; a bug")
 
@@ -195,7 +205,14 @@ class _Buffer:
             holes, movers = order[:pos], order[pos:]
             self._move(holes[holes < n_kept], movers[movers >= n_kept])  # equal counts; copies <= pos rows
         self.n -= pos
+        self.drained()
         return k
+
+    def drained(self) -> None:
+        """Called after each drain, once the buffer holds only its kept rows."""
+
+    def close(self) -> None:
+        """Called when the epoch's iteration ends (or stops early)."""
 
     def _move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         # In chunks: a 30k-row move at once allocates 8-13 MB temporaries, fresh mappings above the mmap threshold
@@ -228,31 +245,72 @@ class _RowBuffer(_Buffer):
             t.index_copy_(0, dst, t.index_select(0, src))
 
 
-class _RecordBuffer(_Buffer):
-    """Preallocated encoded records (272 bytes a row, against 524 expanded): a batch is expanded as it is drawn.
+class _MappedBuffer(_Buffer):
+    """Row ids into the encoded split, which is mapped: a batch gathers and expands its records from the page cache.
 
-    Expanding each slice into float rows on arrival, then moving 512-byte rows to fill holes, cost 1.4 ms of the
-    training thread per batch (the in-memory path: 0.2 ms); records are half the bytes to move, and expanding a
-    batch's 2048 rows stays in cache.
+    Copying each slice into a buffer of records, then moving 272-byte records to fill the holes a drain leaves,
+    cost 0.27 ms of the training thread per batch; here a slice costs no copy and a refill moves 8-byte ids. A
+    slice's pages are dropped from the process (MADV_DONTNEED) once its last row is drawn, so the mapped pages
+    are those of the slices that still have rows in the buffer (~32 at the default sizes), not the file.
     """
 
-    def __init__(self, capacity: int, width: int) -> None:
-        # Held as 8-byte words so that torch gathers and moves whole records (numpy's fancy indexing copies a
-        # structured dtype's items one at a time: 0.5 ms a batch).
-        self.words = torch.empty(capacity, _WORDS, dtype=torch.int64)
-        self.width = width
+    def __init__(self, capacity: int, width: int, path: Path, slices: list[tuple[int, int]]) -> None:
+        self.width, self.slices = width, slices
+        with path.open("rb") as f:
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: nothing is ever written
+        if len(self.map) < max((a + n for a, n in slices), default=0) * RECORD.itemsize:
+            self.map.close()
+            raise DataError(f"{path} holds fewer records than expected (truncated?); delete it to rebuild")
+        self.words: torch.Tensor | None = torch.from_numpy(
+            np.frombuffer(self.map, np.int64).reshape(-1, _WORDS)
+        )
+        self.ids = torch.empty(capacity, dtype=torch.int64)  # each held row's record number in the split
+        self.slice_of = torch.empty(capacity, dtype=torch.int64)  # ... and the slice it came from
+        self.added = 0
+        self.released = np.zeros(len(slices), bool)
 
-    def read(self, records: RecordFile, start: int, count: int) -> int:
-        """Read records [start, start + count) of the split into the next free rows; returns `count`."""
-        records.read_into(start, self.words[self.n : self.n + count].numpy().view(np.uint8))
+    def will_need(self, i: int) -> None:
+        """Ask the kernel to read slice `i` ahead."""
+        self._advise(mmap.MADV_WILLNEED, *self.slices[i])
+
+    def add_next(self) -> int:
+        """Hold the next slice's rows (no copy); returns their count."""
+        start, count = self.slices[self.added]
+        self.ids[self.n : self.n + count] = torch.arange(start, start + count)
+        self.slice_of[self.n : self.n + count] = self.added
+        self.added += 1
         self.n += count
         return count
 
     def take(self, rows: torch.Tensor) -> Batch:
-        return expand(self.words.index_select(0, rows).numpy().view(RECORD).reshape(-1), self.width)
+        assert self.words is not None, "the buffer was closed"
+        records = self.words.index_select(0, self.ids.index_select(0, rows))
+        return expand(records.numpy().view(RECORD).reshape(-1), self.width)
 
     def move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        self.words.index_copy_(0, dst, self.words.index_select(0, src))
+        for t in (self.ids, self.slice_of):
+            t.index_copy_(0, dst, t.index_select(0, src))
+
+    def drained(self) -> None:
+        live = torch.bincount(self.slice_of[: self.n], minlength=self.added).numpy()
+        for i in np.flatnonzero((live[: self.added] == 0) & ~self.released[: self.added]):
+            self._advise(mmap.MADV_DONTNEED, *self.slices[i])
+            self.released[i] = True
+
+    def close(self) -> None:
+        """Unmap the split (later if a batch still views it; batches are copies, so none should)."""
+        self.words = None
+        with contextlib.suppress(
+            BufferError
+        ):  # an array still exports the map: it is unmapped when collected
+            self.map.close()
+
+    def _advise(self, advice: int, start: int, count: int) -> None:
+        # madvise wants page-aligned offsets: only whole pages inside the slice (its edge pages stay mapped).
+        lo = -(-start * RECORD.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (start + count) * RECORD.itemsize // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            self.map.madvise(advice, lo, hi - lo)
 
 
 def _prefetched(chunks: Iterator[Batch]) -> Iterator[Batch]:
