@@ -6,7 +6,8 @@ as a fixed-size record: the first 52 columns of its feature vector (z-scores, mi
 float32 exactly as `FeatureSpec.transform` makes them), the column each categorical value adds 1.0 to
 (int16: a bucket or the out-of-vocabulary column), the label and the row's index in its split.
 `expand` rebuilds the float32 [N, width] vectors bit for bit (1.0 counts add exactly). 272 bytes a row on
-disk (52 * 4 + 26 * 2 + 4 + 8); files are read with plain reads (not mmap, which would count every page read in the process's RSS).
+disk (52 * 4 + 26 * 2 + 4 + 8). The training stream maps a split (training/data/stream_batches.py); the
+other readers use plain reads.
 """
 
 from __future__ import annotations
