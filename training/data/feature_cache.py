@@ -56,32 +56,20 @@ def encode(spec: FeatureSpec, table: pa.Table, index: np.ndarray) -> np.ndarray:
     return rec
 
 
-_ONE: torch.Tensor | None = None
-
-
 def expand(rec: np.ndarray, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Records -> (x float32 [N, width], y float32 [N, 1], index int64 [N])."""
     import torch
 
     n = rec.shape[0]
     x = torch.empty(n, width)
-    expand_into(rec, x)
     # Record fields are strided views (272-byte rows), which torch reads as they are: no numpy copy first.
-    y = torch.from_numpy(rec["y"]).reshape(-1, 1).clone()
-    return x, y, torch.from_numpy(rec["index"]).clone()
-
-
-def expand_into(rec: np.ndarray, x: torch.Tensor) -> None:
-    """Write the feature vectors of `rec` into `x` (float32 [N, width], e.g. rows of a preallocated buffer)."""
-    import torch
-
-    global _ONE
-    if _ONE is None:
-        _ONE = torch.ones(())  # scatter_add_'s source, broadcast: no [N, 26] tensor of ones per call
     x[:, :HASH_START] = torch.from_numpy(rec["dense"])
     x[:, HASH_START:].zero_()
     cols = torch.from_numpy(rec["cols"]).long()  # torch's conversion runs on its threads, numpy's on one
-    x.scatter_add_(1, cols, _ONE.expand(len(rec), N_CAT))  # each categorical field adds 1.0 to its column
+    # Each categorical field adds 1.0 to its column; the source is one broadcast 1.0, not an [N, 26] tensor.
+    x.scatter_add_(1, cols, torch.ones(()).expand(n, N_CAT))
+    y = torch.from_numpy(rec["y"]).reshape(-1, 1).clone()
+    return x, y, torch.from_numpy(rec["index"]).clone()
 
 
 def write_split(data: ParquetData, spec: FeatureSpec, split: Split, path: Path) -> None:

@@ -6,14 +6,15 @@ the heap's top is trimmed above 128 KiB, so a step's activations, masks and grad
 a 2-core VM (docs/training.md, "Memory allocator"). JAX and TensorFlow keep their own buffer pools; torch's CPU
 allocator is malloc. So the mmap threshold is fixed just above the step's largest tensor (at least 4 MiB, at
 most glibc's 32 MiB) and the heap is trimmed only above 512 MiB free: a step's tensors come from pages the heap
-keeps, while blocks above the threshold (the stream's 8-16 MB slices and record reads) are still their own
-mappings and go back when freed, which keeps a streamed epoch's RSS flat (docs/training-data.md).
+keeps, while larger blocks (a validation batch's activations, the transforming stream's 16 MB slices) are still
+their own mappings and go back when freed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (glibc's malloc.h)
 MIN_MMAP_THRESHOLD, MAX_MMAP_THRESHOLD = 4 << 20, 32 << 20  # 32 MiB: glibc's maximum on 64-bit
@@ -46,7 +47,7 @@ def keep_freed_memory(step_tensor_bytes: int) -> str:
     preload = os.environ.get("LD_PRELOAD", "")
     if any(name in preload for name in OTHER_ALLOCATORS):
         return f"the preloaded allocator's ({preload})"
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc and musl have it; macOS does not
+    mallopt = _mallopt()
     if mallopt is None:
         return "the platform's defaults (no mallopt)"
     threshold = mmap_threshold(step_tensor_bytes)
@@ -58,7 +59,7 @@ def keep_freed_memory(step_tensor_bytes: int) -> str:
 def return_large_blocks() -> str:
     """The setting before the step's tensors were kept (`--no-malloc-tuning`): the mmap threshold fixed at 1 MiB,
     so every block of 1 MiB and more goes back to the OS when freed (flat RSS, a page fault per reused page)."""
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    mallopt = _mallopt()
     if mallopt is None or not mallopt(M_MMAP_THRESHOLD, 1 << 20):
         return "the C library's defaults (--no-malloc-tuning)"
     return "mmap above 1 MiB (--no-malloc-tuning: freed blocks of 1 MiB and more go back to the OS)"
@@ -67,3 +68,7 @@ def return_large_blocks() -> str:
 def step_tensor_bytes(batch_size: int, widths: tuple[int, ...]) -> int:
     """The largest float32 activation of a step: `batch_size` rows of the widest layer."""
     return batch_size * max(widths) * 4
+
+
+def _mallopt() -> Any:
+    return getattr(ctypes.CDLL(None), "mallopt", None)  # glibc and musl have it; macOS does not
