@@ -61,7 +61,8 @@ class RawBatch:
     @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:
         """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
-        every part's keys are known: they are joined too, not computed again)."""
+        every part's keys are known: they are joined too, not computed again). The merged batch remembers
+        its parts, which get their share of its entries (`remember_entries`)."""
         merged = RawBatch(
             np.concatenate([p.numeric for p in parts], axis=1),
             np.concatenate([p.categorical for p in parts], axis=1),
@@ -69,7 +70,23 @@ class RawBatch:
         known = [p.__dict__.get("keys") for p in parts]
         if all(k is not None for k in known):
             merged.__dict__["keys"] = RawKeys.concat(cast(list[RawKeys], known))
+        merged.__dict__["parts"] = parts
         return merged
+
+    def remember_entries(self, owner: object, entries: np.ndarray | list[int]) -> None:
+        """Keep the transform's entries of this batch: (26, N) ints, or one row's 26 as a list. `owner`: the
+        RawTransform whose entries they are. Drift bins the categoricals from them instead of looking every
+        value up again (serving/observability/drift.py). A merged batch hands each part its columns."""
+        self.__dict__["_entries"] = (owner, entries)
+        start = 0
+        for part in self.__dict__.get("parts", ()):
+            end = start + len(part)
+            part.__dict__["_entries"] = (owner, cast(np.ndarray, entries)[:, start:end])
+            start = end
+
+    def entries(self) -> tuple[object, np.ndarray | list[int]] | None:
+        """(owner, entries) of `remember_entries`, or None: no transform looked this batch up."""
+        return self.__dict__.get("_entries")
 
 
 Batch = np.ndarray | RawBatch  # float32 (N, width) for `serving_default`, RawBatch for `raw`

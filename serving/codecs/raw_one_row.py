@@ -34,9 +34,11 @@ class OneRowTransform:
         column: np.ndarray,
         width: int,
         full: Callable[[RawBatch], np.ndarray],
+        owner: object,
     ) -> None:
-        """`lookups`, `lift`, `column`: RawTransform's entries (value -> entry; entry -> lift, column)."""
-        self._lookups, self._width, self._full = lookups, width, full
+        """`lookups`, `lift`, `column`: RawTransform's entries (value -> entry; entry -> lift, column);
+        `owner`: the RawTransform whose entries these are (RawBatch.remember_entries)."""
+        self._lookups, self._width, self._full, self._owner = lookups, width, full, owner
         self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
         self._column: list[int] = column.tolist()
         self._lifts_at = 2 * N_NUM  # the layout: z-scores, missing flags, lifts, then bucket counts
@@ -58,6 +60,7 @@ class OneRowTransform:
         row[:N_NUM] = z
         row[N_NUM : self._lifts_at] = missing
         entries = list(map(dict.get, self._lookups, batch.categorical[:, 0].tolist(), _NO_ENTRY))
+        batch.remember_entries(self._owner, entries)
         row[self._lifts_at : self._counts_at] = map(self._lift.__getitem__, entries)
         for column in map(self._column.__getitem__, entries):
             row[column] += 1.0  # two fields may share a bucket

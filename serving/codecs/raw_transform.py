@@ -58,20 +58,24 @@ class RawTransform:
         buckets, oov = int(cat["buckets"]), int(cat["oov_column"])
         # Entry 0 is "no entry": lift 0, the out-of-vocabulary column. Every other entry is one (field, value)
         # that a table of the field holds, with its lift (or 0) and its column (its bucket, or OOV).
+        # "" (missing) has an entry in every field, like any value the tables lack when they lack it (lift 0,
+        # the OOV column): the output is the same, and the entries tell a missing value from an unseen one
+        # (drift bins them apart: serving/observability/drift.py).
         lifts, columns = [0.0], [oov]
-        self._lookups: list[dict[str, int]] = []
+        self.lookups: list[dict[str, int]] = []
         for field in CATEGORICAL_FIELDS:
             table = cat["tables"][field]
             lift = dict(zip(table["rate_values"], map(float, table["rate_lift"]), strict=True))
             vocabulary = set(table["vocabulary"])
             lookup = {}
-            for value in sorted(lift.keys() | vocabulary):
+            for value in sorted(lift.keys() | vocabulary | {""}):
                 lookup[value] = len(lifts)
                 lifts.append(lift.get(value, 0.0))
                 in_vocabulary = value in vocabulary
                 columns.append(HASH_START + fnv1a_32(f"{field}:{value}") % buckets if in_vocabulary else oov)
-            self._lookups.append(lookup)
-        self._table = ValueTable(self._lookups, 0)
+            self.lookups.append(lookup)
+        self.entry_count = len(lifts)
+        self._table = ValueTable(self.lookups, 0)
         # float32 and int32: the output is float32 (the same numbers as a cast at assignment), and small
         # tables leave the cache to the features model that runs next.
         self._lift = np.asarray(lifts, np.float64).astype(np.float32)
@@ -81,14 +85,14 @@ class RawTransform:
             None, :
         ]  # (1, DICT_ROWS): row r's first column
         self._one_row = (
-            OneRowTransform(self._lookups, self._lift, self._column, self.width, self._transform)
+            OneRowTransform(self.lookups, self._lift, self._column, self.width, self._transform, self)
             if self._counts_after_lifts
             else None
         )
 
     def probe(self) -> RawBatch:
         """Two rows for a load check when warm-up has none: all missing, and each field's first table value."""
-        known = [min(lookup, default="") for lookup in self._lookups]
+        known = [min((v for v in lookup if v), default="") for lookup in self.lookups]
         numeric = np.array([[np.nan] * N_NUM, [3.0] * N_NUM]).T
         return RawBatch(numeric, np.array([[""] * len(known), known], dtype=object).T.copy())
 
@@ -105,9 +109,7 @@ class RawTransform:
         if n > DICT_ROWS:
             return self._table.lookup(categorical, keys if keys is not None else RawKeys.of(categorical))
         # One C-level pass over every value: dict.get(field's dict, value, 0), field by field.
-        tables = (
-            self._lookups if n == 1 else chain.from_iterable(repeat(lookup, n) for lookup in self._lookups)
-        )
+        tables = self.lookups if n == 1 else chain.from_iterable(repeat(lookup, n) for lookup in self.lookups)
         found = map(dict.get, tables, categorical.ravel().tolist(), repeat(0))
         return np.fromiter(found, np.intp, len(CATEGORICAL_FIELDS) * n).reshape(len(CATEGORICAL_FIELDS), n)
 
@@ -121,6 +123,7 @@ class RawTransform:
         """The numpy transform of any batch."""
         n = len(batch)
         entries = self.entries(batch.categorical, batch.keys if n > DICT_ROWS else None)
+        batch.remember_entries(self, entries)
         hits = self._column[entries]  # (26, N): the column each value counts in
         if n <= DICT_ROWS and self._counts_after_lifts:
             # Few rows: the bucket counts of every row at once, as the output's first values (~3 numpy calls

@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -46,6 +47,7 @@ PSI_FLOOR = 1e-4
 MIN_ROWS = 200
 FLUSH_ROWS = 256  # pending rows copied into the ring buffer at once
 FLUSH_S = 0.25  # with --num_workers: the longest a row waits before other workers' scrapes see it
+REFERENCE_CHECK_S = 1.0  # how often the newest version's reference file is checked for a change
 RAW_PREFIX = "raw:"  # feature label of a raw field's series
 
 
@@ -91,6 +93,7 @@ class Reference:
             [bins[j][1] if j in bins else {} for j in range(len(CATEGORICAL_FIELDS))], -1
         )
         self._other = np.array([len(s) - 2 for _, _, s in self.raw_categorical], np.float32)[:, None]
+        self._by_entry: tuple[object, np.ndarray | None] | None = None  # (transform, its entries' codes)
 
     @property
     def width(self) -> int:
@@ -98,11 +101,38 @@ class Reference:
 
     def raw_codes(self, batch: RawBatch) -> np.ndarray:
         """A raw batch as float32 (N, 39): transformed counts, then categorical bin codes."""
-        with np.errstate(invalid="ignore"):
-            x = batch.numeric[self._numeric_rows]
-            numeric = np.where(np.isfinite(x), np.sign(x) * np.log1p(np.abs(x)), -np.inf).astype(np.float32)
         codes = self._codes.lookup(batch.categorical, batch.keys)[self._categorical_rows].astype(np.float32)
-        return np.concatenate([numeric, np.where(codes < 0, self._other, codes)]).T
+        return np.concatenate([self._numeric_codes(batch.numeric), np.where(codes < 0, self._other, codes)]).T
+
+    def entry_codes(self, transform: Any, numeric: np.ndarray, entries: np.ndarray) -> np.ndarray | None:
+        """`raw_codes` of a batch from its counts (13, N) and the entries (26, N) `transform` gave its values
+        (RawBatch.remember_entries): one gather instead of a lookup of every value. None when some bin's
+        value has no entry of `transform` (the batch is then binned by `raw_codes`)."""
+        by_entry = self.codes_by_entry(transform)
+        if by_entry is None:
+            return None
+        codes = by_entry[entries[self._categorical_rows]]
+        return np.concatenate([self._numeric_codes(numeric), np.where(codes < 0, self._other, codes)]).T
+
+    def _numeric_codes(self, numeric: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            x = numeric[self._numeric_rows]
+            return np.where(np.isfinite(x), np.sign(x) * np.log1p(np.abs(x)), -np.inf).astype(np.float32)
+
+    def codes_by_entry(self, transform: Any) -> np.ndarray | None:
+        """float32 entry -> bin code of the entry's field (-1: "other") for `transform`'s entries (its
+        `lookups`: per field value -> entry; entry 0 is a value no table holds), built once per transform."""
+        if self._by_entry is not None and self._by_entry[0] is transform:
+            return self._by_entry[1]
+        by_entry: np.ndarray | None = np.full(transform.entry_count, -1, np.float32)
+        for j, (_, bins, _) in zip(self._categorical_rows, self.raw_categorical, strict=True):
+            lookup = transform.lookups[j]
+            if any(value not in lookup for value in bins):
+                by_entry = None  # a bin of a value the spec never saw: only a lookup of the value finds it
+                break
+            by_entry[[lookup[value] for value in bins]] = list(bins.values())  # type: ignore[index]
+        self._by_entry = (transform, by_entry)
+        return by_entry
 
 
 class DriftMonitor:
@@ -120,18 +150,23 @@ class DriftMonitor:
         capacity = max(1, math.ceil(window / workers))
         self.features = RingBuffer(capacity, directory, "drift-features")  # rows: features..., score
         self.raw = RingBuffer(capacity, directory, "drift-raw")  # rows: raw codes..., score
-        # Batches not yet in a ring: feature batches (N, width) with their scores (N, 1), and raw batches.
+        # Batches not yet in a ring: feature batches (N, width) with their scores (N, 1); raw batches whose
+        # transform left its entries (RawBatch.remember_entries): their counts (13, n) and entries (26, n),
+        # binned by entry; and other raw batches, whose values are looked up at the flush.
         self._features: list[np.ndarray] = []
         self._feature_scores: list[np.ndarray] = []
+        self._entry_owner: object = None  # the transform whose entries these are
+        self._entry_rows: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         self._raw: list[tuple[Any, np.ndarray]] = []
         self._pending_rows = 0
         self._tick_scheduled = False
         self._reference: tuple[Path, int, Reference | None] | None = None
+        self._recheck_at = 0.0  # when the reference file is looked at again (a new version's at once)
 
     def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
         """Hot path: remember one request's batch (features (N, width), or raw rows) and its scores (N, 1)."""
         if request.signature == RAW_SIGNATURE:
-            self._raw.append((request.batch, scores))
+            self._observe_raw(cast(RawBatch, request.batch), scores)
         else:
             self._features.append(cast(np.ndarray, request.batch))
             self._feature_scores.append(scores)
@@ -142,6 +177,29 @@ class DriftMonitor:
             # Other workers read the files at their scrapes: rows of a quiet moment must not wait for more.
             self._tick_scheduled = True
             asyncio.get_running_loop().call_later(FLUSH_S, self._tick)
+
+    def _observe_raw(self, batch: RawBatch, scores: np.ndarray) -> None:
+        """Keep a raw batch's counts and entries when its transform's entries can be binned (the batch itself,
+        with its 26 strings a row, is freed with its request, not all at once at the flush), else the batch."""
+        found = batch.entries()
+        if found is not None and found[0] is not self._entry_owner:
+            ref = self.reference()
+            if ref is None or not ref.raw_numeric or ref.codes_by_entry(found[0]) is None:
+                found = None
+            elif self._entry_rows[0]:
+                self.flush()  # a new version's transform: its entries are another numbering
+            if found is not None:
+                self._entry_owner = found[0]
+        if found is None:
+            self._raw.append((batch, scores))
+            return
+        entries = found[1]
+        if isinstance(entries, list):  # one row's, as the one-row transform left them
+            entries = np.fromiter(entries, np.intp, len(entries)).reshape(-1, 1)
+        numeric, codes, kept_scores = self._entry_rows
+        numeric.append(batch.numeric)
+        codes.append(entries)
+        kept_scores.append(scores)
 
     def flush(self) -> None:
         """Copy the pending batches into the ring buffers: a few array operations per FLUSH_ROWS rows."""
@@ -156,13 +214,26 @@ class DriftMonitor:
                 features, scores = [features[i] for i in kept], [scores[i] for i in kept]
                 block = np.concatenate(features)
             self.features.append(np.hstack([block, np.concatenate(scores)]))
-        ref = self.reference() if raw else None
-        if raw and ref is not None and ref.raw_numeric:
+        numeric, entries, raw_scores = self._entry_rows
+        if numeric:
+            self._entry_rows = ([], [], [])
+        if not (raw or numeric):
+            return
+        ref = self.reference()
+        if ref is None or not ref.raw_numeric:
+            return
+        if numeric:
+            # One gather for every pending request: looking 256 one-row requests' values up again paused the
+            # event loop for 1.8 ms served (2026-12-01). A version swapped in since these rows were kept may
+            # have a bin of a value their transform lacks: they are then left out of the window.
+            codes = ref.entry_codes(self._entry_owner, np.concatenate(numeric, 1), np.concatenate(entries, 1))
+            if codes is not None:
+                self.raw.append(np.hstack([codes, np.concatenate(raw_scores)]))
+        if raw:
             # One RawBatch of every pending request, binned at once: binning each request's 39 columns apart
             # paused the event loop at every flush (raw p99 55 ms at 1 connection, 2026-11-30).
             merged = RawBatch.concat([b for b, _ in raw])
-            codes = ref.raw_codes(merged)
-            self.raw.append(np.hstack([codes, np.concatenate([s for _, s in raw])]))
+            self.raw.append(np.hstack([ref.raw_codes(merged), np.concatenate([s for _, s in raw])]))
 
     def _tick(self) -> None:
         self._tick_scheduled = False
@@ -174,6 +245,10 @@ class DriftMonitor:
         if version_dir is None:
             return None
         path = version_dir / DRIFT_REFERENCE_PATH
+        now = time.monotonic()
+        if self._reference is not None and self._reference[0] == path and now < self._recheck_at:
+            return self._reference[2]  # a stat costs ~80 µs served, and a flush comes every few requests
+        self._recheck_at = now + REFERENCE_CHECK_S
         try:
             stamp = path.stat().st_mtime_ns
         except FileNotFoundError:
