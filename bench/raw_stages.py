@@ -5,8 +5,9 @@
 Each stage is the server's own function on a real body: body -> request (`decode_body` + `check_request`, what
 the server runs), and the old path's two steps apart (orjson `parse_body`; `to_request` + `check_request`),
 transform + model (what a servable runs), body -> scores (decode, transform and model of a fresh batch: the
-decoder's keys feed the transform), drift (`DriftMonitor.observe` of FLUSH_ROWS rows, then one `flush`),
-encode (`encode_predictions`). Prints µs per row, the min of `--repeat` timeit repeats. Rows: the
+decoder's keys feed the transform), drift (`DriftMonitor.observe` of FLUSH_ROWS rows of distinct scored
+requests, then one `flush`), encode (`encode_predictions`). Prints µs per row, the min of `--repeat` timeit
+repeats. Rows: the
 curl example's Criteo row with I1 varied (26 strings repeated, which flatters dict lookups), or the rows of a
 Criteo CSV (`label,I1..I13,C1..C26`, empty cell = absent field) sent as clients send them.
 """
@@ -78,10 +79,15 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
         raw_model(decode_body(body, sig, limits.max_instances)[1].batch)
 
     per_flush = -(-FLUSH_ROWS // n)  # requests the server observes between two flushes
+    # Distinct requests, each decoded and scored as the server does (the transform leaves its entries).
+    served = [decode_body(orjson.dumps({"instances": list(islice(cycle(rows), i * n, (i + 1) * n))}), sig,
+                          limits.max_instances)[1] for i in range(per_flush)]  # fmt: skip
+    for each in served:
+        raw_model(each.batch)
 
     def observe() -> None:
-        for _ in range(per_flush):
-            drift.observe(request, scores)
+        for each in served:
+            drift.observe(each, scores)
         drift.flush()
 
     def vdecode() -> None:
