@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
 from typing import Any, cast
 
 import numpy as np
@@ -34,6 +35,8 @@ class RawBatch:
     @cached_property
     def keys(self) -> RawKeys | None:
         """The categorical values' keys, computed once and shared by the transform and drift binning."""
+        if "_strings" in self.__dict__:  # as decoded: from the list, not the object array
+            return RawKeys.of_list(self.__dict__["_strings"], (len(CATEGORICAL_FIELDS), len(self)))
         return RawKeys.of(self.categorical)
 
     @property
@@ -52,24 +55,49 @@ class RawBatch:
         return batch
 
     @staticmethod
-    def field_major(numeric: np.ndarray, categorical: np.ndarray, keys: RawKeys | None) -> RawBatch:
-        """(13, N) and (26, N) arrays and their keys as the decoder found them (None: look up by dict)."""
-        batch = RawBatch(numeric, categorical)
-        batch.__dict__["keys"] = keys  # what the `keys` property would compute
+    def of_strings(
+        numeric: np.ndarray, strings: list[str], keys: RawKeys | None = None, keys_made: bool = False
+    ) -> RawBatch:
+        """(13, N) counts and the 26 * N categorical values field-major as a list, as a decoder has them: the
+        object array `categorical` is only made if something reads it (the transform and drift read the
+        list, or the keys, instead). `keys_made`: `keys` are the values' keys as the decoder found them
+        (None: look them up by dict), not to be computed again."""
+        batch = object.__new__(_StringsBatch)
+        object.__setattr__(batch, "numeric", numeric)
+        batch.__dict__["_strings"] = strings
+        if keys_made or keys is not None:
+            batch.__dict__["keys"] = keys  # what the `keys` property would compute
         return batch
+
+    def strings(self) -> list[str]:
+        """The categorical values field-major (26 * N), as a list."""
+        found = self.__dict__.get("_strings")
+        return found if found is not None else self.categorical.ravel().tolist()
+
+    def keys_if_made(self) -> RawKeys | None:
+        """The keys when a decoder or `keys` made them already, else None (nothing is computed)."""
+        return self.__dict__.get("keys")
 
     @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:
         """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
         every part's keys are known: they are joined too, not computed again). The merged batch remembers
         its parts, which get their share of its entries (`remember_entries`)."""
-        merged = RawBatch(
-            np.concatenate([p.numeric for p in parts], axis=1),
-            np.concatenate([p.categorical for p in parts], axis=1),
-        )
+        numeric = np.concatenate([p.numeric for p in parts], axis=1)
         known = [p.__dict__.get("keys") for p in parts]
-        if all(k is not None for k in known):
-            merged.__dict__["keys"] = RawKeys.concat(cast(list[RawKeys], known))
+        keys = RawKeys.concat(cast(list[RawKeys], known)) if all(k is not None for k in known) else None
+        if all("_strings" in p.__dict__ for p in parts):  # as decoded: the lists joined field by field
+            lists = [(p.strings(), len(p)) for p in parts]
+            strings = list(
+                chain.from_iterable(
+                    s[f * n : (f + 1) * n] for f in range(len(CATEGORICAL_FIELDS)) for s, n in lists
+                )
+            )
+            merged = RawBatch.of_strings(numeric, strings, keys)
+        else:
+            merged = RawBatch(numeric, np.concatenate([p.categorical for p in parts], axis=1))
+            if keys is not None:
+                merged.__dict__["keys"] = keys
         merged.__dict__["parts"] = parts
         return merged
 
@@ -87,6 +115,15 @@ class RawBatch:
     def entries(self) -> tuple[object, np.ndarray | list[int]] | None:
         """(owner, entries) of `remember_entries`, or None: no transform looked this batch up."""
         return self.__dict__.get("_entries")
+
+
+class _StringsBatch(RawBatch):
+    """A RawBatch made by `RawBatch.of_strings`: its object array is made from the list when first read."""
+
+    @cached_property
+    def categorical(self) -> np.ndarray:  # type: ignore[override]
+        strings = self.__dict__["_strings"]
+        return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), len(self))
 
 
 Batch = np.ndarray | RawBatch  # float32 (N, width) for `serving_default`, RawBatch for `raw`

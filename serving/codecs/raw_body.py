@@ -70,7 +70,7 @@ def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
     if n <= DICT_ROWS:  # the transform looks these up by dict: no keys to make
         if None in strings:
             strings = list(map(_NULL_IS_BLANK.get, strings, strings))
-        return RawBatch(numeric, _objects(strings, n))
+        return RawBatch.of_strings(numeric, strings)
     try:
         text = join(strings)
     except TypeError:  # a null categorical
@@ -80,7 +80,7 @@ def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
         keys = RawKeys.of_joined(text, len(strings), (len(CATEGORICAL_FIELDS), n))
     except UnicodeEncodeError:
         return None  # a lone surrogate (msgspec refuses them first): the exact path names it
-    return RawBatch.field_major(numeric, _objects(strings, n), keys)
+    return RawBatch.of_strings(numeric, strings, keys, keys_made=True)
 
 
 def _counts(columns: list[tuple[Any, ...]], n: int) -> np.ndarray:
@@ -101,8 +101,3 @@ def _few_counts(values: list[Any], n: int) -> np.ndarray:
     if "" in values:
         values = list(map(_BLANK_IS_MISSING.get, values, values))
     return np.array(values, np.float64).reshape(_N_NUM, n)  # None -> NaN
-
-
-def _objects(strings: list[str], n: int) -> np.ndarray:
-    """Field-major strings -> object (26, N)."""
-    return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), n)

@@ -59,7 +59,7 @@ class OneRowTransform:
         row = [0.0] * self._width
         row[:N_NUM] = z
         row[N_NUM : self._lifts_at] = missing
-        entries = list(map(dict.get, self._lookups, batch.categorical[:, 0].tolist(), _NO_ENTRY))
+        entries = list(map(dict.get, self._lookups, batch.strings(), _NO_ENTRY))
         batch.remember_entries(self._owner, entries)
         row[self._lifts_at : self._counts_at] = map(self._lift.__getitem__, entries)
         for column in map(self._column.__getitem__, entries):

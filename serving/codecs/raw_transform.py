@@ -24,7 +24,7 @@ import numpy as np
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import RawBatch
 from serving.codecs.raw_one_row import OneRowTransform
-from serving.codecs.value_table import RawKeys, ValueTable
+from serving.codecs.value_table import ValueTable
 
 SPEC_VERSION = 2  # feature_spec.json's version this module reads (vocabularies, training/features/spec.py)
 N_NUM, N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
@@ -101,16 +101,18 @@ class RawTransform:
         """From a version's `assets.extra/feature_spec.json`."""
         return cls(json.loads(path.read_text()))
 
-    def entries(self, categorical: np.ndarray, keys: RawKeys | None = None) -> np.ndarray:
-        """(26, N) str values -> (26, N) entry indices (0 where the field's tables hold no such value).
-
-        `keys`: the values' RawKeys when the caller has them (large batches; see RawBatch.keys)."""
-        n = categorical.shape[1]
+    def entries(self, batch: RawBatch) -> np.ndarray:
+        """The batch's (26, N) values -> (26, N) entry indices (0 where the field's tables hold no such value):
+        by dict up to DICT_ROWS rows, else with the batch's keys (RawBatch.keys)."""
+        n = len(batch)
         if n > DICT_ROWS:
-            return self._table.lookup(categorical, keys if keys is not None else RawKeys.of(categorical))
+            keys = batch.keys
+            if keys is not None and keys.slow is None:  # every value keyed: the strings are not read
+                return self._table.lookup_keys(keys)
+            return self._table.lookup(batch.categorical, keys)
         # One C-level pass over every value: dict.get(field's dict, value, 0), field by field.
         tables = self.lookups if n == 1 else chain.from_iterable(repeat(lookup, n) for lookup in self.lookups)
-        found = map(dict.get, tables, categorical.ravel().tolist(), repeat(0))
+        found = map(dict.get, tables, batch.strings(), repeat(0))
         return np.fromiter(found, np.intp, len(CATEGORICAL_FIELDS) * n).reshape(len(CATEGORICAL_FIELDS), n)
 
     def __call__(self, batch: RawBatch) -> np.ndarray:
@@ -122,7 +124,7 @@ class RawTransform:
     def _transform(self, batch: RawBatch) -> np.ndarray:
         """The numpy transform of any batch."""
         n = len(batch)
-        entries = self.entries(batch.categorical, batch.keys if n > DICT_ROWS else None)
+        entries = self.entries(batch)
         batch.remember_entries(self, entries)
         hits = self._column[entries]  # (26, N): the column each value counts in
         if n <= DICT_ROWS and self._counts_after_lifts:

@@ -40,8 +40,13 @@ class RawKeys:
     @staticmethod
     def of(values: np.ndarray) -> RawKeys | None:
         """The keys of a (F, N) object array of str, or None when it must be looked up value by value."""
+        return RawKeys.of_list(values.ravel().tolist(), values.shape)
+
+    @staticmethod
+    def of_list(values: list[str], shape: tuple[int, ...]) -> RawKeys | None:
+        """The keys of F * N str given as a list (row-major in `shape`), or None: look them up one by one."""
         try:
-            return RawKeys.of_joined(join(values.ravel().tolist()), values.size, values.shape)
+            return RawKeys.of_joined(join(values), len(values), shape)
         except UnicodeEncodeError:  # a lone surrogate (the JSON and gRPC decoders reject them before here)
             return None
 
@@ -175,17 +180,21 @@ class ValueTable:
         """(F, N) str values (and their keys) -> int32 (F, N) codes."""
         if keys is None:
             return self._by_dict(values)
-        salted = (keys.key ^ self._salts).reshape(-1)
-        first, second = self._slots(salted)
-        out = np.where(self._key[first] == salted, self._code[first], self.default)
-        in_second = self._key[second] == salted
-        out[in_second] = self._code[second[in_second]]
-        out = out.reshape(values.shape)
+        out = self.lookup_keys(keys)
         if keys.slow is not None:  # the values a key does not name: by dict
             rows, cols = np.nonzero(keys.slow)
             get = [t.get for t in self.tables]
             out[rows, cols] = [get[f](v, self.default) for f, v in zip(rows, values[rows, cols], strict=True)]
         return out
+
+    def lookup_keys(self, keys: RawKeys) -> np.ndarray:
+        """int32 (F, N) codes of the values `keys` name; those it does not (`keys.slow`) are not looked up."""
+        salted = (keys.key ^ self._salts).reshape(-1)
+        first, second = self._slots(salted)
+        out = np.where(self._key[first] == salted, self._code[first], self.default)
+        in_second = self._key[second] == salted
+        out[in_second] = self._code[second[in_second]]
+        return out.reshape(keys.key.shape)
 
     def _by_dict(self, values: np.ndarray) -> np.ndarray:
         out = np.empty(values.shape, np.int32)

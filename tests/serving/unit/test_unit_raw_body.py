@@ -4,6 +4,7 @@ the per-value decoder (`parse_body` + `to_request`), bit for bit, and `FeatureSp
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -187,3 +188,21 @@ def test_vectors_still_decode_as_features() -> None:
     columnar, request = decode_predict(orjson.dumps({"instances": [[0.5] * 128] * 3}), SIG)
     assert columnar is False and request.signature != RAW_SIGNATURE
     assert request.batch.shape == (3, 128)  # type: ignore[union-attr]
+
+
+def test_decoded_batches_merge_as_their_object_arrays_do_and_transform_alike(spec: FeatureSpec) -> None:
+    """The decoder's batches keep their values as a list (RawBatch.of_strings): merged by the batcher they give
+    the object array, keys and features of the merged arrays."""
+    (numeric, categorical), _ = build_raw_rows(spec, MIN_ROWS, None)
+    rows = client_rows(numeric, categorical)
+    transform = RawTransform(spec.to_dict())
+    for sizes in ((1, 1), (1, 3, 2), (DICT_ROWS + 1, 1), (40, 60, 100)):
+        starts = np.cumsum((0, *sizes))
+        parts = [decode_raw_instances(orjson.dumps({"instances": rows[a:b]})) for a, b in pairwise(starts)]
+        assert all(p is not None and "categorical" not in p.__dict__ for p in parts)  # no object array made
+        merged = RawBatch.concat(parts)  # type: ignore[arg-type]
+        arrays = RawBatch(np.concatenate([p.numeric for p in parts], 1),  # type: ignore[union-attr]
+                          np.concatenate([p.categorical for p in parts], 1))  # type: ignore[union-attr]  # fmt: skip
+        assert merged.strings() == arrays.categorical.ravel().tolist()
+        assert_same_batch(merged, arrays)
+        assert np.array_equal(transform(merged), transform(arrays)), sizes
