@@ -88,11 +88,14 @@ class RawBatch:
         keys = RawKeys.concat(cast(list[RawKeys], known)) if all(k is not None for k in known) else None
         if all("_strings" in p.__dict__ for p in parts):  # as decoded: the lists joined field by field
             lists = [(p.strings(), len(p)) for p in parts]
-            strings = list(
-                chain.from_iterable(
-                    s[f * n : (f + 1) * n] for f in range(len(CATEGORICAL_FIELDS)) for s, n in lists
+            if all(n == 1 for _, n in lists):  # single rows (the batcher's usual parts): a transpose
+                strings = list(chain.from_iterable(zip(*(s for s, _ in lists), strict=True)))
+            else:
+                strings = list(
+                    chain.from_iterable(
+                        s[f * n : (f + 1) * n] for f in range(len(CATEGORICAL_FIELDS)) for s, n in lists
+                    )
                 )
-            )
             merged = RawBatch.of_strings(numeric, strings, keys)
         else:
             merged = RawBatch(numeric, np.concatenate([p.categorical for p in parts], axis=1))
