@@ -4,8 +4,10 @@ checkout of the project (the code before a change), all interleaved in the same 
     python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT] [--rounds 3] [--seconds 3]
 
 Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
-connections (rows/s, p99): the points of issue 19's goals. One worker, `--intra_op_threads=1`; wrk bodies from
-`write_lua` and `write_raw_lua` (the serving section's). Each point is the median of `--rounds` runs.
+connections (rows/s, p99): the points of issue 19's goals, with the server process's CPU time per request (the
+median of the rounds), which this machine's noise moves less than QPS. One worker, `--intra_op_threads=1`; wrk
+bodies from `write_lua` and `write_raw_lua` (the serving section's). Each point is the median of `--rounds`
+runs.
 """
 
 from __future__ import annotations
@@ -34,20 +36,26 @@ def our_server(name: str, checkout: Path, base: Path, batching: bool) -> Server:
 
 def report(rows: dict[tuple[str, int, str], dict[str, Any]], names: list[str]) -> str:
     """Markdown tables: single-row raw / vector QPS per server and connections, then ranking rows/s."""
-    lines = ["| server | connections | raw QPS | vector QPS | raw / vector | raw p99 ms | vector p99 ms |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| server | connections | raw QPS | vector QPS | raw / vector | raw p99 ms | vector p99 ms "
+             "| server CPU µs a request: raw / vector |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name in names:
         for c in (8, 64):
             raw, vec = rows[(name, c, "raw1.lua")], rows[(name, c, "vec1.lua")]
             lines.append(f"| {name} | {c} | {raw['qps']:,.0f} | {vec['qps']:,.0f} | {raw['qps'] / vec['qps']:.2f} "
-                         f"| {raw['p99_ms']:.2f} | {vec['p99_ms']:.2f} |")  # fmt: skip
+                         f"| {raw['p99_ms']:.2f} | {vec['p99_ms']:.2f} | {cpu(raw)} / {cpu(vec)} |")  # fmt: skip
     lines += ["", f"| server | raw rows/s ({RANKING_INSTANCES}/request, 8 connections) | raw p99 ms | vector rows/s "
-              "| vector p99 ms |", "|---|---|---|---|---|"]  # fmt: skip
+              "| vector p99 ms | server CPU µs a row: raw / vector |", "|---|---|---|---|---|---|"]  # fmt: skip
     for name in names:
         raw, vec = rows[(name, 8, "raw100.lua")], rows[(name, 8, "vec100.lua")]
         lines.append(f"| {name} | {raw['qps'] * RANKING_INSTANCES:,.0f} | {raw['p99_ms']:.1f} "
-                     f"| {vec['qps'] * RANKING_INSTANCES:,.0f} | {vec['p99_ms']:.1f} |")  # fmt: skip
+                     f"| {vec['qps'] * RANKING_INSTANCES:,.0f} | {vec['p99_ms']:.1f} "
+                     f"| {cpu(raw, RANKING_INSTANCES)} / {cpu(vec, RANKING_INSTANCES)} |")  # fmt: skip
     return "\n".join(lines)
+
+
+def cpu(row: dict[str, Any], rows_per_request: int = 1) -> str:
+    """The point's median server CPU time per request (per row for ranking), µs; "-" where unmeasured."""
+    return f"{row['cpu_us'] / rows_per_request:.1f}" if "cpu_us" in row else "-"
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ layer against uvicorn and granian).
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -115,29 +116,50 @@ class Server:
         wait_until_serving(self.url, body, self.proc, log, timeout_s=STARTUP_TIMEOUT_S)
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, every thread) a process has used, from /proc; None where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wrk_point(
     server: Server, connections: int, script: Path, seconds: int, commands: list[str]
 ) -> dict[str, float]:
-    """A 1 s unmeasured warm-up (connection setup, lazy initialisation), then one measured wrk run."""
+    """A 1 s unmeasured warm-up (connection setup, lazy initialisation), then one measured wrk run. Adds
+    `cpu_us`: the server process's CPU time per answered request (threads included, child processes not),
+    which the machine's noise moves less than QPS."""
     warm = ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), server.url]
     subprocess.run(warm, capture_output=True, check=True, timeout=60)
     wrk = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), server.url]
     if " ".join(wrk) not in commands:
         commands.append(" ".join(wrk))
-    return parse_wrk(
-        subprocess.run(wrk, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
-    )
+    pid = server.proc.pid if server.proc is not None else None
+    before = process_cpu_s(pid) if pid is not None else None
+    out = subprocess.run(wrk, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    row = parse_wrk(out)
+    after = process_cpu_s(pid) if pid is not None else None
+    answered = re.search(r"(\d+) requests in", out)
+    if before is not None and after is not None and answered and int(answered.group(1)):
+        row["cpu_us"] = (after - before) / int(answered.group(1)) * 1e6
+    return row
 
 
 def median_row(server: str, connections: int, runs: list[dict[str, float]]) -> dict[str, Any]:
     """The run with the median QPS stands for the point; every run's QPS is kept in `qps_runs`."""
     ranked = sorted(runs, key=lambda r: r["qps"])
-    return {
+    row = {
         "server": server,
         "connections": connections,
         **ranked[len(ranked) // 2],
         "qps_runs": [r["qps"] for r in runs],
     }
+    cpu = sorted(r["cpu_us"] for r in runs if "cpu_us" in r)
+    if cpu:  # its own median: the median-QPS run's CPU is one sample
+        row["cpu_us"] = cpu[len(cpu) // 2]
+    return row
 
 
 def measure(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.procs import StepError, run_bounded, start, stop_all
+from bench.harness.servers import process_cpu_s
 
 
 def pid_alive(pid: int) -> bool:
@@ -63,3 +65,13 @@ def test_stop_all_stops_every_running_group(tmp_path: Path) -> None:
     for p in procs:
         assert p.returncode == -signal.SIGTERM  # stopped and reaped by stop_all itself
         assert not pid_alive(p.pid)
+
+
+def test_process_cpu_counts_this_process_busy_time() -> None:
+    begun = process_cpu_s(os.getpid())
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:  # 0.2 s of CPU
+        pass
+    used = process_cpu_s(os.getpid())
+    assert begun is not None and used is not None and 0.15 <= used - begun <= 1.0
+    assert process_cpu_s(2**22 + 12345) is None  # no such process
