@@ -74,10 +74,6 @@ class RawBatch:
         found = self.__dict__.get("_strings")
         return found if found is not None else self.categorical.ravel().tolist()
 
-    def keys_if_made(self) -> RawKeys | None:
-        """The keys when a decoder or `keys` made them already, else None (nothing is computed)."""
-        return self.__dict__.get("keys")
-
     @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:
         """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
