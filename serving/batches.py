@@ -69,6 +69,18 @@ class RawBatch:
             batch.__dict__["keys"] = keys  # what the `keys` property would compute
         return batch
 
+    @staticmethod
+    def of_keys(numeric: np.ndarray, keys: RawKeys) -> RawBatch:
+        """(13, N) counts and the (26, N) keys of the categorical values, every value keyed (`keys.slow` is
+        None), as the native decoder has them (serving/codecs/raw_body.py): the values themselves are only
+        made, from the keys, if something reads them."""
+        if keys.slow is not None:
+            raise ValueError("of_keys needs every value keyed (keys.slow is None)")
+        batch = object.__new__(_KeyedBatch)
+        object.__setattr__(batch, "numeric", numeric)
+        batch.__dict__["keys"] = keys
+        return batch
+
     def strings(self) -> list[str]:
         """The categorical values field-major (26 * N), as a list."""
         found = self.__dict__.get("_strings")
@@ -82,7 +94,9 @@ class RawBatch:
         numeric = np.concatenate([p.numeric for p in parts], axis=1)
         known = [p.__dict__.get("keys") for p in parts]
         keys = RawKeys.concat(cast(list[RawKeys], known)) if all(k is not None for k in known) else None
-        if all("_strings" in p.__dict__ for p in parts):  # as decoded: the lists joined field by field
+        if keys is not None and keys.slow is None:  # every value keyed: the values are made only if read
+            merged = RawBatch.of_keys(numeric, keys)
+        elif all("_strings" in p.__dict__ for p in parts):  # as decoded: the lists joined field by field
             lists = [(p.strings(), len(p)) for p in parts]
             if all(n == 1 for _, n in lists):  # single rows (the batcher's usual parts): a transpose
                 strings = list(chain.from_iterable(zip(*(s for s, _ in lists), strict=True)))
@@ -123,6 +137,21 @@ class _StringsBatch(RawBatch):
     def categorical(self) -> np.ndarray:  # type: ignore[override]
         strings = self.__dict__["_strings"]
         return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), len(self))
+
+
+class _KeyedBatch(RawBatch):
+    """A RawBatch made by `RawBatch.of_keys`: its values are made from the keys when first read."""
+
+    @cached_property
+    def categorical(self) -> np.ndarray:  # type: ignore[override]
+        strings = self.strings()
+        return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), len(self))
+
+    def strings(self) -> list[str]:
+        found = self.__dict__.get("_strings")
+        if found is None:
+            found = self.__dict__["_strings"] = self.keys.strings()  # type: ignore[union-attr]
+        return found
 
 
 Batch = np.ndarray | RawBatch  # float32 (N, width) for `serving_default`, RawBatch for `raw`

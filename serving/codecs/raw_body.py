@@ -1,4 +1,11 @@
-"""The fast path of raw REST bodies: JSON bytes -> typed rows (msgspec) -> a field-major RawBatch.
+"""The fast paths of raw REST bodies: JSON bytes -> a field-major RawBatch, natively or through msgspec.
+
+A body of over DICT_ROWS rows (a ranking request) is first scanned by a small C extension
+(serving/codecs/_raw_scan.c) straight into the counts and the categorical values' keys, with no Python object
+per value; it takes a strict subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up
+to 8 ASCII characters or null; no escapes, no repeated or unknown keys) and declines anything else, which then
+goes the msgspec way below. The values themselves are made from the keys only if something reads them
+(`RawBatch.of_keys`). Without the extension (a source checkout not installed) the msgspec path serves alone.
 
 `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}` is decoded by msgspec
 straight into one small struct per row (no dict per row, no key lookups in Python), checked as it is read:
@@ -24,6 +31,14 @@ from serving.batches import RawBatch
 from serving.codecs.raw_transform import DICT_ROWS
 from serving.codecs.value_table import RawKeys, join
 from serving.signatures import RAW_SIGNATURE
+
+try:
+    from serving.codecs._raw_scan import scan as _scan
+except ImportError:  # not built: `pip install -e .` (make install) builds it
+    _scan = None
+NATIVE = _scan is not None  # the server logs which decoder it runs (serving/server.py)
+# Fewer bytes cannot hold DICT_ROWS + 1 full rows; shorter bodies of many near-empty rows go the msgspec way.
+SCAN_MIN_BYTES = 1024
 
 _LIMIT = 2**53  # counts within ±2**53 exclusive: the bounds themselves go to the exact path, which names them
 Count = (
@@ -53,6 +68,12 @@ _NULL_IS_BLANK = {None: ""}
 
 def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
     """A raw REST body in row format -> a RawBatch (with its keys), or None: the exact path's to decode."""
+    if _scan is not None and len(body) > SCAN_MIN_BYTES:
+        found = _scan(body, DICT_ROWS + 1)
+        if found is not None:
+            n, counts, keys = found
+            key = np.frombuffer(keys, np.uint64).reshape(len(CATEGORICAL_FIELDS), n)
+            return RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))
     try:
         rows = _DECODER.decode(body).instances
     except msgspec.DecodeError:  # malformed JSON, or a value the types above do not take (ValidationError)

@@ -65,6 +65,14 @@ class RawKeys:
         slow = None if text.isascii() else ((key & _HIGH_BITS) != 0).reshape(shape)
         return RawKeys(key.reshape(shape), slow)
 
+    def strings(self) -> list[str]:
+        """The values the keys name, as a list (row-major in the keys' shape); only when every value is keyed
+        (`slow` is None), as the key of an ASCII value of up to 8 bytes holds all of it."""
+        if self.slow is not None:
+            raise ValueError("some values are not keyed: their keys do not hold them")
+        words = np.where(self.key == EMPTY_KEY, np.uint64(0), self.key).reshape(-1).astype("<u8")
+        return words.view("S8").astype("U8").tolist()  # numpy drops an S8's trailing NULs: the padding
+
     def transposed(self) -> RawKeys:
         """The keys of the transposed batch (rows <-> fields), contiguous."""
         slow = None if self.slow is None else np.ascontiguousarray(self.slow.T)

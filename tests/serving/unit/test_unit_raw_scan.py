@@ -1,0 +1,256 @@
+"""The native scan of raw REST bodies (serving/codecs/_raw_scan.c) against the exact path (orjson, then the
+per-value decoder), bit for bit: what it takes decodes the same, what it declines goes the other ways, and no
+body that is not valid JSON, or that the exact path refuses, is ever taken."""
+
+from __future__ import annotations
+
+import random
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from export.parity import MIN_ROWS
+from export.raw_parity import build_raw_rows
+from serving.batches import RawBatch
+from serving.codecs import raw_body
+from serving.codecs.raw_body import decode_raw_instances
+from serving.codecs.raw_transform import DICT_ROWS, RawTransform
+from serving.codecs.rest_codec import decode_predict
+from serving.codecs.value_table import EMPTY_KEY
+from serving.errors import InvalidArgument
+from tests.serving.unit import test_unit_raw_body as body_tests
+from tests.serving.unit.test_unit_raw_body import ROW, SIG, client_rows, old_path
+from tests.serving.unit.test_unit_raw_fast import fit_spec
+from training.features.spec import FeatureSpec
+
+MANY = DICT_ROWS + 1  # the scan takes bodies of more rows than the transform looks up by dict
+
+
+def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
+    """The same values bit for bit, and a scanned batch's keys are its values' (bytes as a little-endian
+    uint64, eight 0x01 bytes for "": serving/codecs/value_table.py), short values included."""
+    assert got is not None
+    if "keys" not in got.__dict__ or got.keys is None or "_strings" in got.__dict__:
+        body_tests.assert_same_batch(got, want)
+        return
+    key = got.keys.key.copy()  # before the values are made from it
+    body_tests.assert_same_batch(RawBatch(got.numeric, got.categorical), want)
+    values = want.categorical.ravel().tolist()
+    expected = [int.from_bytes(v.encode("ascii"), "little") if v else int(EMPTY_KEY) for v in values]
+    assert key.ravel().tolist() == expected
+
+
+def scan(body: bytes) -> Any:
+    """The extension's own answer: (n, counts, keys) or None."""
+    assert raw_body._scan is not None
+    return raw_body._scan(body, MANY)
+
+
+def scanned(body: bytes) -> RawBatch:
+    """The batch decode_raw_instances gives for a body the scan takes (asserting that it does)."""
+    assert scan(body) is not None, body[:200]
+    batch = decode_raw_instances(body)
+    assert batch is not None and "keys" in batch.__dict__ and "_strings" not in batch.__dict__
+    return batch
+
+
+@pytest.fixture(autouse=True)
+def scan_every_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The short bodies here are scanned too (served, a body under SCAN_MIN_BYTES goes the msgspec way)."""
+    monkeypatch.setattr(raw_body, "SCAN_MIN_BYTES", 0)
+
+
+@pytest.fixture(scope="module")
+def spec() -> FeatureSpec:
+    return fit_spec()
+
+
+def test_the_extension_is_built() -> None:
+    """`pip install -e .` (make install) compiles it: a server without it serves at the msgspec path's speed."""
+    assert raw_body.NATIVE
+
+
+def test_gate_rows_scan_as_the_exact_path_decodes_them_and_transform_as_the_feature_spec(
+    spec: FeatureSpec,
+) -> None:
+    (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
+    rows = client_rows(numeric, categorical)
+    transform = RawTransform(spec.to_dict())
+    taken = set()
+    for name, group in groups.items():
+        for n in (MANY, 100, 256):
+            few = slice(group.start, min(group.start + n, group.stop))
+            body = orjson.dumps({"instances": rows[few]})
+            got = decode_predict(body, SIG)[1].batch
+            assert isinstance(got, RawBatch)
+            if scan(body) is not None:
+                taken.add(name)
+            assert_same_batch(got, old_path(body).batch)  # type: ignore[arg-type]
+            expected = spec.transform(
+                np.where(np.isinf(numeric[few]), np.nan, numeric[few]), categorical[few]
+            )
+            assert np.array_equal(transform(got), expected), (name, n)
+    # Criteo's own values are scanned; 16-digit counts and other strings (the gate's unseen values are over
+    # 8 characters) go the msgspec way
+    assert "vocabulary" in taken
+
+
+def test_unseen_and_missing_criteo_values_scan_as_the_exact_path_decodes_them(spec: FeatureSpec) -> None:
+    """Criteo-shaped rows (8 hex characters, unseen ones among them, and missing values): all scanned."""
+    rng = np.random.default_rng(3)
+    (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
+    known = categorical[groups["vocabulary"]]
+    unseen = np.array([f"{v:08x}" for v in rng.integers(0, 2**32, known.size)], object).reshape(known.shape)
+    mixed = np.where(rng.random(known.shape) < 0.3, unseen, known)
+    mixed[rng.random(known.shape) < 0.1] = ""
+    rows = client_rows(numeric[groups["vocabulary"]], mixed)
+    transform = RawTransform(spec.to_dict())
+    for n in (MANY, 100, 256):
+        body = orjson.dumps({"instances": rows[:n]})
+        batch = scanned(body)
+        assert_same_batch(batch, old_path(body).batch)  # type: ignore[arg-type]
+        counts = numeric[groups["vocabulary"]][:n]
+        assert np.array_equal(transform(batch), spec.transform(counts, mixed[:n]))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        (b"3", 3.0),
+        (b"-17", -17.0),
+        (b"0", 0.0),
+        (b"-0", 0.0),  # the integer 0
+        (b"-0.0", -0.0),  # the float -0.0
+        (b"3.000", 3.0),
+        (b"999999999999999", 999999999999999.0),
+        (b"-999999999999999.0", -999999999999999.0),
+        (b'""', float("nan")),
+        (b"null", float("nan")),
+    ],
+)
+def test_counts_the_scan_takes(text: bytes, value: float) -> None:
+    body = b'{"instances": [' + b",".join([b'{"I3": ' + text + b', "C1": "68fd1e64"}'] * MANY) + b"]}"
+    batch = scanned(body)
+    assert np.array([value]).tobytes() == batch.numeric[2, :1].tobytes()
+    assert_same_batch(batch, old_path(body).batch)  # type: ignore[arg-type]
+
+
+def test_spacing_order_signature_and_empty_rows_scan_as_the_exact_path() -> None:
+    row = b' {\n\t"C26" : null ,\r "I1":1, "C2": "a b~\x7f", "C3":"" } '
+    rows = b",".join([row, b"{}"] * 9)
+    for body in (
+        b'{"instances":[' + rows + b"]}",
+        b' { "signature_name" : "raw" , "instances" : [ ' + rows + b" ] } \n",
+        b'{"instances":[' + rows + b'], "signature_name":"raw"}',
+    ):
+        batch = scanned(body)
+        assert_same_batch(batch, old_path(body).batch)  # type: ignore[arg-type]
+        assert batch.strings()[len(batch) : len(batch) + 2] == ["a b~\x7f", ""]
+
+
+BASE = b'{"I1": 3, "I2": -1, "I12": "", "C1": "68fd1e64", "C22": ""}'
+DECLINED = [  # each is one row among MANY - 1 plain ones: valid bodies msgspec or the exact path answers
+    b'{"I1": 1e3}',
+    b'{"I1": 3.5}',
+    b'{"I1": 3.0000000000000001}',
+    b'{"I1": 1000000000000000}',  # 16 digits
+    b'{"I1": "17"}',
+    b'{"I1": true}',
+    b'{"I1": 1, "I1": 2}',
+    b'{"C1": "68fd1e64a"}',  # 9 characters
+    b'{"C1": "\\u0041"}',
+    b'{"C1": "h\xc3\xa9llo"}',
+    b'{"C1": 5}',
+    b'{"\\u0049\\u0031": 5}',
+    b'{"I14": 5}',
+    b'{"I01": 5}',
+    b'{"c1": "x"}',
+    b"[1, 2]",
+]
+
+
+@pytest.mark.parametrize("row", DECLINED, ids=range(len(DECLINED)))
+def test_rows_outside_the_subset_are_declined_and_answered_as_before(row: bytes) -> None:
+    body = b'{"instances": [' + b",".join([BASE] * (MANY - 1) + [row]) + b"]}"
+    assert scan(body) is None
+    try:
+        want: Any = old_path(body).batch
+    except InvalidArgument as exc:
+        want = exc.message
+    try:
+        got: Any = decode_predict(body, SIG)[1].batch
+    except InvalidArgument as exc:
+        got = exc.message
+    if isinstance(want, str):
+        assert got == want
+    else:
+        assert_same_batch(got, want)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"instances": [%s], "signature_name": "serving_default"}',
+        b'{"instances": [%s], "extra": 1}',
+        b'{"instances": [%s], "instances": [%s]}',
+        b'{"instances": [%s]} x',
+        b'{"instances": [%s],}',
+        b'{"instances": [%s,]}',
+        b'{"instances": [%s]',
+        b'{"instances": {%s}}',
+    ],
+)
+def test_envelopes_outside_the_subset_are_declined(body: bytes) -> None:
+    rows = b",".join([BASE] * MANY)
+    assert scan(body.replace(b"%s", rows)) is None
+
+
+def test_few_rows_are_left_to_msgspec() -> None:
+    body = b'{"instances": [' + b",".join([BASE] * DICT_ROWS) + b"]}"
+    assert scan(body) is None
+    assert decode_raw_instances(body) is not None
+
+
+def test_no_mutation_of_a_body_is_taken_unless_the_exact_path_decodes_it_alike() -> None:
+    """Random byte edits of a valid body: whatever the scan takes, the exact path decodes to the same batch."""
+    rng = random.Random(5)
+    body = orjson.dumps({"instances": [ROW, {"I3": 0, "C2": None, "C3": "abc"}] * 10})
+    alphabet = b' {}[]",:-.0123456789eE\\nulltrAICx\x00\x01\x7f\xc3\n'
+    taken = declined = 0
+    for _ in range(4000):
+        data = bytearray(body)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(data))
+            kind = rng.random()
+            if kind < 0.4:
+                data[at] = rng.choice(alphabet)
+            elif kind < 0.7:
+                data.insert(at, rng.choice(alphabet))
+            elif kind < 0.95:
+                del data[at]
+            else:
+                del data[at:]
+        mutated = bytes(data)
+        if scan(mutated) is None:
+            declined += 1
+            continue
+        taken += 1
+        assert_same_batch(decode_raw_instances(mutated), old_path(mutated).batch)  # type: ignore[arg-type]
+    assert taken > 100 and declined > 1000  # both sides of the subset were tried
+
+
+def test_scanned_batches_merge_keyed_and_transform_alike(spec: FeatureSpec) -> None:
+    (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
+    rows = client_rows(numeric, categorical)[groups["vocabulary"]]
+    transform = RawTransform(spec.to_dict())
+    starts = np.cumsum((0, MANY, 40, 100))
+    parts = [scanned(orjson.dumps({"instances": rows[a:b]})) for a, b in pairwise(starts)]
+    merged = RawBatch.concat(parts)  # type: ignore[arg-type]
+    assert "_strings" not in merged.__dict__ and merged.keys is not None and merged.keys.slow is None
+    arrays = RawBatch(np.concatenate([p.numeric for p in parts], 1),
+                      np.concatenate([p.categorical for p in parts], 1))  # fmt: skip
+    assert_same_batch(merged, arrays)
+    assert np.array_equal(transform(merged), transform(arrays))
