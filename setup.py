@@ -1,4 +1,4 @@
-"""The one C extension: the native scan of raw REST bodies (serving/codecs/_raw_scan.c), plain C on the CPython
+"""The one C extension: the native scan of raw REST bodies (serving/codecs/_raw_native.c), plain C on the CPython
 API (no numpy headers). Everything else is in pyproject.toml. Without it (a checkout not installed) the server
 decodes raw bodies with msgspec alone."""
 
@@ -6,6 +6,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("serving.codecs._raw_scan", ["serving/codecs/_raw_scan.c"], extra_compile_args=["-O2"])
+        Extension("serving.codecs._raw_native", ["serving/codecs/_raw_native.c"], extra_compile_args=["-O2"])
     ]
 )

@@ -1,8 +1,8 @@
 """The fast paths of raw REST bodies: JSON bytes -> a field-major RawBatch, natively or through msgspec.
 
-A body of over DICT_ROWS rows (a ranking request) is first scanned by a small C extension
-(serving/codecs/_raw_scan.c) straight into the counts and the categorical values' keys, with no Python object
-per value; it takes a strict subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up
+Every body is first scanned by a small C extension (serving/codecs/_raw_native.c) straight into the counts and
+the categorical values' keys, with no Python object per value (serving/codecs/raw_one_row.py transforms a few
+keyed rows natively too); it takes a strict subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up
 to 8 ASCII characters or null; no escapes, no repeated or unknown keys) and declines anything else, which then
 goes the msgspec way below. The values themselves are made from the keys only if something reads them
 (`RawBatch.of_keys`). Without the extension (a source checkout not installed) the msgspec path serves alone.
@@ -33,12 +33,10 @@ from serving.codecs.value_table import RawKeys, join
 from serving.signatures import RAW_SIGNATURE
 
 try:
-    from serving.codecs._raw_scan import scan as _scan
+    from serving.codecs._raw_native import scan as _scan
 except ImportError:  # not built: `pip install -e .` (make install) builds it
     _scan = None
 NATIVE = _scan is not None  # the server logs which decoder it runs (serving/server.py)
-# Fewer bytes cannot hold DICT_ROWS + 1 full rows; shorter bodies of many near-empty rows go the msgspec way.
-SCAN_MIN_BYTES = 1024
 
 _LIMIT = 2**53  # counts within ±2**53 exclusive: the bounds themselves go to the exact path, which names them
 Count = (
@@ -68,8 +66,8 @@ _NULL_IS_BLANK = {None: ""}
 
 def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
     """A raw REST body in row format -> a RawBatch (with its keys), or None: the exact path's to decode."""
-    if _scan is not None and len(body) > SCAN_MIN_BYTES:
-        found = _scan(body, DICT_ROWS + 1)
+    if _scan is not None:
+        found = _scan(body, 1)
         if found is not None:
             n, counts, keys = found
             key = np.frombuffer(keys, np.uint64).reshape(len(CATEGORICAL_FIELDS), n)

@@ -1,4 +1,9 @@
-"""The compiled FeatureSpec for a batch of one row, in Python scalars: a single raw row costs about what a vector does.
+"""The compiled FeatureSpec for a few rows: a single raw row costs about what a vector does.
+
+Keyed rows (decoded by the native scan, serving/codecs/raw_body.py, or merged from such: every categorical a
+key) of up to DICT_ROWS go through the native few-row transform (serving/codecs/_raw_native.c, `rows`): the
+26 lookups in the same table as the numpy path, the lifts and the bucket counts, in C, with the counts'
+z-scores taken from the cache below. A single row the scan declined (msgspec decoded it) is done in Python:
 
 On one row the numpy transform (serving/codecs/raw_transform.py) is ~20 calls on tiny arrays, ~12 µs, and
 more once the model has run in between (its temporaries evict the model's data). Here the 26 lookups are dict
@@ -12,14 +17,21 @@ sends the row to the numpy transform, whose results then fill the cache. Checked
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import RawBatch
+from serving.codecs.value_table import ValueTable
 
 N_NUM = len(NUMERIC_FIELDS)
+try:
+    from serving.codecs._raw_native import rows as _native_rows
+    from serving.codecs._raw_native import table as _native_table
+except ImportError:  # not built (pip install -e . builds it): the Python one-row path and numpy serve alone
+    _native_rows = _native_table = None
 CACHED_COUNTS = 4096  # per field: the small counts most rows carry; rarer ones take the numpy path
 _NO_ENTRY = [0] * len(CATEGORICAL_FIELDS)
 
@@ -35,9 +47,17 @@ class OneRowTransform:
         width: int,
         full: Callable[[RawBatch], np.ndarray],
         owner: object,
+        table: ValueTable | None = None,
     ) -> None:
         """`lookups`, `lift`, `column`: RawTransform's entries (value -> entry; entry -> lift, column);
-        `owner`: the RawTransform whose entries these are (RawBatch.remember_entries)."""
+        `owner`: the RawTransform whose entries these are (RawBatch.remember_entries); `table`: its lookups'
+        ValueTable, for the native transform of keyed rows (None: not used)."""
+        self._native = None
+        if table is not None and _native_table is not None:
+            key, code, salts, shift, default = table.arrays()
+            self._native = _native_table(key.tobytes(), code.tobytes(), salts.tobytes(), shift, default,
+                                         lift.astype(np.float32).tobytes(), column.astype(np.int32).tobytes(),
+                                         width)  # fmt: skip
         self._lookups, self._width, self._full, self._owner = lookups, width, full, owner
         self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
         self._column: list[int] = column.tolist()
@@ -66,11 +86,39 @@ class OneRowTransform:
             row[column] += 1.0  # two fields may share a bucket
         return np.array([row], np.float32)
 
+    def takes(self, batch: RawBatch) -> bool:
+        """Whether `keyed` can transform the batch: every value keyed, and the native transform built."""
+        if self._native is None:
+            return False
+        keys = batch.__dict__.get("keys")
+        return keys is not None and keys.slow is None
+
+    def keyed(self, batch: RawBatch) -> np.ndarray:
+        """The float32 (N, width) features of a keyed batch (`takes`), natively; a count whose z-score is not
+        cached yet sends the batch to the numpy transform, whose results then fill the cache."""
+        n = len(batch)
+        numeric = np.ascontiguousarray(batch.numeric)
+        counts = numeric.ravel().tolist()  # field-major
+        caches = self._z if n == 1 else chain.from_iterable(repeat(cache, n) for cache in self._z)
+        z = list(map(dict.get, caches, counts))
+        key = np.ascontiguousarray(batch.keys.key)  # type: ignore[union-attr]
+        found = _native_rows(self._native, z, numeric, key, n)  # type: ignore[misc]
+        if found is None:
+            return self._fill(batch, counts)
+        features, entries = found
+        batch.remember_entries(
+            self._owner, np.frombuffer(entries, np.int32).reshape(len(CATEGORICAL_FIELDS), n)
+        )
+        return np.frombuffer(features, np.float32).reshape(n, self._width)
+
     def _fill(self, batch: RawBatch, counts: list[float]) -> np.ndarray:
-        """The numpy transform of the row; its present counts' z-scores join the cache (while there is room)."""
+        """The numpy transform of the batch; its present counts' z-scores join the cache (while there is room).
+        `counts`: the batch's counts field-major."""
         out = self._full(batch)
-        for j, value in enumerate(counts):
+        n = len(batch)
+        for i, value in enumerate(counts):
+            j, r = divmod(i, n)
             cache = self._z[j]
-            if len(cache) < CACHED_COUNTS and out[0, N_NUM + j] == 0:  # present (not NaN, nor infinite)
-                cache[value] = float(out[0, j])
+            if len(cache) < CACHED_COUNTS and out[r, N_NUM + j] == 0:  # present (not NaN, nor infinite)
+                cache[value] = float(out[r, j])
         return out

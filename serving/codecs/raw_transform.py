@@ -85,7 +85,9 @@ class RawTransform:
             None, :
         ]  # (1, DICT_ROWS): row r's first column
         self._one_row = (
-            OneRowTransform(self.lookups, self._lift, self._column, self.width, self._transform, self)
+            OneRowTransform(
+                self.lookups, self._lift, self._column, self.width, self._transform, self, self._table
+            )
             if self._counts_after_lifts
             else None
         )
@@ -105,7 +107,8 @@ class RawTransform:
         """The batch's (26, N) values -> (26, N) entry indices (0 where the field's tables hold no such value):
         by dict up to DICT_ROWS rows, else with the batch's keys (RawBatch.keys)."""
         n = len(batch)
-        if n > DICT_ROWS:
+        known = batch.__dict__.get("keys")
+        if n > DICT_ROWS or (known is not None and known.slow is None):  # keyed rows: their values unread
             keys = batch.keys
             if keys is not None and keys.slow is None:  # every value keyed: the strings are not read
                 return self._table.lookup_keys(keys)
@@ -117,8 +120,11 @@ class RawTransform:
 
     def __call__(self, batch: RawBatch) -> np.ndarray:
         """The batch's float32 (N, width) features, equal to `FeatureSpec.transform` of its rows."""
-        if len(batch) == 1 and self._one_row is not None:
-            return self._one_row(batch)
+        if self._one_row is not None:
+            if len(batch) <= DICT_ROWS and self._one_row.takes(batch):
+                return self._one_row.keyed(batch)
+            if len(batch) == 1:
+                return self._one_row(batch)
         return self._transform(batch)
 
     def _transform(self, batch: RawBatch) -> np.ndarray:

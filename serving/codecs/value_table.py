@@ -184,6 +184,12 @@ class ValueTable:
             ((salted * _MIX2) >> self._shift).astype(np.intp),
         )
 
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+        """The table as arrays, for the native few-row transform (serving/codecs/_raw_native.c): the slots'
+        salted keys (uint64, 0 = empty) and codes (int32), the fields' salts (uint64), the shift of the
+        multiply-shift hashing and the default code."""
+        return self._key, self._code, self._salts.ravel(), int(self._shift), self.default
+
     def lookup(self, values: np.ndarray, keys: RawKeys | None) -> np.ndarray:
         """(F, N) str values (and their keys) -> int32 (F, N) codes."""
         if keys is None:

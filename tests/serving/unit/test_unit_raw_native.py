@@ -1,10 +1,11 @@
-"""The native scan of raw REST bodies (serving/codecs/_raw_scan.c) against the exact path (orjson, then the
+"""The native scan of raw REST bodies (serving/codecs/_raw_native.c) against the exact path (orjson, then the
 per-value decoder), bit for bit: what it takes decodes the same, what it declines goes the other ways, and no
 body that is not valid JSON, or that the exact path refuses, is ever taken."""
 
 from __future__ import annotations
 
 import random
+import re
 from itertools import pairwise
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from export.parity import MIN_ROWS
 from export.raw_parity import build_raw_rows
 from serving.batches import RawBatch
-from serving.codecs import raw_body
+from serving.codecs import raw_body, raw_one_row
 from serving.codecs.raw_body import decode_raw_instances
 from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.rest_codec import decode_predict
@@ -26,7 +27,8 @@ from tests.serving.unit.test_unit_raw_body import ROW, SIG, client_rows, old_pat
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 from training.features.spec import FeatureSpec
 
-MANY = DICT_ROWS + 1  # the scan takes bodies of more rows than the transform looks up by dict
+MANY = DICT_ROWS + 1  # the numpy transform's batches; up to DICT_ROWS keyed rows are transformed natively
+SIZES = (1, 3, DICT_ROWS, MANY, 100, 256)
 
 
 def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
@@ -46,7 +48,7 @@ def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
 def scan(body: bytes) -> Any:
     """The extension's own answer: (n, counts, keys) or None."""
     assert raw_body._scan is not None
-    return raw_body._scan(body, MANY)
+    return raw_body._scan(body, 1)
 
 
 def scanned(body: bytes) -> RawBatch:
@@ -55,12 +57,6 @@ def scanned(body: bytes) -> RawBatch:
     batch = decode_raw_instances(body)
     assert batch is not None and "keys" in batch.__dict__ and "_strings" not in batch.__dict__
     return batch
-
-
-@pytest.fixture(autouse=True)
-def scan_every_body(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The short bodies here are scanned too (served, a body under SCAN_MIN_BYTES goes the msgspec way)."""
-    monkeypatch.setattr(raw_body, "SCAN_MIN_BYTES", 0)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +77,7 @@ def test_gate_rows_scan_as_the_exact_path_decodes_them_and_transform_as_the_feat
     transform = RawTransform(spec.to_dict())
     taken = set()
     for name, group in groups.items():
-        for n in (MANY, 100, 256):
+        for n in SIZES:
             few = slice(group.start, min(group.start + n, group.stop))
             body = orjson.dumps({"instances": rows[few]})
             got = decode_predict(body, SIG)[1].batch
@@ -108,7 +104,7 @@ def test_unseen_and_missing_criteo_values_scan_as_the_exact_path_decodes_them(sp
     mixed[rng.random(known.shape) < 0.1] = ""
     rows = client_rows(numeric[groups["vocabulary"]], mixed)
     transform = RawTransform(spec.to_dict())
-    for n in (MANY, 100, 256):
+    for n in SIZES:
         body = orjson.dumps({"instances": rows[:n]})
         batch = scanned(body)
         assert_same_batch(batch, old_path(body).batch)  # type: ignore[arg-type]
@@ -208,10 +204,10 @@ def test_envelopes_outside_the_subset_are_declined(body: bytes) -> None:
     assert scan(body.replace(b"%s", rows)) is None
 
 
-def test_few_rows_are_left_to_msgspec() -> None:
-    body = b'{"instances": [' + b",".join([BASE] * DICT_ROWS) + b"]}"
-    assert scan(body) is None
-    assert decode_raw_instances(body) is not None
+def test_a_single_row_is_scanned_and_an_empty_list_left_to_the_exact_path() -> None:
+    body = b'{"instances": [' + BASE + b"]}"
+    assert len(scanned(body)) == 1
+    assert scan(b'{"instances": []}') is None
 
 
 def test_no_mutation_of_a_body_is_taken_unless_the_exact_path_decodes_it_alike() -> None:
@@ -254,3 +250,63 @@ def test_scanned_batches_merge_keyed_and_transform_alike(spec: FeatureSpec) -> N
                       np.concatenate([p.categorical for p in parts], 1))  # fmt: skip
     assert_same_batch(merged, arrays)
     assert np.array_equal(transform(merged), transform(arrays))
+
+
+def test_few_keyed_rows_transform_natively_as_the_feature_spec_before_and_after_the_cache_fills(
+    spec: FeatureSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Up to DICT_ROWS keyed rows: the first sight of a count goes to numpy (and fills the z-score cache), the
+    next ones natively; both equal FeatureSpec.transform, and leave the numpy path's entries for drift."""
+    native, rows_of = [], raw_one_row._native_rows
+    assert rows_of is not None
+
+    def counted(*args: Any) -> Any:
+        found = rows_of(*args)
+        native.append(found is not None)
+        return found
+
+    monkeypatch.setattr(raw_one_row, "_native_rows", counted)
+    (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
+    rows = client_rows(numeric, categorical)
+    vocabulary = groups["vocabulary"]
+    transform, reference = RawTransform(spec.to_dict()), RawTransform(spec.to_dict())
+    for n in (1, 2, 5, DICT_ROWS):
+        for start in (vocabulary.start, vocabulary.start):  # the second time every count is cached
+            few = slice(start, start + n)
+            batch = scanned(orjson.dumps({"instances": rows[few]}))
+            expected = spec.transform(numeric[few], categorical[few])
+            assert np.array_equal(transform(batch), expected), n
+            owner, entries = batch.entries()  # type: ignore[misc]
+            assert owner is transform
+            assert np.array_equal(entries, reference.entries(RawBatch(batch.numeric, batch.categorical)))
+    assert True in native and False in native  # both the native path and the numpy fallback ran
+
+
+def test_the_native_table_and_rows_refuse_inconsistent_arrays() -> None:
+    table, rows = raw_one_row._native_table, raw_one_row._native_rows
+    assert table is not None and rows is not None
+    key, code, salts = np.zeros(16, np.uint64), np.zeros(16, np.int32), np.zeros(26, np.uint64)
+    lift, column = np.zeros(2, np.float32), np.full(2, 100, np.int32)
+    good = (key.tobytes(), code.tobytes(), salts.tobytes(), 60, 0, lift.tobytes(), column.tobytes(), 128)
+    built = table(*good)
+    for at, bad, message in [
+        (0, key[:8].tobytes(), "2**(64 - shift)"),
+        (1, code[:8].tobytes(), "one int32 code per slot"),
+        (2, salts[:3].tobytes(), "one uint64 salt"),
+        (4, 7, "the default is not an entry"),
+        (6, np.full(2, 3, np.int32).tobytes(), "not a bucket column"),
+        (1, np.full(16, 9, np.int32).tobytes(), "a code is not an entry"),
+    ]:
+        args = list(good)
+        args[at] = bad
+        with pytest.raises(ValueError, match=re.escape(message)):
+            table(*args)
+    counts, keys = np.zeros((13, 2)), np.zeros((26, 2), np.uint64)
+    with pytest.raises(ValueError, match="13, 13 and 26 values per row"):
+        rows(built, [0.0] * 26, counts, keys[:, :1].copy(), 2)
+    with pytest.raises(ValueError, match="invalid PyCapsule"):
+        rows(b"not a table", [0.0] * 26, counts, keys, 2)
+    features, entries = rows(built, [0.5] * 26, counts, keys, 2)
+    out = np.frombuffer(features, np.float32).reshape(2, 128)
+    assert out[:, :13].tolist() == [[0.5] * 13] * 2 and out[:, 100].tolist() == [26.0, 26.0]
+    assert np.frombuffer(entries, np.int32).tolist() == [0] * 52

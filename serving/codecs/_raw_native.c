@@ -1,6 +1,6 @@
-/* Raw REST bodies in row format, scanned straight into columns: serving/codecs/raw_scan.py.
+/* The raw path's native parts: a body scanned straight into columns, and the few-row transform.
  *
- * `scan(body, min_rows)` reads `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}`
+ * 1. `scan(body, min_rows)` (serving/codecs/raw_body.py) reads `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}`
  * in one pass over its bytes and returns (n, counts, keys): n rows, the counts as float64 (13, n) field-major
  * (NaN = missing) and the categorical values' keys as uint64 (26, n) field-major, in two bytearrays. A key is a
  * value's bytes (up to 8) as a little-endian uint64, zero-padded, and "" is eight 0x01 bytes: the keys of
@@ -15,10 +15,15 @@
  *   - a categorical is a string of at most 8 ASCII characters from 0x20 to 0x7F without a backslash, or null;
  *   - at least `min_rows` rows.
  * So it never accepts a body that is not JSON, and every body it takes decodes to the same values as the
- * other paths (tests/serving/unit/test_unit_raw_scan.py compares them).
+ * other paths (tests/serving/unit/test_unit_raw_native.py compares them).
  *
  * Memory: two arrays of n rows (13 doubles and 26 keys each), grown by doubling, then one transposed copy in
  * the bytearrays; nothing else. Time: one pass over the body, without the GIL.
+ *
+ * 2. `table(...)` and `rows(table, z, counts, keys, n)` (serving/codecs/raw_rows.py): the compiled FeatureSpec
+ * of serving/codecs/raw_transform.py on a few keyed rows, with the z-scores of their counts given (numpy's
+ * own, cached): the categorical lookups in the same cuckoo table as `ValueTable.lookup_keys`, the lifts and
+ * the bucket counts, into float32 features. No arithmetic but a float32 += 1.0: the same bits as numpy's.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -246,6 +251,7 @@ static PyObject *columns(const void *rows, Py_ssize_t n, int width) {
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
+    (void)self;
     Py_buffer body;
     Py_ssize_t min_rows;
     if (!PyArg_ParseTuple(args, "y*n", &body, &min_rows)) return NULL;
@@ -268,12 +274,179 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---- 2. the few-row transform ---- */
+
+#define MIX 0x9E3779B97F4A7C15ULL /* serving/codecs/value_table.py's multiply-shift constants */
+#define MIX2 0xC2B2AE3D27D4EB4FULL
+
+typedef struct {
+    uint64_t *key;   /* the cuckoo table's salted keys (0: empty) */
+    int32_t *code;   /* and each slot's entry */
+    unsigned shift;  /* 64 - log2(slots) */
+    int32_t missing; /* the entry of a slot no key names */
+    uint64_t salt[N_CAT];
+    float *lift;     /* entry -> lift */
+    int32_t *column; /* entry -> the bucket column its value counts in */
+    Py_ssize_t entries, width;
+} Table;
+
+static void table_free(PyObject *capsule) {
+    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    if (!t) return;
+    PyMem_Free(t->key);
+    PyMem_Free(t->code);
+    PyMem_Free(t->lift);
+    PyMem_Free(t->column);
+    PyMem_Free(t);
+}
+
+static void *copy(Py_buffer *b) {
+    void *out = PyMem_Malloc(b->len ? (size_t)b->len : 1);
+    if (out) memcpy(out, b->buf, (size_t)b->len);
+    return out;
+}
+
+/* table(key, code, salts, shift, default, lift, column, width) -> a capsule: copies of the arrays, checked. */
+static PyObject *table(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer key, code, salts, lift, column;
+    unsigned shift;
+    int missing;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "y*y*y*Iiy*y*n", &key, &code, &salts, &shift, &missing, &lift, &column, &width))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t slots = key.len / 8, entries = lift.len / 4;
+    const char *bad = NULL;
+    if (shift < 2 || shift > 63 || slots != (Py_ssize_t)1 << (64 - shift) || key.len != slots * 8)
+        bad = "the key table must hold 2**(64 - shift) uint64";
+    else if (code.len != slots * 4) bad = "one int32 code per slot";
+    else if (salts.len != N_CAT * 8) bad = "one uint64 salt per categorical field";
+    else if (column.len != lift.len || entries < 1) bad = "one float32 lift and one int32 column per entry";
+    if (!bad) {
+        const int32_t *c = code.buf, *col = column.buf;
+        for (Py_ssize_t i = 0; i < slots && !bad; i++)
+            if (c[i] < 0 || c[i] >= entries) bad = "a code is not an entry";
+        for (Py_ssize_t i = 0; i < entries && !bad; i++)
+            if (col[i] < 2 * N_NUM + N_CAT || col[i] >= width) bad = "a column is not a bucket column";
+        if (missing < 0 || missing >= entries) bad = "the default is not an entry";
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad);
+    } else {
+        Table *t = PyMem_Calloc(1, sizeof(Table));
+        if (t) {
+            t->key = copy(&key);
+            t->code = copy(&code);
+            t->lift = copy(&lift);
+            t->column = copy(&column);
+            memcpy(t->salt, salts.buf, sizeof t->salt);
+            t->shift = shift;
+            t->missing = missing;
+            t->entries = entries;
+            t->width = width;
+        }
+        if (!t || !t->key || !t->code || !t->lift || !t->column) {
+            PyErr_NoMemory();
+        } else {
+            result = PyCapsule_New(t, "ctr.raw_table", table_free);
+            t = NULL;
+        }
+        if (t) {
+            PyMem_Free(t->key);
+            PyMem_Free(t->code);
+            PyMem_Free(t->lift);
+            PyMem_Free(t->column);
+            PyMem_Free(t);
+        }
+    }
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&code);
+    PyBuffer_Release(&salts);
+    PyBuffer_Release(&lift);
+    PyBuffer_Release(&column);
+    return result;
+}
+
+static inline int32_t lookup(const Table *t, uint64_t key, int field) {
+    uint64_t salted = key ^ t->salt[field];
+    uint64_t first = (salted * MIX) >> t->shift, second = (salted * MIX2) >> t->shift;
+    if (t->key[first] == salted) return t->code[first];
+    if (t->key[second] == salted) return t->code[second];
+    return t->missing;
+}
+
+/* rows(table, z, counts, keys, n) -> (features, entries), or None when a present count has no z-score.
+ *
+ * z: 13 * n floats or None, field-major (the cached z-score of each count; None: not cached);
+ * counts: float64 (13, n); keys: uint64 (26, n), every value keyed. A count without a z-score is missing when
+ * it is NaN (z 0, missing flag 1), else the caller's numpy transform must run (None). Returns the float32
+ * (n, width) features and the int32 (26, n) entries in bytearrays. */
+static PyObject *rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule, *z;
+    Py_buffer counts, keys;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OO!y*y*n", &capsule, &PyList_Type, &z, &counts, &keys, &n)) return NULL;
+    PyObject *result = NULL, *features = NULL, *entries = NULL;
+    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    if (!t) goto done;
+    if (n < 1 || PyList_GET_SIZE(z) != N_NUM * n || counts.len != N_NUM * n * 8 || keys.len != N_CAT * n * 8) {
+        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
+        goto done;
+    }
+    features = PyByteArray_FromStringAndSize(NULL, n * t->width * 4);
+    entries = PyByteArray_FromStringAndSize(NULL, N_CAT * n * 4);
+    if (!features || !entries) goto done;
+    float *out = (float *)PyByteArray_AS_STRING(features);
+    int32_t *found = (int32_t *)PyByteArray_AS_STRING(entries);
+    const double *x = counts.buf;
+    const uint64_t *k = keys.buf;
+    memset(out, 0, (size_t)(n * t->width) * 4);
+    for (Py_ssize_t j = 0; j < N_NUM; j++) {
+        for (Py_ssize_t r = 0; r < n; r++) {
+            PyObject *v = PyList_GET_ITEM(z, j * n + r);
+            float *row = out + r * t->width;
+            if (v == Py_None) {
+                if (x[j * n + r] == x[j * n + r]) { /* present, not cached: numpy's turn */
+                    result = Py_NewRef(Py_None);
+                    goto done;
+                }
+                row[N_NUM + j] = 1.0f; /* missing: z 0, flag 1 */
+            } else {
+                double d = PyFloat_AsDouble(v);
+                if (d == -1.0 && PyErr_Occurred()) goto done;
+                row[j] = (float)d;
+            }
+        }
+    }
+    for (int f = 0; f < N_CAT; f++) {
+        for (Py_ssize_t r = 0; r < n; r++) {
+            int32_t e = lookup(t, k[f * n + r], f);
+            float *row = out + r * t->width;
+            found[f * n + r] = e;
+            row[2 * N_NUM + f] = t->lift[e];
+            row[t->column[e]] += 1.0f; /* two fields may share a bucket */
+        }
+    }
+    result = Py_BuildValue("OO", features, entries);
+done:
+    Py_XDECREF(features);
+    Py_XDECREF(entries);
+    PyBuffer_Release(&counts);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(body, min_rows) -> (n, counts, keys) or None: a raw REST body in row format as columns."},
+    {"table", table, METH_VARARGS, "table(key, code, salts, shift, default, lift, column, width) -> a capsule."},
+    {"rows", rows, METH_VARARGS,
+     "rows(table, z, counts, keys, n) -> (features, entries) or None: the few-row transform of keyed rows."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_raw_scan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_raw_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__raw_scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__raw_native(void) { return PyModule_Create(&module); }
