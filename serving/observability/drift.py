@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 PSI_FLOOR = 1e-4
 MIN_ROWS = 200
 FLUSH_ROWS = 256  # pending rows copied into the ring buffer at once
+N_NUMERIC, N_CATEGORICAL = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 FLUSH_S = 0.25  # with --num_workers: the longest a row waits before other workers' scrapes see it
 REFERENCE_CHECK_S = 1.0  # how often the newest version's reference file is checked for a change
 RAW_PREFIX = "raw:"  # feature label of a raw field's series
@@ -111,13 +112,14 @@ class Reference:
         by_entry = self.codes_by_entry(transform)
         if by_entry is None:
             return None
-        codes = by_entry[entries[self._categorical_rows]]
+        every = self._categorical_rows == list(range(len(CATEGORICAL_FIELDS)))
+        codes = by_entry[entries if every else entries[self._categorical_rows]]
         return np.concatenate([self._numeric_codes(numeric), np.where(codes < 0, self._other, codes)]).T
 
     def _numeric_codes(self, numeric: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore"):
-            x = numeric[self._numeric_rows]
-            return np.where(np.isfinite(x), np.sign(x) * np.log1p(np.abs(x)), -np.inf).astype(np.float32)
+        # No np.errstate (~3 µs a flush): log1p of |x| >= 0, inf or NaN warns of nothing.
+        x = numeric if self._numeric_rows == list(range(len(NUMERIC_FIELDS))) else numeric[self._numeric_rows]
+        return np.where(np.isfinite(x), np.sign(x) * np.log1p(np.abs(x)), -np.inf).astype(np.float32)
 
     def codes_by_entry(self, transform: Any) -> np.ndarray | None:
         """float32 entry -> bin code of the entry's field (-1: "other") for `transform`'s entries (its
@@ -157,6 +159,10 @@ class DriftMonitor:
         self._feature_scores: list[np.ndarray] = []
         self._entry_owner: object = None  # the transform whose entries these are
         self._entry_rows: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
+        # Single rows' (the usual requests) counts (13, 1) float64, entries (26, 1) int32 and score (1, 1)
+        # float32, contiguous: joined as bytes at the flush, ~4x faster than concatenating 256 small arrays
+        # (the flush pauses the event loop: 0.5 ms served, the single-row p99, 2026-12-01).
+        self._entry_singles: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         self._raw: list[tuple[Any, np.ndarray]] = []
         self._pending_rows = 0
         self._tick_scheduled = False
@@ -195,8 +201,8 @@ class DriftMonitor:
             return
         entries = found[1]
         if isinstance(entries, list):  # one row's, as the one-row transform left them
-            entries = np.fromiter(entries, np.intp, len(entries)).reshape(-1, 1)
-        numeric, codes, kept_scores = self._entry_rows
+            entries = np.fromiter(entries, np.int32, len(entries)).reshape(-1, 1)
+        numeric, codes, kept_scores = self._entry_singles if len(batch) == 1 else self._entry_rows
         numeric.append(batch.numeric)
         codes.append(entries)
         kept_scores.append(scores)
@@ -215,8 +221,14 @@ class DriftMonitor:
                 block = np.concatenate(features)
             self.features.append(np.hstack([block, np.concatenate(scores)]))
         numeric, entries, raw_scores = self._entry_rows
+        singles = self._entry_singles
         if numeric:
             self._entry_rows = ([], [], [])
+        if singles[0]:
+            self._entry_singles = ([], [], [])
+            numeric = [*numeric, _rows_of(singles[0], np.float64, N_NUMERIC)]
+            entries = [*entries, _rows_of(singles[1], np.int32, N_CATEGORICAL)]
+            raw_scores = [*raw_scores, _rows_of(singles[2], np.float32, 1).T]
         if not (raw or numeric):
             return
         ref = self.reference()
@@ -226,9 +238,9 @@ class DriftMonitor:
             # One gather for every pending request: looking 256 one-row requests' values up again paused the
             # event loop for 1.8 ms served (2026-12-01). A version swapped in since these rows were kept may
             # have a bin of a value their transform lacks: they are then left out of the window.
-            codes = ref.entry_codes(self._entry_owner, np.concatenate(numeric, 1), np.concatenate(entries, 1))
+            codes = ref.entry_codes(self._entry_owner, _joined(numeric, 1), _joined(entries, 1))
             if codes is not None:
-                self.raw.append(np.hstack([codes, np.concatenate(raw_scores)]))
+                self.raw.append(np.hstack([codes, _joined(raw_scores, 0)]))
         if raw:
             # One RawBatch of every pending request, binned at once: binning each request's 39 columns apart
             # paused the event loop at every flush (raw p99 55 ms at 1 connection, 2026-11-30).
@@ -313,6 +325,24 @@ class DriftMonitor:
         if ref is not None and len(scores) >= MIN_ROWS:
             lines.append(f"ctr_serving_score_drift_psi{{{m}}} {_psi_of(scores, *ref.score):.6g}")
         return "\n".join(lines) + "\n"
+
+
+def _rows_of(columns: list[np.ndarray], dtype: type, height: int) -> np.ndarray:
+    """(height, 1) columns side by side, (height, N) of `dtype`: their bytes joined when every column is
+    contiguous and of `dtype` (the usual case, ~4x faster than np.concatenate of 256 small arrays), else
+    concatenated."""
+    try:
+        data = b"".join(columns)  # type: ignore[arg-type]  # numpy arrays are bytes-like
+    except (TypeError, BufferError):  # a merged batch's column is a strided view, not bytes-like
+        data = b""
+    if len(data) != len(columns) * height * np.dtype(dtype).itemsize:  # another dtype among them
+        return np.concatenate([np.asarray(c, dtype).reshape(height, 1) for c in columns], 1)
+    return np.frombuffer(data, dtype).reshape(-1, height).T
+
+
+def _joined(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    """The parts concatenated along `axis`, without a copy when there is one part (the singles' join)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis)
 
 
 def _psi_of(values: np.ndarray, edges: np.ndarray, shares: np.ndarray) -> float:
