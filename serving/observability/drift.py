@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 PSI_FLOOR = 1e-4
 MIN_ROWS = 200
-FLUSH_ROWS = 256  # pending rows copied into the ring buffer at once
+FLUSH_ROWS = 64  # pending rows copied into the ring buffer at once
 N_NUMERIC, N_CATEGORICAL = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 FLUSH_S = 0.25  # with --num_workers: the longest a row waits before other workers' scrapes see it
 REFERENCE_CHECK_S = 1.0  # how often the newest version's reference file is checked for a change
@@ -119,7 +119,7 @@ class Reference:
     def _numeric_codes(self, numeric: np.ndarray) -> np.ndarray:
         # No np.errstate (~3 µs a flush): log1p of |x| >= 0, inf or NaN warns of nothing.
         x = numeric if self._numeric_rows == list(range(len(NUMERIC_FIELDS))) else numeric[self._numeric_rows]
-        return np.where(np.isfinite(x), np.sign(x) * np.log1p(np.abs(x)), -np.inf).astype(np.float32)
+        return np.where(np.isfinite(x), np.copysign(np.log1p(np.abs(x)), x), -np.inf).astype(np.float32)
 
     def codes_by_entry(self, transform: Any) -> np.ndarray | None:
         """float32 entry -> bin code of the entry's field (-1: "other") for `transform`'s entries (its
