@@ -58,6 +58,12 @@ def _known(spec: FeatureSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     return out
 
 
+def _hex(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """Values shaped as Criteo's hashed categoricals, 8 hex digits, drawn at random (unseen, bar chance)."""
+    values = [f"{v:08x}" for v in rng.integers(0, 2**32, shape[0] * shape[1]).tolist()]
+    return np.array(values, dtype=object).reshape(shape)
+
+
 def _counts(rng: np.random.Generator, n: int, missing: float) -> np.ndarray:
     """(n, 13) log-uniform counts up to 1e7 with random signs near zero, and `missing` NaN share."""
     x = np.floor(np.expm1(rng.uniform(0, np.log1p(1e7), (n, len(NUMERIC_FIELDS)))))
@@ -77,7 +83,9 @@ def build_raw_rows(
         groups.append(("validation", validation[0][:n_rows], validation[1][:n_rows]))
     k = 256
     groups.append(("vocabulary", _counts(rng, k, 0.1), _known(spec, rng, k)))
+    # Unseen values shaped as Criteo's (8 hex digits: the server's native scan takes them) and not (longer).
     unseen = np.array([[f"unseen-{i}-{j}" for j in range(n_cat)] for i in range(k)], dtype=object)
+    unseen[: k // 2] = _hex(rng, (k // 2, n_cat))
     groups.append(("unseen", _counts(rng, k, 0.1), unseen))
     groups.append(("all_missing", np.full((16, n_num), np.nan), np.full((16, n_cat), "", dtype=object)))
     extreme = rng.choice(
@@ -90,9 +98,12 @@ def build_raw_rows(
     fill = max(0, n_rows - used)
     if fill:
         # Each cell independently: a known value, an unseen one, or missing.
+        # The first half's unseen values are shaped as Criteo's, the second half's are not.
         cats = _known(spec, rng, fill)
         pick = rng.random((fill, n_cat))
-        cats[pick < 0.2] = "never-seen"
+        shaped = np.arange(fill)[:, None] < fill // 2
+        cats[(pick < 0.2) & shaped] = _hex(rng, (fill, n_cat))[(pick < 0.2) & shaped]
+        cats[(pick < 0.2) & ~shaped] = "never-seen"
         cats[pick > 0.9] = ""
         groups.append(("random", _counts(rng, fill, 0.2), cats))
     slices, start = {}, 0
@@ -118,18 +129,57 @@ def python_predictor(
     return lambda numeric, categorical: features_predictor(spec.transform(numeric, categorical))
 
 
+# The request sizes the served raw path is checked at: a single row (the native few-row transform, or the
+# Python one-row path when the native scan declines the body), a few rows, the largest few-row batch, the
+# smallest numpy one, and ranking requests.
+SERVED_SIZES = (1, 3, 16, 17, 100, 256)
+
+
 def serving_predictor(
     spec: FeatureSpec, features_predictor: Callable[[np.ndarray], np.ndarray]
 ) -> RawPredictFn:
-    """Our server's raw path: the compiled FeatureSpec (serving/codecs/raw_transform.py), then the features
-    model (`model.onnx` in ONNX Runtime), on rows made into the server's field-major RawBatch."""
+    """Our server's raw path as REST clients reach it, then the features model (`model.onnx` in ONNX Runtime).
+
+    The rows go in requests of SERVED_SIZES rows in turn, each a JSON body in the forms clients send
+    (`client_rows`) decoded by the server's own REST decoder (the native scan, msgspec or the exact path,
+    whichever takes it), then through the compiled FeatureSpec (serving/codecs/raw_transform.py: native few-row,
+    Python one-row or numpy). Twice: the first pass fills the one-row z-score cache, the second runs from it,
+    and the two must agree bit for bit. A request whose counts JSON cannot carry (infinite or not integral)
+    goes as the gRPC decoder makes it (`RawBatch.from_rows`)."""
+    import orjson
+
     from serving.batches import RawBatch
+    from serving.codecs.raw_body import client_rows
     from serving.codecs.raw_transform import RawTransform
+    from serving.codecs.rest_codec import decode_predict
+    from serving.signatures import Signature
 
     transform = RawTransform(spec.to_dict())
-    return lambda numeric, categorical: features_predictor(
-        transform(RawBatch.from_rows(numeric, categorical))
-    )
+    signature = Signature("features", OUTPUT_NAME, spec.width, 1, has_raw=True)
+
+    def request(numeric: np.ndarray, categorical: np.ndarray) -> RawBatch:
+        counts = numeric[~np.isnan(numeric)]
+        if not (np.isfinite(counts).all() and (counts == np.floor(counts)).all()):
+            return RawBatch.from_rows(numeric, categorical)
+        body = orjson.dumps({"instances": client_rows(numeric, categorical)})
+        batch = decode_predict(body, signature)[1].batch
+        assert isinstance(batch, RawBatch)
+        return batch
+
+    def predict(numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
+        batches, start, k = [], 0, 0
+        while start < len(numeric):
+            end = start + SERVED_SIZES[k % len(SERVED_SIZES)]
+            batches.append(request(numeric[start:end], categorical[start:end]))
+            start, k = end, k + 1
+        first = [transform(b) for b in batches]
+        second = [transform(b) for b in batches]
+        for i, (a, b) in enumerate(zip(first, second, strict=True)):
+            if not np.array_equal(a, b):
+                raise ParityError(f"the served raw transform gave request {i} other features the second time")
+        return features_predictor(np.concatenate(second))
+
+    return predict
 
 
 def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPredictFn:

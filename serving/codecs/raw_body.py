@@ -20,6 +20,7 @@ instance and field with the same message as before. So this module never raises 
 
 from __future__ import annotations
 
+import math
 from itertools import chain
 from typing import Annotated, Any, Literal
 
@@ -62,6 +63,28 @@ _DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(RawInstances)
 _N_NUM = len(NUMERIC_FIELDS)
 _BLANK_IS_MISSING = {"": None}  # dict.get(v, v): "" -> None (NaN), any other value itself
 _NULL_IS_BLANK = {None: ""}
+
+
+def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, Any]]:
+    """Row-major (N, 13) counts and (N, 26) values as a REST client sends them, every form in turn: counts as
+    ints or integral floats, missing as absent, null or "" (a non-finite count cannot be sent: JSON has none,
+    so it is absent too); values as strings, "" as itself, absent or null. The gates send the rows through the
+    server's decoder in these forms (export/raw_parity.py, serving/versions/warmup.py)."""
+    rows = []
+    for i, (counts, strings) in enumerate(zip(numeric.tolist(), categorical.tolist(), strict=True)):
+        row: dict[str, Any] = {}
+        for j, (field, x) in enumerate(zip(NUMERIC_FIELDS, counts, strict=True)):
+            if math.isfinite(x):
+                row[field] = int(x) if (i + j) % 2 and x.is_integer() else x
+            elif (i + j) % 3:
+                row[field] = [None, ""][(i + j) % 3 - 1]
+        for j, (field, value) in enumerate(zip(CATEGORICAL_FIELDS, strings, strict=True)):
+            if value or (i + j) % 3 == 1:
+                row[field] = value
+            elif (i + j) % 3 == 2:
+                row[field] = None
+        rows.append(row)
+    return rows
 
 
 def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:

@@ -13,14 +13,17 @@ from typing import NamedTuple
 
 import google_crc32c
 import numpy as np
+import orjson
 
 from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
 from serving.batches import RawBatch
+from serving.codecs.raw_body import client_rows
 from serving.codecs.raw_codec import decode_tensors
+from serving.codecs.rest_codec import decode_predict
 from serving.codecs.tensors import to_ndarray
-from serving.errors import ModelLoadError
+from serving.errors import InvalidArgument, ModelLoadError
 from serving.signatures import OUTPUT_NAME, RAW_SIGNATURE
 from serving.versions.spec_backend import SpecBackend
 
@@ -130,11 +133,39 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         if out.shape != (len(record.batch), sig.output_width) or not np.isfinite(out).all():
             raise ModelLoadError(f"raw warm-up output has shape {list(out.shape)} or non-finite values")
         _check_expected(backend, i, inputs, out, record.expected)
+        if isinstance(backend, SpecBackend) and record.expected is not None:
+            _check_rest_route(backend, i, record.batch, record.expected)
     return replayed
 
 
+def _check_rest_route(backend: SpecBackend, i: int, rows: RawBatch, expected: np.ndarray) -> None:
+    """The same gate on the route REST clients take: the record's rows as a JSON body, decoded by the server's
+    REST decoder (the native scan, msgspec or the exact path) and transformed twice (the native few-row
+    transform runs once the first pass has cached the counts' z-scores). Rows JSON cannot carry (a count that
+    is infinite or not integral) are checked by the tensor route only."""
+    numeric, categorical = rows.numeric.T, rows.categorical.T
+    counts = numeric[~np.isnan(numeric)]
+    if not (np.isfinite(counts).all() and (counts == np.floor(counts)).all()):
+        return
+    body = orjson.dumps({"instances": client_rows(numeric, categorical)})
+    try:
+        batch = decode_predict(body, backend.signature)[1].batch
+    except InvalidArgument as exc:
+        raise ModelLoadError(
+            f"raw warm-up record {i}: the REST decoder refuses its rows: {exc.message}"
+        ) from exc
+    for _ in range(2):
+        out = backend.predict_batch(batch)  # type: ignore[arg-type]
+        _check_expected(backend, i, {}, out, expected, " sent as a REST body")
+
+
 def _check_expected(
-    backend: Backend, i: int, inputs: dict[str, np.ndarray], out: np.ndarray, expected: np.ndarray | None
+    backend: Backend,
+    i: int,
+    inputs: dict[str, np.ndarray],
+    out: np.ndarray,
+    expected: np.ndarray | None,
+    route: str = "",
 ) -> None:
     """The load gate of the served raw path: its scores on a warm-up record match the expected ones.
 
@@ -148,11 +179,11 @@ def _check_expected(
         return
     if expected.shape != out.shape:
         raise ModelLoadError(
-            f"raw warm-up record {i} expects scores of shape {list(expected.shape)}, got {list(out.shape)}"
+            f"raw warm-up record {i}{route} expects scores of shape {list(expected.shape)}, got {list(out.shape)}"
         )
     diff = float(np.max(np.abs(out.astype(np.float64) - expected)))
     if not diff <= RAW_WARMUP_TOLERANCE:
         raise ModelLoadError(
-            f"raw warm-up record {i}: the served raw path differs from {reference} by {diff:.3g} "
+            f"raw warm-up record {i}{route}: the served raw path differs from {reference} by {diff:.3g} "
             f"(> {RAW_WARMUP_TOLERANCE:g}); re-export the version with this code"
         )

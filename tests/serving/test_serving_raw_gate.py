@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 
@@ -14,6 +16,7 @@ from export.raw_parity import build_raw_rows
 from export.warmup import write_warmup
 from serving.backends import load_backend
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
+from serving.codecs import raw_one_row
 from serving.errors import ModelLoadError
 from serving.versions.spec_backend import SpecBackend, with_spec_transform
 from serving.versions.warmup import warm_up
@@ -92,3 +95,28 @@ def test_a_version_without_a_spec_serves_raw_through_its_graph(tmp_path: Path) -
     backend = with_spec_transform(load_backend("onnx", version, 1), version)
     assert isinstance(backend, OnnxRuntimeBackend) and backend.signature.has_raw
     assert warm_up(backend, version) == 6  # the graph against the recorded scores
+
+
+def test_a_served_route_that_only_rest_bodies_take_is_gated_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records' rows also go as REST bodies through the server's decoder (the native scan) and the native
+    few-row transform, which the tensor route never reaches: a fault there alone fails the load."""
+    version = _version(tmp_path, 0.0)
+    rows = raw_one_row._native_rows
+    assert rows is not None
+
+    def shifted(*args: Any) -> Any:
+        found = rows(*args)
+        if found is not None:
+            features = np.frombuffer(found[0], np.float32).copy()
+            features[:13] += 0.5  # the first row's z-scores
+            found = (bytearray(features.tobytes()), found[1])
+        return found
+
+    monkeypatch.setattr(raw_one_row, "_native_rows", shifted)
+    with pytest.raises(ModelLoadError) as caught:
+        warm_up(with_spec_transform(load_backend("onnx", version, 1), version), version)
+    assert str(caught.value).startswith(
+        "raw warm-up record 0 sent as a REST body: the served raw path differs from the scores recorded at export"
+    )

@@ -3,7 +3,6 @@ the per-value decoder (`parse_body` + `to_request`), bit for bit, and `FeatureSp
 
 from __future__ import annotations
 
-import math
 from itertools import pairwise
 from typing import Any
 
@@ -11,11 +10,10 @@ import numpy as np
 import orjson
 import pytest
 
-from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from export.parity import MIN_ROWS
 from export.raw_parity import build_raw_rows
 from serving.batches import DecodedRequest, RawBatch
-from serving.codecs.raw_body import decode_raw_instances
+from serving.codecs.raw_body import client_rows, decode_raw_instances
 from serving.codecs.raw_codec import MAX_COUNT
 from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
@@ -31,26 +29,6 @@ BATCH_SIZES = (1, 3, DICT_ROWS, DICT_ROWS + 1, 100, 200)
 @pytest.fixture(scope="module")
 def spec() -> FeatureSpec:
     return fit_spec()
-
-
-def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, Any]]:
-    """Rows as clients send them, every form in turn: counts as ints or integral floats, missing as absent,
-    null or "" (an infinity too: JSON has none), categoricals as strings, absent, null or ""."""
-    rows = []
-    for i, (counts, strings) in enumerate(zip(numeric.tolist(), categorical.tolist(), strict=True)):
-        row: dict[str, Any] = {}
-        for j, (field, x) in enumerate(zip(NUMERIC_FIELDS, counts, strict=True)):
-            if math.isfinite(x):
-                row[field] = int(x) if (i + j) % 2 else x
-            elif (i + j) % 3:
-                row[field] = [None, ""][(i + j) % 3 - 1]
-        for j, (field, s) in enumerate(zip(CATEGORICAL_FIELDS, strings, strict=True)):
-            if s or (i + j) % 3 == 1:
-                row[field] = s
-            elif (i + j) % 3 == 2:
-                row[field] = None
-        rows.append(row)
-    return rows
 
 
 def old_path(body: bytes) -> DecodedRequest:

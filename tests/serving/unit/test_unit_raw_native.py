@@ -17,13 +17,13 @@ from export.parity import MIN_ROWS
 from export.raw_parity import build_raw_rows
 from serving.batches import RawBatch
 from serving.codecs import raw_body, raw_one_row
-from serving.codecs.raw_body import decode_raw_instances
+from serving.codecs.raw_body import client_rows, decode_raw_instances
 from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.rest_codec import decode_predict
 from serving.codecs.value_table import EMPTY_KEY
 from serving.errors import InvalidArgument
 from tests.serving.unit import test_unit_raw_body as body_tests
-from tests.serving.unit.test_unit_raw_body import ROW, SIG, client_rows, old_path
+from tests.serving.unit.test_unit_raw_body import ROW, SIG, old_path
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 from training.features.spec import FeatureSpec
 
