@@ -5,7 +5,7 @@
 Each stage is the server's own function on a real body: body -> request (`decode_body` + `check_request`, what
 the server runs), and the old path's two steps apart (orjson `parse_body`; `to_request` + `check_request`),
 transform + model (what a servable runs), body -> scores (decode, transform and model of a fresh batch: the
-decoder's keys feed the transform), drift (`DriftMonitor.observe` of FLUSH_ROWS rows of distinct scored
+decoder's keys feed the transform), drift (`DriftMonitor.observe` of one flush's worth of distinct scored
 requests, then one `flush`), encode (`encode_predictions`). Prints µs per row, the min of `--repeat` timeit
 repeats. Rows: the
 curl example's Criteo row with I1 varied (26 strings repeated, which flatters dict lookups), or the rows of a
@@ -32,7 +32,7 @@ from serving.backends import load_backend
 from serving.batches import RawBatch
 from serving.codecs.rest_codec import encode_predictions, parse_body, to_request
 from serving.curl_example import CRITEO_ROW
-from serving.observability.drift import FLUSH_ROWS, DriftMonitor
+from serving.observability.drift import FLUSH_REQUESTS, FLUSH_ROWS, DriftMonitor
 from serving.versions.spec_backend import with_spec_transform
 
 
@@ -78,7 +78,7 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
     def decode_fresh() -> None:  # a new batch: the keys cached on RawBatch are computed again
         raw_model(decode_body(body, sig, limits.max_instances)[1].batch)
 
-    per_flush = -(-FLUSH_ROWS // n)  # requests the server observes between two flushes
+    per_flush = min(-(-FLUSH_ROWS // n), FLUSH_REQUESTS)  # requests the server observes between two flushes
     # Distinct requests, each decoded and scored as the server does (the transform leaves its entries).
     served = [decode_body(orjson.dumps({"instances": list(islice(cycle(rows), i * n, (i + 1) * n))}), sig,
                           limits.max_instances)[1] for i in range(per_flush)]  # fmt: skip

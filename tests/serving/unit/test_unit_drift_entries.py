@@ -14,7 +14,7 @@ from export.raw_parity import build_raw_rows
 from export.reference import raw_bins
 from serving.batches import DecodedRequest, RawBatch
 from serving.codecs.raw_transform import DICT_ROWS, RawTransform
-from serving.observability.drift import DriftMonitor, Reference
+from serving.observability.drift import FLUSH_REQUESTS, DriftMonitor, Reference
 from serving.signatures import RAW_SIGNATURE
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 from training.features.spec import FeatureSpec
@@ -129,3 +129,18 @@ def test_single_rows_of_a_merged_batch_reach_the_window_too(spec: FeatureSpec, t
         [np.concatenate([looked_up(ref, p) for p in parts]), np.arange(5, dtype=np.float32)[:, None]]
     )
     assert np.array_equal(monitor.raw.filled(), want)
+
+
+def test_a_flush_comes_every_flush_requests_single_rows(spec: FeatureSpec, tmp_path: Path) -> None:
+    """Single-row requests are flushed every FLUSH_REQUESTS (the pause of joining 256 set the p99)."""
+    (numeric, categorical), _ = build_raw_rows(spec, MIN_ROWS, None)
+    transform = RawTransform(spec.to_dict())
+    ref = reference_of(*training_rows())
+    monitor = DriftMonitor("ctr", 1_000, lambda: tmp_path)
+    monitor.reference = lambda: ref  # type: ignore[method-assign]
+    for i in range(FLUSH_REQUESTS):
+        batch = RawBatch.from_rows(numeric[i : i + 1], categorical[i : i + 1])
+        transform(batch)
+        assert len(monitor.raw.filled()) == 0  # nothing flushed before the last one
+        monitor.observe(DecodedRequest(RAW_SIGNATURE, batch), np.zeros((1, 1), np.float32))
+    assert len(monitor.raw.filled()) == FLUSH_REQUESTS
