@@ -140,8 +140,8 @@ def serving_predictor(
 ) -> RawPredictFn:
     """Our server's raw path as REST clients reach it, then the features model (`model.onnx` in ONNX Runtime).
 
-    The rows go in requests of SERVED_SIZES rows in turn, each a JSON body in the forms clients send
-    (`client_rows`) decoded by the server's own REST decoder (the native scan, msgspec or the exact path,
+    The rows go in requests of SERVED_SIZES rows in turn, each a JSON body in the forms clients send, in row
+    format (`client_rows`) and, every other round of sizes, columnar (`client_columns`), decoded by the server's own REST decoder (the native scan, msgspec or the exact path,
     whichever takes it), then through the compiled FeatureSpec (serving/codecs/raw_transform.py: native few-row,
     Python one-row or numpy). Twice: the first pass fills the one-row z-score cache, the second runs from it,
     and the two must agree bit for bit. A request whose counts JSON cannot carry (infinite or not integral)
@@ -149,7 +149,7 @@ def serving_predictor(
     import orjson
 
     from serving.batches import RawBatch
-    from serving.codecs.raw_body import client_rows
+    from serving.codecs.raw_body import client_columns, client_rows
     from serving.codecs.raw_transform import RawTransform
     from serving.codecs.rest_codec import decode_predict
     from serving.signatures import Signature
@@ -157,11 +157,14 @@ def serving_predictor(
     transform = RawTransform(spec.to_dict())
     signature = Signature("features", OUTPUT_NAME, spec.width, 1, has_raw=True)
 
-    def request(numeric: np.ndarray, categorical: np.ndarray) -> RawBatch:
+    def request(numeric: np.ndarray, categorical: np.ndarray, columnar: bool) -> RawBatch:
         counts = numeric[~np.isnan(numeric)]
         if not (np.isfinite(counts).all() and (counts == np.floor(counts)).all()):
             return RawBatch.from_rows(numeric, categorical)
-        body = orjson.dumps({"instances": client_rows(numeric, categorical)})
+        if columnar:
+            body = orjson.dumps({"inputs": client_columns(numeric, categorical)})
+        else:
+            body = orjson.dumps({"instances": client_rows(numeric, categorical)})
         batch = decode_predict(body, signature)[1].batch
         assert isinstance(batch, RawBatch)
         return batch
@@ -170,7 +173,9 @@ def serving_predictor(
         batches, start, k = [], 0, 0
         while start < len(numeric):
             end = start + SERVED_SIZES[k % len(SERVED_SIZES)]
-            batches.append(request(numeric[start:end], categorical[start:end]))
+            # every size in row format, then columnar (SERVED_SIZES has an even count of sizes)
+            columnar = k // len(SERVED_SIZES) % 2 == 1
+            batches.append(request(numeric[start:end], categorical[start:end], columnar))
             start, k = end, k + 1
         first = [transform(b) for b in batches]
         second = [transform(b) for b in batches]

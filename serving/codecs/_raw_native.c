@@ -1,19 +1,23 @@
 /* The raw path's native parts: a body scanned straight into columns, and the few-row transform.
  *
- * 1. `scan(body, min_rows)` (serving/codecs/raw_body.py) reads `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}`
- * in one pass over its bytes and returns (n, counts, keys): n rows, the counts as float64 (13, n) field-major
+ * 1. `scan(body, min_rows, max_rows)` (serving/codecs/raw_body.py) reads a raw REST body, in row format
+ * `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}` or columnar
+ * `{"inputs": {"I1": [3, ...], "C1": ["68fd1e64", ...], ...}, "signature_name"?: "raw"}`, in one pass over its
+ * bytes and returns (n, counts, keys, columnar): n rows, the counts as float64 (13, n) field-major
  * (NaN = missing) and the categorical values' keys as uint64 (26, n) field-major, in two bytearrays. A key is a
  * value's bytes (up to 8) as a little-endian uint64, zero-padded, and "" is eight 0x01 bytes: the keys of
  * serving/codecs/value_table.py (`RawKeys`).
  *
  * It takes a strict subset of JSON and returns None for anything else, which then goes the way it always went
  * (msgspec, then the exact path that names the instance and field of an error). The subset:
- *   - the envelope holds "instances" and optionally "signature_name": "raw", each once, and nothing else;
- *   - a row holds only the 39 field names, each at most once, written without escapes;
+ *   - the envelope holds "instances" or "inputs", and optionally "signature_name": "raw", each once, and
+ *     nothing else;
+ *   - a row, or `inputs`, holds only the 39 field names, each at most once, written without escapes; every
+ *     column of `inputs` has the same length, and an absent field is all missing;
  *   - a count is a JSON integer of at most 15 digits, optionally with a fraction of zeros only (3.0), or "" or
  *     null; no exponent;
  *   - a categorical is a string of at most 8 ASCII characters from 0x20 to 0x7F without a backslash, or null;
- *   - at least `min_rows` rows.
+ *   - at least `min_rows` rows and at most `max_rows` (its memory's bound: 39 * 8 bytes a row).
  * So it never accepts a body that is not JSON, and every body it takes decodes to the same values as the
  * other paths (tests/serving/unit/test_unit_raw_native.py compares them).
  *
@@ -38,10 +42,10 @@ static const uint64_t EMPTY_KEY = 0x0101010101010101ULL;
 
 typedef struct {
     const unsigned char *p, *end;
-    double *num;   /* row-major (cap, 13) */
-    uint64_t *key; /* row-major (cap, 26) */
-    Py_ssize_t n, cap;
-    int nomem;
+    double *num;   /* rows: row-major (cap, 13); columns: field-major (13, n) */
+    uint64_t *key; /* rows: row-major (cap, 26); columns: field-major (26, n) */
+    Py_ssize_t n, cap, max_rows;
+    int nomem, columnar;
 } Scan;
 
 static inline void ws(Scan *s) {
@@ -184,6 +188,7 @@ static int grow(Scan *s) {
 
 static int row(Scan *s) {
     if (!eat(s, '{')) return 0;
+    if (s->n == s->max_rows) return 0; /* more rows than any request may hold: the exact path's */
     if (s->n == s->cap && !grow(s)) {
         s->nomem = 1;
         return 0;
@@ -216,6 +221,72 @@ static int instances(Scan *s) {
     return eat(s, ']');
 }
 
+/* One column of the columnar format, `[v, ...]`, into `tmp` (grown as needed): its length, or -1. */
+static Py_ssize_t column(Scan *s, int f, uint64_t **tmp, Py_ssize_t *cap) {
+    if (!eat(s, '[')) return -1;
+    Py_ssize_t m = 0;
+    if (eat(s, ']')) return 0;
+    do {
+        if (m == s->max_rows) return -1;
+        if (m == *cap) {
+            Py_ssize_t grown = *cap ? 2 * *cap : 128;
+            uint64_t *more = PyMem_RawRealloc(*tmp, (size_t)grown * 8);
+            if (!more) {
+                s->nomem = 1;
+                return -1;
+            }
+            *tmp = more;
+            *cap = grown;
+        }
+        ws(s);
+        if (f < N_NUM) {
+            double v;
+            if (!count(s, &v)) return -1;
+            memcpy(*tmp + m, &v, 8);
+        } else if (!categorical(s, *tmp + m)) {
+            return -1;
+        }
+        m++;
+    } while (eat(s, ','));
+    return eat(s, ']') ? m : -1;
+}
+
+/* The columnar format's `inputs`: `{"I1": [3, null], "C1": ["68fd1e64", ""], ...}`, every present field of the
+ * same length, each at most once; an absent field is all missing (as serving/codecs/raw_codec.py reads it). */
+static int inputs(Scan *s) {
+    uint64_t *tmp = NULL, seen = 0;
+    Py_ssize_t cap = 0, n = -1;
+    int ok = 0;
+    s->columnar = 1;
+    if (!eat(s, '{') || eat(s, '}')) goto done; /* no field: the exact path names the empty batch */
+    do {
+        if (!eat(s, '"')) goto done;
+        int f = field_index(s);
+        if (f < 0 || (seen >> f & 1) || !eat(s, ':')) goto done;
+        seen |= 1ULL << f;
+        Py_ssize_t m = column(s, f, &tmp, &cap);
+        if (m < 0 || (n >= 0 && m != n)) goto done; /* another length: the exact path names them */
+        if (n < 0) {
+            n = m;
+            s->num = PyMem_RawMalloc((size_t)(n ? n : 1) * N_NUM * sizeof(double));
+            s->key = PyMem_RawMalloc((size_t)(n ? n : 1) * N_CAT * sizeof(uint64_t));
+            if (!s->num || !s->key) {
+                s->nomem = 1;
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < n * N_NUM; i++) s->num[i] = NAN;
+            for (Py_ssize_t i = 0; i < n * N_CAT; i++) s->key[i] = EMPTY_KEY;
+        }
+        if (f < N_NUM) memcpy(s->num + (Py_ssize_t)f * n, tmp, (size_t)n * 8);
+        else memcpy(s->key + (Py_ssize_t)(f - N_NUM) * n, tmp, (size_t)n * 8);
+    } while (eat(s, ','));
+    ok = eat(s, '}') && n > 0;
+    s->n = n;
+done:
+    PyMem_RawFree(tmp);
+    return ok;
+}
+
 static int envelope(Scan *s) {
     int has_instances = 0, has_signature = 0;
     if (!eat(s, '{')) return 0;
@@ -227,6 +298,9 @@ static int envelope(Scan *s) {
         if (len == 9 && memcmp(t, "instances", 9) == 0 && !has_instances) {
             has_instances = 1;
             if (!instances(s)) return 0;
+        } else if (len == 6 && memcmp(t, "inputs", 6) == 0 && !has_instances) {
+            has_instances = 1;
+            if (!inputs(s)) return 0;
         } else if (len == 14 && memcmp(t, "signature_name", 14) == 0 && !has_signature) {
             has_signature = 1;
             if (!word(s, "\"raw\"", 5)) return 0;
@@ -253,9 +327,9 @@ static PyObject *columns(const void *rows, Py_ssize_t n, int width) {
 static PyObject *scan(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer body;
-    Py_ssize_t min_rows;
-    if (!PyArg_ParseTuple(args, "y*n", &body, &min_rows)) return NULL;
-    Scan s = {body.buf, (const unsigned char *)body.buf + body.len, NULL, NULL, 0, 0, 0};
+    Py_ssize_t min_rows, max_rows;
+    if (!PyArg_ParseTuple(args, "y*nn", &body, &min_rows, &max_rows)) return NULL;
+    Scan s = {body.buf, (const unsigned char *)body.buf + body.len, NULL, NULL, 0, 0, max_rows, 0, 0};
     int ok;
     Py_BEGIN_ALLOW_THREADS ok = envelope(&s) && s.n >= min_rows;
     Py_END_ALLOW_THREADS PyBuffer_Release(&body);
@@ -265,8 +339,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     } else if (!ok) {
         result = Py_NewRef(Py_None);
     } else {
-        PyObject *num = columns(s.num, s.n, N_NUM), *key = num ? columns(s.key, s.n, N_CAT) : NULL;
-        if (num && key) result = Py_BuildValue("nNN", s.n, num, key);
+        PyObject *num, *key;
+        if (s.columnar) { /* field-major already */
+            num = PyByteArray_FromStringAndSize((const char *)s.num, s.n * N_NUM * 8);
+            key = num ? PyByteArray_FromStringAndSize((const char *)s.key, s.n * N_CAT * 8) : NULL;
+        } else {
+            num = columns(s.num, s.n, N_NUM);
+            key = num ? columns(s.key, s.n, N_CAT) : NULL;
+        }
+        if (num && key) result = Py_BuildValue("nNNO", s.n, num, key, s.columnar ? Py_True : Py_False);
         else Py_XDECREF(num);
     }
     PyMem_RawFree(s.num);
@@ -440,7 +521,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(body, min_rows) -> (n, counts, keys) or None: a raw REST body in row format as columns."},
+     "scan(body, min_rows, max_rows) -> (n, counts, keys, columnar) or None: a raw REST body as columns."},
     {"table", table, METH_VARARGS, "table(key, code, salts, shift, default, lift, column, width) -> a capsule."},
     {"rows", rows, METH_VARARGS,
      "rows(table, z, counts, keys, n) -> (features, entries) or None: the few-row transform of keyed rows."},

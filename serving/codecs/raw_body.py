@@ -1,11 +1,13 @@
 """The fast paths of raw REST bodies: JSON bytes -> a field-major RawBatch, natively or through msgspec.
 
-Every body is first scanned by a small C extension (serving/codecs/_raw_native.c) straight into the counts and
-the categorical values' keys, with no Python object per value (serving/codecs/raw_one_row.py transforms a few
-keyed rows natively too); it takes a strict subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up
-to 8 ASCII characters or null; no escapes, no repeated or unknown keys) and declines anything else, which then
-goes the msgspec way below. The values themselves are made from the keys only if something reads them
-(`RawBatch.of_keys`). Without the extension (a source checkout not installed) the msgspec path serves alone.
+Every body, in row format or columnar (`inputs`), is first scanned by a small C extension
+(serving/codecs/_raw_native.c) straight into the counts and the categorical values' keys, with no Python
+object per value (serving/codecs/raw_one_row.py transforms a few keyed rows natively too). It takes a strict
+subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up to 8 ASCII characters or
+null; no escapes, no repeated or unknown keys; at most MAX_SCAN_ROWS rows) and declines anything else, which
+then goes the msgspec way below (row format) or the exact path (columnar). The values themselves are made from
+the keys only if something reads them (`RawBatch.of_keys`). Without the extension (a source checkout not
+installed) the msgspec path serves alone.
 
 `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}` is decoded by msgspec
 straight into one small struct per row (no dict per row, no key lookups in Python), checked as it is read:
@@ -38,6 +40,9 @@ try:
 except ImportError:  # not built: `pip install -e .` (make install) builds it
     _scan = None
 NATIVE = _scan is not None  # the server logs which decoder it runs (serving/server.py)
+# The scan's bound on rows (and so on its memory, 39 * 8 bytes a row); a larger body goes the other ways,
+# whose --max_instances check answers it.
+MAX_SCAN_ROWS = 65536
 
 _LIMIT = 2**53  # counts within ±2**53 exclusive: the bounds themselves go to the exact path, which names them
 Count = (
@@ -87,14 +92,43 @@ def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, 
     return rows
 
 
+def client_columns(numeric: np.ndarray, categorical: np.ndarray) -> dict[str, list[Any]]:
+    """The same rows as a columnar `inputs` object (`client_rows`' forms, one per field in turn): a field
+    whose values are all missing is absent in every third field, as a client may leave it out."""
+    columns: dict[str, list[Any]] = {}
+    for j, (field, values) in enumerate(zip(NUMERIC_FIELDS, numeric.T.tolist(), strict=True)):
+        if j % 3 or any(math.isfinite(x) for x in values):
+            columns[field] = [
+                (int(x) if j % 2 and x.is_integer() else x) if math.isfinite(x) else [None, ""][j % 2]
+                for x in values
+            ]
+    for j, (field, strings) in enumerate(zip(CATEGORICAL_FIELDS, categorical.T.tolist(), strict=True)):
+        if j % 3 or any(strings):
+            columns[field] = [v if v or j % 2 else None for v in strings]
+    return columns
+
+
+def decode_raw_body(body: bytes | bytearray) -> tuple[bool, RawBatch] | None:
+    """A raw REST body -> (columnar format?, its RawBatch), or None: the exact path's to decode. The native scan
+    takes row and columnar bodies of its JSON subset; msgspec, the other row bodies it can."""
+    if _scan is not None:
+        found = _scan(body, 1, MAX_SCAN_ROWS)
+        if found is not None:
+            n, counts, keys, columnar = found
+            key = np.frombuffer(keys, np.uint64).reshape(len(CATEGORICAL_FIELDS), n)
+            return columnar, RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))
+    batch = _decode_typed(body)
+    return None if batch is None else (False, batch)
+
+
 def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
     """A raw REST body in row format -> a RawBatch (with its keys), or None: the exact path's to decode."""
-    if _scan is not None:
-        found = _scan(body, 1)
-        if found is not None:
-            n, counts, keys = found
-            key = np.frombuffer(keys, np.uint64).reshape(len(CATEGORICAL_FIELDS), n)
-            return RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))
+    found = decode_raw_body(body)
+    return found[1] if found is not None and not found[0] else None
+
+
+def _decode_typed(body: bytes | bytearray) -> RawBatch | None:
+    """msgspec's typed decode of a row-format body, or None."""
     try:
         rows = _DECODER.decode(body).instances
     except msgspec.DecodeError:  # malformed JSON, or a value the types above do not take (ValidationError)

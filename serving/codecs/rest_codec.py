@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from serving.batches import DecodedRequest
-from serving.codecs.raw_body import decode_raw_instances
+from serving.codecs.raw_body import decode_raw_body
 from serving.codecs.raw_codec import decode_rest, looks_raw
 from serving.errors import InvalidArgument
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
@@ -38,9 +38,9 @@ def decode_predict(body: bytes | bytearray, sig: Signature) -> tuple[bool, Decod
     # Raw rows are objects: a body with no '{' after its first byte near the start is vectors (a failed
     # typed decode would cost them ~1 µs); a body that only looks raw is declined by the decoder itself.
     if sig.has_raw and body.find(b"{", 1, 256) > 0:
-        batch = decode_raw_instances(body)
-        if batch is not None:
-            return False, DecodedRequest(RAW_SIGNATURE, batch)
+        found = decode_raw_body(body)
+        if found is not None:
+            return found[0], DecodedRequest(RAW_SIGNATURE, found[1])
     request = parse_body(body)
     return request.columnar, to_request(request, sig)
 

@@ -19,7 +19,7 @@ from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
 from serving.batches import RawBatch
-from serving.codecs.raw_body import client_rows
+from serving.codecs.raw_body import client_columns, client_rows
 from serving.codecs.raw_codec import decode_tensors
 from serving.codecs.rest_codec import decode_predict
 from serving.codecs.tensors import to_ndarray
@@ -139,24 +139,28 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
 
 
 def _check_rest_route(backend: SpecBackend, i: int, rows: RawBatch, expected: np.ndarray) -> None:
-    """The same gate on the route REST clients take: the record's rows as a JSON body, decoded by the server's
-    REST decoder (the native scan, msgspec or the exact path) and transformed twice (the native few-row
-    transform runs once the first pass has cached the counts' z-scores). Rows JSON cannot carry (a count that
-    is infinite or not integral) are checked by the tensor route only."""
+    """The same gate on the route REST clients take: the record's rows as JSON bodies (row format, then
+    columnar), decoded by the server's REST decoder (the native scan, msgspec or the exact path) and
+    transformed twice (the native few-row transform runs once the first pass has cached the counts'
+    z-scores). Rows JSON cannot carry (a count that is infinite or not integral) are checked by the tensor
+    route only."""
     numeric, categorical = rows.numeric.T, rows.categorical.T
     counts = numeric[~np.isnan(numeric)]
     if not (np.isfinite(counts).all() and (counts == np.floor(counts)).all()):
         return
-    body = orjson.dumps({"instances": client_rows(numeric, categorical)})
-    try:
-        batch = decode_predict(body, backend.signature)[1].batch
-    except InvalidArgument as exc:
-        raise ModelLoadError(
-            f"raw warm-up record {i}: the REST decoder refuses its rows: {exc.message}"
-        ) from exc
-    for _ in range(2):
-        out = backend.predict_batch(batch)  # type: ignore[arg-type]
-        _check_expected(backend, i, {}, out, expected, " sent as a REST body")
+    for body in (
+        orjson.dumps({"instances": client_rows(numeric, categorical)}),
+        orjson.dumps({"inputs": client_columns(numeric, categorical)}),
+    ):
+        try:
+            batch = decode_predict(body, backend.signature)[1].batch
+        except InvalidArgument as exc:
+            raise ModelLoadError(
+                f"raw warm-up record {i}: the REST decoder refuses its rows: {exc.message}"
+            ) from exc
+        for _ in range(2):
+            out = backend.predict_batch(batch)  # type: ignore[arg-type]
+            _check_expected(backend, i, {}, out, expected, " sent as a REST body")
 
 
 def _check_expected(

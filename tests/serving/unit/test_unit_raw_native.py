@@ -17,9 +17,9 @@ from export.parity import MIN_ROWS
 from export.raw_parity import build_raw_rows
 from serving.batches import RawBatch
 from serving.codecs import raw_body, raw_one_row
-from serving.codecs.raw_body import client_rows, decode_raw_instances
+from serving.codecs.raw_body import client_columns, client_rows, decode_raw_instances
 from serving.codecs.raw_transform import DICT_ROWS, RawTransform
-from serving.codecs.rest_codec import decode_predict
+from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.codecs.value_table import EMPTY_KEY
 from serving.errors import InvalidArgument
 from tests.serving.unit import test_unit_raw_body as body_tests
@@ -48,7 +48,7 @@ def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
 def scan(body: bytes) -> Any:
     """The extension's own answer: (n, counts, keys) or None."""
     assert raw_body._scan is not None
-    return raw_body._scan(body, 1)
+    return raw_body._scan(body, 1, raw_body.MAX_SCAN_ROWS)
 
 
 def scanned(body: bytes) -> RawBatch:
@@ -210,14 +210,29 @@ def test_a_single_row_is_scanned_and_an_empty_list_left_to_the_exact_path() -> N
     assert scan(b'{"instances": []}') is None
 
 
-def test_no_mutation_of_a_body_is_taken_unless_the_exact_path_decodes_it_alike() -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"instances": [ROW, {"I3": 0, "C2": None, "C3": "abc"}] * 10},
+        {
+            "inputs": {
+                "I1": [3, None, -1],
+                "I12": ["", 5, 0],
+                "C1": ["68fd1e64", None, ""],
+                "C3": ["abc", "", "x"],
+            }
+        },
+    ],
+    ids=["rows", "columns"],
+)
+def test_no_mutation_of_a_body_is_taken_unless_the_exact_path_decodes_it_alike(body: dict[str, Any]) -> None:
     """Random byte edits of a valid body: whatever the scan takes, the exact path decodes to the same batch."""
     rng = random.Random(5)
-    body = orjson.dumps({"instances": [ROW, {"I3": 0, "C2": None, "C3": "abc"}] * 10})
+    data0 = orjson.dumps(body)
     alphabet = b' {}[]",:-.0123456789eE\\nulltrAICx\x00\x01\x7f\xc3\n'
     taken = declined = 0
-    for _ in range(4000):
-        data = bytearray(body)
+    for _ in range(3000):
+        data = bytearray(data0)
         for _ in range(rng.randint(1, 3)):
             at = rng.randrange(len(data))
             kind = rng.random()
@@ -234,7 +249,9 @@ def test_no_mutation_of_a_body_is_taken_unless_the_exact_path_decodes_it_alike()
             declined += 1
             continue
         taken += 1
-        assert_same_batch(decode_raw_instances(mutated), old_path(mutated).batch)  # type: ignore[arg-type]
+        want = old_columnar(mutated)
+        assert not isinstance(want, str), (mutated, want)  # never a body the exact path refuses
+        assert_same_batch(decode_predict(mutated, SIG)[1].batch, want)  # type: ignore[arg-type]
     assert taken > 100 and declined > 1000  # both sides of the subset were tried
 
 
@@ -310,3 +327,70 @@ def test_the_native_table_and_rows_refuse_inconsistent_arrays() -> None:
     out = np.frombuffer(features, np.float32).reshape(2, 128)
     assert out[:, :13].tolist() == [[0.5] * 13] * 2 and out[:, 100].tolist() == [26.0, 26.0]
     assert np.frombuffer(entries, np.int32).tolist() == [0] * 52
+
+
+def old_columnar(body: bytes) -> Any:
+    """The exact path's answer to a columnar body: its batch, or its message."""
+    try:
+        request = to_request(parse_body(body), SIG)
+    except InvalidArgument as exc:
+        return exc.message
+    return request.batch
+
+
+def test_columnar_gate_rows_scan_as_the_exact_path_decodes_them(spec: FeatureSpec) -> None:
+    (numeric, categorical), groups = build_raw_rows(spec, MIN_ROWS, None)
+    transform = RawTransform(spec.to_dict())
+    taken = set()
+    for name, group in groups.items():
+        for n in SIZES:
+            few = slice(group.start, min(group.start + n, group.stop))
+            for signature in ({}, {"signature_name": "raw"}):
+                body = orjson.dumps({"inputs": client_columns(numeric[few], categorical[few]), **signature})
+                columnar, request = decode_predict(body, SIG)
+                assert columnar is True and isinstance(request.batch, RawBatch)
+                if scan(body) is not None:
+                    taken.add(name)
+                assert_same_batch(request.batch, old_columnar(body))
+                counts = np.where(np.isinf(numeric[few]), np.nan, numeric[few])
+                assert np.array_equal(transform(request.batch), spec.transform(counts, categorical[few]))
+    assert "vocabulary" in taken and "all_missing" in taken
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"inputs": {"I1": [1, 2], "C1": ["a"]}}',  # lengths differ
+        b'{"inputs": {"I1": [1], "I1": [2]}}',
+        b'{"inputs": {"I1": [1], "features": [2]}}',
+        b'{"inputs": {"I1": 1}}',
+        b'{"inputs": {"I1": [[1]]}}',
+        b'{"inputs": {"I1": [1.5]}}',
+        b'{"inputs": {}}',
+        b'{"inputs": {"I1": []}}',
+        b'{"inputs": {"C1": ["x"]}, "instances": [{"I1": 1}]}',
+        b'{"instances": [{"I1": 1}], "inputs": {"C1": ["x"]}}',
+        b'{"inputs": [[1, 2]]}',
+        b'{"inputs": {"features": [[1, 2]]}}',
+    ],
+)
+def test_columnar_bodies_outside_the_subset_are_declined_and_answered_as_before(body: bytes) -> None:
+    assert scan(body) is None
+    want = old_columnar(body)
+    try:
+        got: Any = decode_predict(body, SIG)[1].batch
+    except InvalidArgument as exc:
+        got = exc.message
+    if isinstance(want, str):
+        assert got == want
+    else:
+        body_tests.assert_same_batch(got, want)
+
+
+def test_the_scan_declines_more_rows_than_its_bound() -> None:
+    assert raw_body._scan is not None
+    rows = b'{"instances": [' + b",".join([BASE] * 11) + b"]}"
+    columns = b'{"inputs": {"I1": [' + b",".join([b"1"] * 11) + b"]}}"
+    for body in (rows, columns):
+        assert raw_body._scan(body, 1, 11) is not None
+        assert raw_body._scan(body, 1, 10) is None
