@@ -462,7 +462,7 @@ static inline int32_t lookup(const Table *t, uint64_t key, int field) {
  * z: 13 * n floats or None, field-major (the cached z-score of each count; None: not cached);
  * counts: float64 (13, n); keys: uint64 (26, n), every value keyed. A count without a z-score is missing when
  * it is NaN (z 0, missing flag 1), else the caller's numpy transform must run (None). Returns the float32
- * (n, width) features and the int32 (26, n) entries in bytearrays. */
+ * (n, width) features and the int32 (n, 26) entries (row-major: each row's contiguous, for drift) in bytearrays. */
 static PyObject *rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *capsule, *z;
@@ -505,7 +505,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
         for (Py_ssize_t r = 0; r < n; r++) {
             int32_t e = lookup(t, k[f * n + r], f);
             float *row = out + r * t->width;
-            found[f * n + r] = e;
+            found[r * N_CAT + f] = e; /* row-major: a row's 26 are contiguous */
             row[2 * N_NUM + f] = t->lift[e];
             row[t->column[e]] += 1.0f; /* two fields may share a bucket */
         }

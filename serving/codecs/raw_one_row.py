@@ -106,9 +106,10 @@ class OneRowTransform:
         if found is None:
             return self._fill(batch, counts)
         features, entries = found
-        batch.remember_entries(
-            self._owner, np.frombuffer(entries, np.int32).reshape(len(CATEGORICAL_FIELDS), n)
-        )
+        # (26, N) as a view of the (N, 26) rows: a merged batch's single-row parts get contiguous columns, whose
+        # bytes drift joins (serving/observability/drift.py)
+        rows = np.frombuffer(entries, np.int32).reshape(n, len(CATEGORICAL_FIELDS))
+        batch.remember_entries(self._owner, rows.T)
         return np.frombuffer(features, np.float32).reshape(n, self._width)
 
     def _fill(self, batch: RawBatch, counts: list[float]) -> np.ndarray:

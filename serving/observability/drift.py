@@ -341,7 +341,7 @@ def _rows_of(columns: list[np.ndarray], dtype: type, height: int) -> np.ndarray:
     except (TypeError, BufferError):  # a merged batch's column is a strided view, not bytes-like
         data = b""
     if len(data) != len(columns) * height * np.dtype(dtype).itemsize:  # another dtype among them
-        return np.concatenate([np.asarray(c, dtype).reshape(height, 1) for c in columns], 1)
+        return np.concatenate(columns, 1).astype(dtype, copy=False)
     return np.frombuffer(data, dtype).reshape(-1, height).T
 
 
