@@ -360,34 +360,37 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 #define MIX 0x9E3779B97F4A7C15ULL /* serving/codecs/value_table.py's multiply-shift constants */
 #define MIX2 0xC2B2AE3D27D4EB4FULL
 
+/* A slot and an entry each in one place: a lookup misses the cache about twice (a slot, its entry) instead of
+ * four or five times in the numpy layout's separate arrays (a 118k-entry table is ~4 MB). */
 typedef struct {
-    uint64_t *key;   /* the cuckoo table's salted keys (0: empty) */
-    int32_t *code;   /* and each slot's entry */
+    uint64_t key; /* the salted key (0: empty) */
+    int32_t code; /* its entry */
+    int32_t pad;
+} Slot;
+
+typedef struct {
+    float lift;     /* the entry's lift */
+    int32_t column; /* the bucket column its value counts in */
+} Entry;
+
+typedef struct {
+    Slot *slot;      /* the cuckoo table */
     unsigned shift;  /* 64 - log2(slots) */
-    int32_t missing; /* the entry of a slot no key names */
+    int32_t missing; /* the entry of a value no slot names */
     uint64_t salt[N_CAT];
-    float *lift;     /* entry -> lift */
-    int32_t *column; /* entry -> the bucket column its value counts in */
+    Entry *entry;
     Py_ssize_t entries, width;
 } Table;
 
 static void table_free(PyObject *capsule) {
     Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
     if (!t) return;
-    PyMem_Free(t->key);
-    PyMem_Free(t->code);
-    PyMem_Free(t->lift);
-    PyMem_Free(t->column);
+    PyMem_Free(t->slot);
+    PyMem_Free(t->entry);
     PyMem_Free(t);
 }
 
-static void *copy(Py_buffer *b) {
-    void *out = PyMem_Malloc(b->len ? (size_t)b->len : 1);
-    if (out) memcpy(out, b->buf, (size_t)b->len);
-    return out;
-}
-
-/* table(key, code, salts, shift, default, lift, column, width) -> a capsule: copies of the arrays, checked. */
+/* table(key, code, salts, shift, default, lift, column, width) -> a capsule: the arrays checked and copied. */
 static PyObject *table(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer key, code, salts, lift, column;
@@ -412,34 +415,30 @@ static PyObject *table(PyObject *self, PyObject *args) {
             if (col[i] < 2 * N_NUM + N_CAT || col[i] >= width) bad = "a column is not a bucket column";
         if (missing < 0 || missing >= entries) bad = "the default is not an entry";
     }
+    Table *t = NULL;
     if (bad) {
         PyErr_SetString(PyExc_ValueError, bad);
+    } else if (!(t = PyMem_Calloc(1, sizeof(Table))) || !(t->slot = PyMem_Malloc((size_t)slots * sizeof(Slot))) ||
+               !(t->entry = PyMem_Malloc((size_t)entries * sizeof(Entry)))) {
+        PyErr_NoMemory();
     } else {
-        Table *t = PyMem_Calloc(1, sizeof(Table));
-        if (t) {
-            t->key = copy(&key);
-            t->code = copy(&code);
-            t->lift = copy(&lift);
-            t->column = copy(&column);
-            memcpy(t->salt, salts.buf, sizeof t->salt);
-            t->shift = shift;
-            t->missing = missing;
-            t->entries = entries;
-            t->width = width;
-        }
-        if (!t || !t->key || !t->code || !t->lift || !t->column) {
-            PyErr_NoMemory();
-        } else {
-            result = PyCapsule_New(t, "ctr.raw_table", table_free);
-            t = NULL;
-        }
-        if (t) {
-            PyMem_Free(t->key);
-            PyMem_Free(t->code);
-            PyMem_Free(t->lift);
-            PyMem_Free(t->column);
-            PyMem_Free(t);
-        }
+        const uint64_t *k = key.buf;
+        const int32_t *c = code.buf, *col = column.buf;
+        const float *l = lift.buf;
+        for (Py_ssize_t i = 0; i < slots; i++) t->slot[i] = (Slot){k[i], c[i], 0};
+        for (Py_ssize_t i = 0; i < entries; i++) t->entry[i] = (Entry){l[i], col[i]};
+        memcpy(t->salt, salts.buf, sizeof t->salt);
+        t->shift = shift;
+        t->missing = missing;
+        t->entries = entries;
+        t->width = width;
+        result = PyCapsule_New(t, "ctr.raw_table", table_free);
+        if (result) t = NULL;
+    }
+    if (t) {
+        PyMem_Free(t->slot);
+        PyMem_Free(t->entry);
+        PyMem_Free(t);
     }
     PyBuffer_Release(&key);
     PyBuffer_Release(&code);
@@ -452,8 +451,8 @@ static PyObject *table(PyObject *self, PyObject *args) {
 static inline int32_t lookup(const Table *t, uint64_t key, int field) {
     uint64_t salted = key ^ t->salt[field];
     uint64_t first = (salted * MIX) >> t->shift, second = (salted * MIX2) >> t->shift;
-    if (t->key[first] == salted) return t->code[first];
-    if (t->key[second] == salted) return t->code[second];
+    if (t->slot[first].key == salted) return t->slot[first].code;
+    if (t->slot[second].key == salted) return t->slot[second].code;
     return t->missing;
 }
 
@@ -506,8 +505,8 @@ static PyObject *rows(PyObject *self, PyObject *args) {
             int32_t e = lookup(t, k[f * n + r], f);
             float *row = out + r * t->width;
             found[r * N_CAT + f] = e; /* row-major: a row's 26 are contiguous */
-            row[2 * N_NUM + f] = t->lift[e];
-            row[t->column[e]] += 1.0f; /* two fields may share a bucket */
+            row[2 * N_NUM + f] = t->entry[e].lift;
+            row[t->entry[e].column] += 1.0f; /* two fields may share a bucket */
         }
     }
     result = Py_BuildValue("OO", features, entries);
