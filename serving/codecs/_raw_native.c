@@ -28,6 +28,9 @@
  * of serving/codecs/raw_transform.py on a few keyed rows, with the z-scores of their counts given (numpy's
  * own, cached): the categorical lookups in the same cuckoo table as `ValueTable.lookup_keys`, the lifts and
  * the bucket counts, into float32 features. No arithmetic but a float32 += 1.0: the same bits as numpy's.
+ *
+ * 3. `keys(values)` (serving/codecs/value_table.py): the same keys for values already decoded (gRPC tensors,
+ * msgspec's rows), so those batches take the few-row transform and the batch-wide lookup too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -518,9 +521,42 @@ done:
     return result;
 }
 
+/* ---- 3. keys of values already decoded ---- */
+
+/* keys(values) -> bytearray of one uint64 key per value (the scan's keys), or None when a value is not a str
+ * of up to 8 ASCII characters without a NUL or a 0x01 (the numpy path of value_table.py then decides). */
+static PyObject *keys(PyObject *self, PyObject *values) {
+    (void)self;
+    if (!PyList_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "keys() takes a list of str");
+        return NULL;
+    }
+    Py_ssize_t m = PyList_GET_SIZE(values);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, m * 8);
+    if (!out) return NULL;
+    uint64_t *key = (uint64_t *)PyByteArray_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (!PyUnicode_Check(v) || !PyUnicode_IS_ASCII(v) || PyUnicode_GET_LENGTH(v) > 8) goto none;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+        const unsigned char *c = PyUnicode_DATA(v);
+        uint64_t k = 0;
+        for (Py_ssize_t j = 0; j < len; j++) {
+            if (c[j] < 2) goto none; /* a NUL would cut the value, a 0x01 read as "" */
+            k |= (uint64_t)c[j] << (8 * j);
+        }
+        key[i] = len ? k : EMPTY_KEY;
+    }
+    return out;
+none:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(body, min_rows, max_rows) -> (n, counts, keys, columnar) or None: a raw REST body as columns."},
+    {"keys", keys, METH_O, "keys(values) -> bytearray of uint64 keys, or None: the keys of a list of str."},
     {"table", table, METH_VARARGS, "table(key, code, salts, shift, default, lift, column, width) -> a capsule."},
     {"rows", rows, METH_VARARGS,
      "rows(table, z, counts, keys, n) -> (features, entries) or None: the few-row transform of keyed rows."},

@@ -32,7 +32,7 @@ import numpy as np
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.batches import RawBatch
 from serving.codecs.raw_transform import DICT_ROWS
-from serving.codecs.value_table import RawKeys, join
+from serving.codecs.value_table import RawKeys
 from serving.signatures import RAW_SIGNATURE
 
 try:
@@ -143,20 +143,12 @@ def _decode_typed(body: bytes | bytearray) -> RawBatch | None:
         columns = list(zip(*map(msgspec.structs.astuple, rows), strict=True))  # 39 tuples of N values
         numeric = _counts(columns[:_N_NUM], n)
         strings = list(chain.from_iterable(columns[_N_NUM:]))  # field-major, as the batch holds them
-    if n <= DICT_ROWS:  # the transform looks these up by dict: no keys to make
-        if None in strings:
-            strings = list(map(_NULL_IS_BLANK.get, strings, strings))
-        return RawBatch.of_strings(numeric, strings)
-    try:
-        text = join(strings)
-    except TypeError:  # a null categorical
+    if None in strings:
         strings = list(map(_NULL_IS_BLANK.get, strings, strings))
-        text = join(strings)
-    try:
-        keys = RawKeys.of_joined(text, len(strings), (len(CATEGORICAL_FIELDS), n))
-    except UnicodeEncodeError:
-        return None  # a lone surrogate (msgspec refuses them first): the exact path names it
-    return RawBatch.of_strings(numeric, strings, keys, keys_made=True)
+    if n <= DICT_ROWS:  # keyed when the transform asks (RawBatch.keys, in C)
+        return RawBatch.of_strings(numeric, strings)
+    # in C, or by the numpy join; None: by dict (a lone surrogate: msgspec refuses them first)
+    return RawBatch.of_strings(numeric, strings, RawKeys.of_list(strings, (len(CATEGORICAL_FIELDS), n)), True)
 
 
 def _counts(columns: list[tuple[Any, ...]], n: int) -> np.ndarray:

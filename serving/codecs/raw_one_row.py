@@ -87,10 +87,11 @@ class OneRowTransform:
         return np.array([row], np.float32)
 
     def takes(self, batch: RawBatch) -> bool:
-        """Whether `keyed` can transform the batch: every value keyed, and the native transform built."""
+        """Whether `keyed` can transform the batch: every value keyed (any batch whose values are all up to 8
+        ASCII characters: the scan's, msgspec's, gRPC's), and the native transform built."""
         if self._native is None:
             return False
-        keys = batch.__dict__.get("keys")
+        keys = batch.keys  # the decoder's, or made now (in C: ~0.3 µs a row)
         return keys is not None and keys.slow is None
 
     def keyed(self, batch: RawBatch) -> np.ndarray:

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    from serving.codecs._raw_native import keys as _native_keys
+except ImportError:  # not built: the numpy join below keys batches of 0- and 8-byte values
+    _native_keys = None
+
 SHORT = 8  # bytes of a value that fit its uint64 key
 EMPTY_KEY = np.uint64(0x0101010101010101)  # the key of "": eight 0x01 bytes, which no keyed value holds
 _WORD_SEPARATOR = "\0" * SHORT  # values of 8 bytes joined by it sit in aligned uint64 words
@@ -45,6 +50,10 @@ class RawKeys:
     @staticmethod
     def of_list(values: list[str], shape: tuple[int, ...]) -> RawKeys | None:
         """The keys of F * N str given as a list (row-major in `shape`), or None: look them up one by one."""
+        if _native_keys is not None:  # every value up to 8 ASCII characters: keyed in C, any length
+            found = _native_keys(values)
+            if found is not None:
+                return RawKeys(np.frombuffer(found, np.uint64).reshape(shape), None)
         try:
             return RawKeys.of_joined(join(values), len(values), shape)
         except UnicodeEncodeError:  # a lone surrogate (the JSON and gRPC decoders reject them before here)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from serving.batches import RawBatch
+from serving.codecs import value_table
 from serving.codecs.value_table import RawKeys, ValueTable
 
 TABLES = [
@@ -44,7 +45,7 @@ def test_every_value_pair_of_every_field_is_looked_up_as_the_dicts_do(default: i
         ([["68fd1e64", "", "x" * 8], ["", "", ""], ["abcdefgh", "", ""]], True),  # and missing ones
         ([["", "", ""]] * 3, True),  # all missing
         ([["héllo!!", "日本ab", "68fd1e64"]] * 3, True),  # non-ASCII: by dict, value by value
-        ([["ab", "x", "68fd1e64"]] * 2, False),  # shorter than 8 bytes: the whole batch by dict
+        ([["ab", "x", "68fd1e64"]] * 2, True),  # shorter than 8 bytes: keyed in C (the numpy join: by dict)
         ([["abcdefghi", "x", "ab"]] * 2, False),  # longer
         ([["a\0b", "x", ""]], False),  # a NUL
         ([["\1" * 8, "", "x"]], False),  # 0x01, the byte that spells "" in a key
@@ -56,6 +57,14 @@ def test_each_kind_of_batch_gets_the_dicts_answers(rows: list[list[str]], keyed:
     keys = RawKeys.of(values)
     assert (keys is not None) == keyed
     assert np.array_equal(ValueTable(TABLES, 0).lookup(values, keys), by_dict(values, 0))
+
+
+def test_without_the_extension_short_values_go_by_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(value_table, "_native_keys", None)
+    values = batch([["ab", "x", "68fd1e64"]] * 2)
+    assert RawKeys.of(values) is None
+    keys = RawKeys.of(batch([["68fd1e64", "", "x" * 8]] * 2))
+    assert keys is not None and keys.slow is None
 
 
 def test_merged_batches_carry_their_parts_keys_without_recomputing_them() -> None:
