@@ -149,7 +149,7 @@ def serving_predictor(
     import orjson
 
     from serving.batches import RawBatch
-    from serving.codecs.raw_body import client_columns, client_rows
+    from serving.codecs.raw_body import client_columns, client_rows, json_can_carry
     from serving.codecs.raw_transform import RawTransform
     from serving.codecs.rest_codec import decode_predict
     from serving.signatures import Signature
@@ -158,8 +158,7 @@ def serving_predictor(
     signature = Signature("features", OUTPUT_NAME, spec.width, 1, has_raw=True)
 
     def request(numeric: np.ndarray, categorical: np.ndarray, columnar: bool) -> RawBatch:
-        counts = numeric[~np.isnan(numeric)]
-        if not (np.isfinite(counts).all() and (counts == np.floor(counts)).all()):
+        if not json_can_carry(numeric):
             return RawBatch.from_rows(numeric, categorical)
         if columnar:
             body = orjson.dumps({"inputs": client_columns(numeric, categorical)})

@@ -135,17 +135,12 @@ class _StringsBatch(RawBatch):
 
     @cached_property
     def categorical(self) -> np.ndarray:  # type: ignore[override]
-        strings = self.__dict__["_strings"]
-        return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), len(self))
-
-
-class _KeyedBatch(RawBatch):
-    """A RawBatch made by `RawBatch.of_keys`: its values are made from the keys when first read."""
-
-    @cached_property
-    def categorical(self) -> np.ndarray:  # type: ignore[override]
         strings = self.strings()
         return np.fromiter(strings, object, len(strings)).reshape(len(CATEGORICAL_FIELDS), len(self))
+
+
+class _KeyedBatch(_StringsBatch):
+    """A RawBatch made by `RawBatch.of_keys`: its values are made from the keys when first read."""
 
     def strings(self) -> list[str]:
         found = self.__dict__.get("_strings")

@@ -92,6 +92,12 @@ def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, 
     return rows
 
 
+def json_can_carry(numeric: np.ndarray) -> bool:
+    """Whether a client can send these counts as JSON: every present one finite and integral."""
+    counts = numeric[~np.isnan(numeric)]
+    return bool(np.isfinite(counts).all() and (counts == np.floor(counts)).all())
+
+
 def client_columns(numeric: np.ndarray, categorical: np.ndarray) -> dict[str, list[Any]]:
     """The same rows as a columnar `inputs` object (`client_rows`' forms, one per field in turn): a field
     whose values are all missing is absent in every third field, as a client may leave it out."""

@@ -19,7 +19,7 @@ from ctr_contract.repository import WARMUP_PATH
 from serving import protos
 from serving.backends import Backend
 from serving.batches import RawBatch
-from serving.codecs.raw_body import client_columns, client_rows
+from serving.codecs.raw_body import client_columns, client_rows, json_can_carry
 from serving.codecs.raw_codec import decode_tensors
 from serving.codecs.rest_codec import decode_predict
 from serving.codecs.tensors import to_ndarray
@@ -145,8 +145,7 @@ def _check_rest_route(backend: SpecBackend, i: int, rows: RawBatch, expected: np
     z-scores). Rows JSON cannot carry (a count that is infinite or not integral) are checked by the tensor
     route only."""
     numeric, categorical = rows.numeric.T, rows.categorical.T
-    counts = numeric[~np.isnan(numeric)]
-    if not (np.isfinite(counts).all() and (counts == np.floor(counts)).all()):
+    if not json_can_carry(numeric):
         return
     for body in (
         orjson.dumps({"instances": client_rows(numeric, categorical)}),
