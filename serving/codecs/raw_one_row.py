@@ -1,9 +1,10 @@
 """The compiled FeatureSpec for a few rows: a single raw row costs about what a vector does.
 
-Keyed rows (decoded by the native scan, serving/codecs/raw_body.py, or merged from such: every categorical a
-key) of up to DICT_ROWS go through the native few-row transform (serving/codecs/_raw_native.c, `rows`): the
-26 lookups in the same table as the numpy path, the lifts and the bucket counts, in C, with the counts'
-z-scores taken from the cache below. A single row the scan declined (msgspec decoded it) is done in Python:
+Keyed rows of up to DICT_ROWS (every value up to 8 ASCII characters, whichever decoder made them: their keys
+come from the native scan or `RawKeys.of_list`) go through the native few-row transform
+(serving/codecs/_raw_native.c, `rows`): the 26 lookups in the same table as the numpy path, the lifts and the
+bucket counts, in C, with the counts' z-scores taken from the cache below. A single row with other values
+(longer, or not ASCII) is done in Python:
 
 On one row the numpy transform (serving/codecs/raw_transform.py) is ~20 calls on tiny arrays, ~12 µs, and
 more once the model has run in between (its temporaries evict the model's data). Here the 26 lookups are dict

@@ -90,6 +90,7 @@ class Reference:
         # Where each raw series' field sits in a RawBatch (ValueError, an ignored reference, for another name).
         self._numeric_rows = [NUMERIC_FIELDS.index(name) for name, _, _ in self.raw_numeric]
         self._categorical_rows = [CATEGORICAL_FIELDS.index(name) for name, _, _ in self.raw_categorical]
+        self._every_categorical = self._categorical_rows == list(range(len(CATEGORICAL_FIELDS)))
         # The categorical bins, looked up batch-wide with the batch's keys (shared with the transform);
         # a value no bin names is "other", the bin before "missing".
         bins = dict(zip(self._categorical_rows, self.raw_categorical, strict=True))
@@ -115,8 +116,7 @@ class Reference:
         by_entry = self.codes_by_entry(transform)
         if by_entry is None:
             return None
-        every = self._categorical_rows == list(range(len(CATEGORICAL_FIELDS)))
-        codes = by_entry[entries if every else entries[self._categorical_rows]]
+        codes = by_entry[entries if self._every_categorical else entries[self._categorical_rows]]
         return np.concatenate([self._numeric_codes(numeric), np.where(codes < 0, self._other, codes)]).T
 
     def _numeric_codes(self, numeric: np.ndarray) -> np.ndarray:
