@@ -28,28 +28,49 @@ from bench.sections.serving_load import RANKING_INSTANCES, write_raw_lua
 def our_server(name: str, checkout: Path, base: Path, batching: bool) -> Server:
     """Our server from `checkout` (its code on PYTHONPATH), one worker, one intra-op thread."""
     port = free_port()
-    cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}",
-           "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1", "--log_level=warning",
-           f"--enable_batching={str(batching).lower()}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--host=127.0.0.1",
+        f"--port={free_port()}",
+        f"--rest_api_port={port}",
+        "--model_name=ctr",
+        f"--model_base_path={base}",
+        "--intra_op_threads=1",
+        "--log_level=warning",
+        f"--enable_batching={str(batching).lower()}",
+    ]
     return Server(name, cmd, port, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)})
 
 
 def report(rows: dict[tuple[str, int, str], dict[str, Any]], names: list[str]) -> str:
     """Markdown tables: single-row raw / vector QPS per server and connections, then ranking rows/s."""
-    lines = ["| server | connections | raw QPS | vector QPS | raw / vector | raw p99 ms | vector p99 ms "
-             "| server CPU µs a request: raw / vector |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| server | connections | raw QPS | vector QPS | raw / vector | raw p99 ms | vector p99 ms "
+        "| server CPU µs a request: raw / vector |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in names:
         for c in (8, 64):
             raw, vec = rows[(name, c, "raw1.lua")], rows[(name, c, "vec1.lua")]
-            lines.append(f"| {name} | {c} | {raw['qps']:,.0f} | {vec['qps']:,.0f} | {raw['qps'] / vec['qps']:.2f} "
-                         f"| {raw['p99_ms']:.2f} | {vec['p99_ms']:.2f} | {cpu(raw)} / {cpu(vec)} |")  # fmt: skip
-    lines += ["", f"| server | raw rows/s ({RANKING_INSTANCES}/request, 8 connections) | raw p99 ms | vector rows/s "
-              "| vector p99 ms | server CPU µs a row: raw / vector |", "|---|---|---|---|---|---|"]  # fmt: skip
+            lines.append(
+                f"| {name} | {c} | {raw['qps']:,.0f} | {vec['qps']:,.0f} | {raw['qps'] / vec['qps']:.2f} "
+                f"| {raw['p99_ms']:.2f} | {vec['p99_ms']:.2f} | {cpu(raw)} / {cpu(vec)} |"
+            )
+    lines += [
+        "",
+        f"| server | raw rows/s ({RANKING_INSTANCES}/request, 8 connections) | raw p99 ms | vector rows/s "
+        "| vector p99 ms | server CPU µs a row: raw / vector |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         raw, vec = rows[(name, 8, "raw100.lua")], rows[(name, 8, "vec100.lua")]
-        lines.append(f"| {name} | {raw['qps'] * RANKING_INSTANCES:,.0f} | {raw['p99_ms']:.1f} "
-                     f"| {vec['qps'] * RANKING_INSTANCES:,.0f} | {vec['p99_ms']:.1f} "
-                     f"| {cpu(raw, RANKING_INSTANCES)} / {cpu(vec, RANKING_INSTANCES)} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {raw['qps'] * RANKING_INSTANCES:,.0f} | {raw['p99_ms']:.1f} "
+            f"| {vec['qps'] * RANKING_INSTANCES:,.0f} | {vec['p99_ms']:.1f} "
+            f"| {cpu(raw, RANKING_INSTANCES)} / {cpu(vec, RANKING_INSTANCES)} |"
+        )
     return "\n".join(lines)
 
 
@@ -67,8 +88,11 @@ def main() -> None:
     args = parser.parse_args()
     base = base_path_of(args.model_base_path.resolve())
     checkouts = {"": PROJECT_ROOT} | ({"before, ": args.before.resolve()} if args.before else {})
-    servers = [our_server(f"{tag}batching {'on' if on else 'off'}", path, base, on)
-               for tag, path in checkouts.items() for on in (False, True)]  # fmt: skip
+    servers = [
+        our_server(f"{tag}batching {'on' if on else 'off'}", path, base, on)
+        for tag, path in checkouts.items()
+        for on in (False, True)
+    ]
     procs.install_cleanup()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -80,8 +80,14 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
 
     per_flush = min(-(-FLUSH_ROWS // n), FLUSH_REQUESTS)  # requests the server observes between two flushes
     # Distinct requests, each decoded and scored as the server does (the transform leaves its entries).
-    served = [decode_body(orjson.dumps({"instances": list(islice(cycle(rows), i * n, (i + 1) * n))}), sig,
-                          limits.max_instances)[1] for i in range(per_flush)]  # fmt: skip
+    served = [
+        decode_body(
+            orjson.dumps({"instances": list(islice(cycle(rows), i * n, (i + 1) * n))}),
+            sig,
+            limits.max_instances,
+        )[1]
+        for i in range(per_flush)
+    ]
     for each in served:
         raw_model(each.batch)
 

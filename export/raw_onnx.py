@@ -97,16 +97,30 @@ def categorical_nodes(g: _Graph, spec: FeatureSpec) -> tuple[str, str]:
     """
     values, pair_keys, rows, lift, bucket = field_tables(spec)
     flat = g.node("Concat", list(CATEGORICAL_FIELDS), "categorical_flat", axis=0)  # (26N,) field-major
-    position = g.node("LabelEncoder", [flat], "value_position", domain=ML_DOMAIN,
-                      keys_strings=values, values_int64s=list(range(len(values))), default_int64=-1)  # fmt: skip
+    position = g.node(
+        "LabelEncoder",
+        [flat],
+        "value_position",
+        domain=ML_DOMAIN,
+        keys_strings=values,
+        values_int64s=list(range(len(values))),
+        default_int64=-1,
+    )
     by_field = g.node(
         "Reshape", [position, g.const("fields_by_n", np.array([N_FIELDS, -1], np.int64))], "position_by_field"
     )
     field_id = g.const("field_id", np.arange(N_FIELDS, dtype=np.int64).reshape(N_FIELDS, 1))
     scaled = g.node("Mul", [by_field, g.const("n_fields", np.array(N_FIELDS, np.int64))], "position_scaled")
     pair = g.node("Add", [scaled, field_id], "pair_key")  # (26, N); negative for an unseen value
-    row = g.node("LabelEncoder", [pair], "table_row_float", domain=ML_DOMAIN, keys_int64s=pair_keys.tolist(),
-                 values_floats=rows.tolist(), default_float=float(len(rows)))  # fmt: skip
+    row = g.node(
+        "LabelEncoder",
+        [pair],
+        "table_row_float",
+        domain=ML_DOMAIN,
+        keys_int64s=pair_keys.tolist(),
+        values_floats=rows.tolist(),
+        default_float=float(len(rows)),
+    )
     row = g.node("Cast", [row], "table_row", to=TensorProto.INT64)
     lifts = g.node("Gather", [g.const("lift_table", lift), row], "lifts_by_field")
     index = g.node("Gather", [g.const("bucket_table", bucket), row], "bucket_by_field")

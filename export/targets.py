@@ -13,10 +13,28 @@ from export.errors import InputError
 # Every op our ONNX -> TF translator covers (export/tf_ops.py); the SavedModel needs all graph ops in here.
 TRANSLATOR_OPS = frozenset(
     {
-        "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh",
-        "Identity", "Dropout", "Constant", "Flatten", "Reshape", "Concat", "BatchNormalization", "Max", "Min",
+        "Gemm",
+        "MatMul",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Relu",
+        "LeakyRelu",
+        "Clip",
+        "Sigmoid",
+        "Tanh",
+        "Identity",
+        "Dropout",
+        "Constant",
+        "Flatten",
+        "Reshape",
+        "Concat",
+        "BatchNormalization",
+        "Max",
+        "Min",
     }
-)  # fmt: skip
+)
 
 PROFILES: dict[str, frozenset[str]] = {
     # ONNX Runtime, Triton's onnxruntime backend and our translator: the full translator set.

@@ -42,8 +42,10 @@ class RawBatch:
     @property
     def inputs(self) -> dict[str, np.ndarray]:
         """The `raw` signature's 39 inputs, each (N,) (views, no copy)."""
-        return {**dict(zip(NUMERIC_FIELDS, self.numeric, strict=True)),
-                **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True))}  # fmt: skip
+        return {
+            **dict(zip(NUMERIC_FIELDS, self.numeric, strict=True)),
+            **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True)),
+        }
 
     @staticmethod
     def from_rows(numeric: np.ndarray, categorical: np.ndarray, keys: RawKeys | None = None) -> RawBatch:

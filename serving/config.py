@@ -165,79 +165,178 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument(
         "--model_base_path", type=Path, default=None, help="folder holding numeric version folders"
     )
-    tf.add_argument("--model_config_file", type=Path, default=None,
-                    help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path")  # fmt: skip
-    tf.add_argument("--model_config_file_poll_wait_seconds", type=int, default=0,
-                    help="seconds between re-reads of --model_config_file; 0 reads it once")  # fmt: skip
-    tf.add_argument("--enable_batching", type=_bool, nargs="?", const=True, default=False,
-                    help="merge concurrent requests into batches of up to --max_batch_size rows")  # fmt: skip
-    tf.add_argument("--file_system_poll_wait_seconds", type=int, default=1,
-                    help="seconds between scans for new versions; 0 scans once")  # fmt: skip
+    tf.add_argument(
+        "--model_config_file",
+        type=Path,
+        default=None,
+        help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path",
+    )
+    tf.add_argument(
+        "--model_config_file_poll_wait_seconds",
+        type=int,
+        default=0,
+        help="seconds between re-reads of --model_config_file; 0 reads it once",
+    )
+    tf.add_argument(
+        "--enable_batching",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="merge concurrent requests into batches of up to --max_batch_size rows",
+    )
+    tf.add_argument(
+        "--file_system_poll_wait_seconds",
+        type=int,
+        default=1,
+        help="seconds between scans for new versions; 0 scans once",
+    )
     tf.add_argument(
         "--rest_api_timeout_in_ms", type=int, default=30000, help="deadline of a queued request; 0 = none"
     )
-    tf.add_argument("--ssl_config_file", type=Path, default=None,
-                    help="SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): TLS on gRPC and REST")  # fmt: skip
+    tf.add_argument(
+        "--ssl_config_file",
+        type=Path,
+        default=None,
+        help="SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): TLS on gRPC and REST",
+    )
     ours = p.add_argument_group("ctr-pipeline flags")
     ours.add_argument("--host", default="0.0.0.0", help="bind address (0.0.0.0 in containers)")
     ours.add_argument(
         "--backend", choices=BACKENDS, default="onnx", help="onnx: model.onnx; tf: saved_model.pb"
     )
     ours.add_argument("--max_batch_size", type=int, default=256, help="rows per merged batch")
-    ours.add_argument("--batch_timeout_micros", type=int, default=0,
-                      help="longest a batch waits for more rows; 0 = take what is queued when the model is free")  # fmt: skip
+    ours.add_argument(
+        "--batch_timeout_micros",
+        type=int,
+        default=0,
+        help="longest a batch waits for more rows; 0 = take what is queued when the model is free",
+    )
     ours.add_argument(
         "--max_enqueued_batches", type=int, default=8, help="queue bound in full batches; then 429"
     )
     ours.add_argument("--max_body_bytes", type=int, default=8 << 20, help="larger REST bodies get 413")
     ours.add_argument("--max_instances", type=int, default=1024, help="most instances in one request")
-    ours.add_argument("--allow_nonfinite", type=_bool, nargs="?", const=True, default=False,
-                      help="accept NaN/Inf features (rejected with 400 by default)")  # fmt: skip
-    ours.add_argument("--model_version_policy", type=_policy, default=VersionPolicy("latest", 1),
-                      help="latest:N (default latest:1), all, or specific:V1,V2")  # fmt: skip
+    ours.add_argument(
+        "--allow_nonfinite",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="accept NaN/Inf features (rejected with 400 by default)",
+    )
+    ours.add_argument(
+        "--model_version_policy",
+        type=_policy,
+        default=VersionPolicy("latest", 1),
+        help="latest:N (default latest:1), all, or specific:V1,V2",
+    )
     ours.add_argument(
         "--version_labels", type=_labels, default={}, help="LABEL=VERSION,... for /labels/LABEL"
     )
-    ours.add_argument("--manifest_wait_timeout_seconds", type=float, default=600.0,
-                      help="how long a version folder may stay incomplete (no manifest.json yet, files missing) "
-                      "before it is rejected; 0 = wait forever")  # fmt: skip
-    ours.add_argument("--model_load_timeout_seconds", type=float, default=600.0,
-                      help="a version whose check, load and warm-up take longer fails alone; 0 = no limit")  # fmt: skip
+    ours.add_argument(
+        "--manifest_wait_timeout_seconds",
+        type=float,
+        default=600.0,
+        help="how long a version folder may stay incomplete (no manifest.json yet, files missing) "
+        "before it is rejected; 0 = wait forever",
+    )
+    ours.add_argument(
+        "--model_load_timeout_seconds",
+        type=float,
+        default=600.0,
+        help="a version whose check, load and warm-up take longer fails alone; 0 = no limit",
+    )
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
-    ours.add_argument("--intra_op_threads", type=int, default=None,
-                      help="ONNX Runtime threads per model call; default: the cgroup CPU limit / --num_workers, "
-                      "1 without a limit (serving/cpu_plan.py)")  # fmt: skip
-    ours.add_argument("--num_workers", type=int, default=None,
-                      help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model; "
-                      "default: the cgroup CPU limit rounded up, 1 without a limit")  # fmt: skip
-    ours.add_argument("--print_curl_example", type=_bool, nargs="?", const=True, default=False,
-                      help="print a ready-to-paste curl predict command once a version is loaded")  # fmt: skip
+    ours.add_argument(
+        "--intra_op_threads",
+        type=int,
+        default=None,
+        help="ONNX Runtime threads per model call; default: the cgroup CPU limit / --num_workers, "
+        "1 without a limit (serving/cpu_plan.py)",
+    )
+    ours.add_argument(
+        "--num_workers",
+        type=int,
+        default=None,
+        help="server processes sharing the REST and gRPC ports (SO_REUSEPORT); each loads the model; "
+        "default: the cgroup CPU limit rounded up, 1 without a limit",
+    )
+    ours.add_argument(
+        "--print_curl_example",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        help="print a ready-to-paste curl predict command once a version is loaded",
+    )
     ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
     watch = p.add_argument_group("drift metrics and request logs (the daily loop: docs/daily-loop.md)")
-    watch.add_argument("--drift_window", type=int, default=10_000,
-                       help="recent rows the drift PSI gauges cover, over all workers; 0 = off")  # fmt: skip
-    watch.add_argument("--request_log_dir", type=Path, default=None,
-                       help="write sampled requests and responses here as JSON lines")  # fmt: skip
-    watch.add_argument("--request_log_sample_rate", type=float, default=0.0,
-                       help="share of requests logged, by a hash of the request id; 0 = off")  # fmt: skip
-    watch.add_argument("--request_log_max_bytes", type=int, default=64 << 20,
-                       help="start a new request log file once one holds this many bytes")  # fmt: skip
+    watch.add_argument(
+        "--drift_window",
+        type=int,
+        default=10_000,
+        help="recent rows the drift PSI gauges cover, over all workers; 0 = off",
+    )
+    watch.add_argument(
+        "--request_log_dir",
+        type=Path,
+        default=None,
+        help="write sampled requests and responses here as JSON lines",
+    )
+    watch.add_argument(
+        "--request_log_sample_rate",
+        type=float,
+        default=0.0,
+        help="share of requests logged, by a hash of the request id; 0 = off",
+    )
+    watch.add_argument(
+        "--request_log_max_bytes",
+        type=int,
+        default=64 << 20,
+        help="start a new request log file once one holds this many bytes",
+    )
     http = p.add_argument_group("REST connection limits (against slow and hostile clients)")
-    http.add_argument("--header_timeout_seconds", type=float, default=10.0,
-                      help="time from a request's first byte (or the connect) to the end of its headers")  # fmt: skip
-    http.add_argument("--body_timeout_seconds", type=float, default=30.0,
-                      help="time to receive a body after its headers; also how long output may stay unread")  # fmt: skip
-    http.add_argument("--keepalive_timeout_seconds", type=float, default=75.0,
-                      help="idle time between requests before a connection is closed")  # fmt: skip
-    http.add_argument("--max_header_bytes", type=int, default=64 << 10,
-                      help="request line + headers over this get 431")  # fmt: skip
+    http.add_argument(
+        "--header_timeout_seconds",
+        type=float,
+        default=10.0,
+        help="time from a request's first byte (or the connect) to the end of its headers",
+    )
+    http.add_argument(
+        "--body_timeout_seconds",
+        type=float,
+        default=30.0,
+        help="time to receive a body after its headers; also how long output may stay unread",
+    )
+    http.add_argument(
+        "--keepalive_timeout_seconds",
+        type=float,
+        default=75.0,
+        help="idle time between requests before a connection is closed",
+    )
+    http.add_argument(
+        "--max_header_bytes", type=int, default=64 << 10, help="request line + headers over this get 431"
+    )
     http.add_argument("--max_headers", type=int, default=200, help="more header lines get 431")
-    http.add_argument("--max_connections", type=int, default=1024,
-                      help="open REST connections per worker; more are answered 503 and closed")  # fmt: skip
-    http.add_argument("--max_output_bytes", type=int, default=1 << 20,
-                      help="unsent response bytes per connection before it stops being read")  # fmt: skip
-    http.add_argument("--max_buffered_bytes", type=int, default=64 << 20,
-                      help="request body bytes held by all connections of a worker; larger bodies past it get 503")  # fmt: skip
+    http.add_argument(
+        "--max_connections",
+        type=int,
+        default=1024,
+        help="open REST connections per worker; more are answered 503 and closed",
+    )
+    http.add_argument(
+        "--max_output_bytes",
+        type=int,
+        default=1 << 20,
+        help="unsent response bytes per connection before it stops being read",
+    )
+    http.add_argument(
+        "--max_buffered_bytes",
+        type=int,
+        default=64 << 20,
+        help="request body bytes held by all connections of a worker; larger bodies past it get 503",
+    )
     return p
 
 

@@ -197,8 +197,13 @@ class Supervisor:
         if slot.quick_deaths >= CRASH_LOOP_LIMIT:
             log.critical(
                 "WORKER %d (pid %d) %s: %d deaths in a row, each within %.0f s of its start, are a crash loop; "
-                "stopping the server", slot.index, pid, how, slot.quick_deaths, CRASH_WINDOW_S,
-            )  # fmt: skip
+                "stopping the server",
+                slot.index,
+                pid,
+                how,
+                slot.quick_deaths,
+                CRASH_WINDOW_S,
+            )
             self.exit_code = 1
             self.stop_requested = True
             return
@@ -238,8 +243,13 @@ def run_workers(cfg: ServerConfig) -> int:
     metrics_dir = Path(tempfile.mkdtemp(prefix="ctr-serving-metrics-"))
     log.info(
         "%d workers on gRPC %s:%d and REST %s:%d; metrics aggregated in %s",
-        cfg.num_workers, cfg.host, cfg.port, cfg.host, cfg.rest_api_port, metrics_dir,
-    )  # fmt: skip
+        cfg.num_workers,
+        cfg.host,
+        cfg.port,
+        cfg.host,
+        cfg.rest_api_port,
+        metrics_dir,
+    )
     try:
         return Supervisor(cfg, metrics_dir, reservations).run()
     finally:

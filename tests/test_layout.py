@@ -123,23 +123,29 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 
 def test_cycle_check_follows_relative_lazy_and_from_package_imports(tmp_path: Path) -> None:
-    _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from pkg.sub import b\n",
-        "pkg/sub/__init__.py": "",
-        "pkg/sub/b.py": "def f():\n    from ..c import g\n",
-        "pkg/c.py": "from . import a\ng = 1\n",
-    })  # fmt: skip
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.sub import b\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/b.py": "def f():\n    from ..c import g\n",
+            "pkg/c.py": "from . import a\ng = 1\n",
+        },
+    )
 
     assert import_cycle(tmp_path, "pkg") == ["pkg.a", "pkg.c", "pkg.sub.b", "pkg.a"]
 
 
 def test_cycle_check_skips_type_checking_imports_and_parent_packages(tmp_path: Path) -> None:
-    _write(tmp_path, {
-        "pkg/__init__.py": "from pkg.a import A\n",
-        "pkg/a.py": "from typing import TYPE_CHECKING\nimport pkg.b\nA = 1\n",
-        "pkg/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import A\nelse:\n    import json\n",
-    })  # fmt: skip
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.a import A\n",
+            "pkg/a.py": "from typing import TYPE_CHECKING\nimport pkg.b\nA = 1\n",
+            "pkg/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import A\nelse:\n    import json\n",
+        },
+    )
 
     assert import_cycle(tmp_path, "pkg") is None
     assert imported_modules("pkg.a", tmp_path / "pkg" / "a.py", set(modules(tmp_path, "pkg"))) == {"pkg.b"}

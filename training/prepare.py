@@ -49,8 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with launched_group() as group:
             say = print if group.rank == 0 else (lambda _: None)
-            out = prepare_data(args.data, args.cache_dir, args.val_fraction, args.width, args.max_rows,
-                               args.skip_bad_rows, say, group=group)  # fmt: skip
+            out = prepare_data(
+                args.data,
+                args.cache_dir,
+                args.val_fraction,
+                args.width,
+                args.max_rows,
+                args.skip_bad_rows,
+                say,
+                group=group,
+            )
     except (TrainingError, OSError) as e:
         if isinstance(e, OSError) and not isinstance(e, TrainingError) and e.filename is None:
             raise  # not a file the user named: a bug, with its traceback

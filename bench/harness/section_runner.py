@@ -72,8 +72,11 @@ def prepare(section: str, workdir: Path) -> str | None:
     from bench.harness import foreign_venvs
 
     # JAX, MLX and TorchServe failures are recorded in the workdir and shown in their rows, not raised.
-    venvs = {"training": (foreign_venvs.JAX, foreign_venvs.MLX), "inference": (foreign_venvs.JAX,),
-             "serving": (foreign_venvs.TORCHSERVE,)}.get(section, ())  # fmt: skip
+    venvs = {
+        "training": (foreign_venvs.JAX, foreign_venvs.MLX),
+        "inference": (foreign_venvs.JAX,),
+        "serving": (foreign_venvs.TORCHSERVE,),
+    }.get(section, ())
     lines = foreign_venvs.prepare(venvs, workdir)
     if section == "serving":
         python = foreign_venvs.KSERVE.ensure(workdir / "kserve_install.log")

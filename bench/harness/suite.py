@@ -42,9 +42,19 @@ def run_section(
     log = out_dir / "logs" / f"{name}.log"
     result_json = workdir / f"{name}.result.json"
     cmd = [
-        sys.executable, "-m", "bench.section_runner", name, "--mode", mode.name,
-        "--inputs", str(inputs_json), "--workdir", str(workdir / name), "--out", str(result_json),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bench.section_runner",
+        name,
+        "--mode",
+        mode.name,
+        "--inputs",
+        str(inputs_json),
+        "--workdir",
+        str(workdir / name),
+        "--out",
+        str(result_json),
+    ]
     rel_log = str(log.relative_to(out_dir))
     needs_setup = mode.run_setup and name in SECTIONS_WITH_SETUP
     setup_note = prepare_section(name, mode, cmd, log) if needs_setup else None

@@ -55,8 +55,17 @@ def measure(
     workdir.mkdir(parents=True, exist_ok=True)
     weights, out = workdir / "jax_weights.npz", workdir / "jax_forward.json"
     export_weights(checkpoint, weights)
-    cmd = [str(python), "-m", "bench.peers.jax_forward", "--weights", str(weights), "--plan", json.dumps(plan),
-           "--out", str(out)]  # fmt: skip
+    cmd = [
+        str(python),
+        "-m",
+        "bench.peers.jax_forward",
+        "--weights",
+        str(weights),
+        "--plan",
+        json.dumps(plan),
+        "--out",
+        str(out),
+    ]
     env = dict(os.environ)
     if threads == 1:  # XLA's CPU client otherwise uses every core
         env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -109,9 +118,20 @@ def worker_main(argv: list[str] | None = None) -> int:
         runs = [time_calls(predict, x, calls) for _ in range(plan["repeats"])]
         p50 = [float(np.percentile(r, 50)) for r in runs]
         p99 = [float(np.percentile(r, 99)) for r in runs]
-        rows.append({"backend": BACKEND, "batch": batch, "p50_ms": float(np.median(p50)), "p99_ms": float(np.median(p99)),
-                     "p50_ms_runs": p50, "p99_ms_runs": p99, "runs": plan["repeats"], "calls": calls,
-                     "max_abs_diff_vs_torch": diff, "versions": versions})  # fmt: skip
+        rows.append(
+            {
+                "backend": BACKEND,
+                "batch": batch,
+                "p50_ms": float(np.median(p50)),
+                "p99_ms": float(np.median(p99)),
+                "p50_ms_runs": p50,
+                "p99_ms_runs": p99,
+                "runs": plan["repeats"],
+                "calls": calls,
+                "max_abs_diff_vs_torch": diff,
+                "versions": versions,
+            }
+        )
         print(
             f"{BACKEND} batch {batch}: p50 {rows[-1]['p50_ms']:.3f} ms, p99 {rows[-1]['p99_ms']:.3f} ms",
             flush=True,

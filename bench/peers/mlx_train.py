@@ -29,10 +29,14 @@ class MLP(nn.Module):
     def __init__(self, in_features: int = 128) -> None:
         super().__init__()
         self.layers = nn.Sequential(
-            nn.Linear(in_features, 256), nn.ReLU(), nn.Dropout(0.3),
-            nn.Linear(256, 128), nn.ReLU(), nn.Dropout(0.2),
+            nn.Linear(in_features, 256),
+            nn.ReLU(),
+            nn.Dropout(0.3),
+            nn.Linear(256, 128),
+            nn.ReLU(),
+            nn.Dropout(0.2),
             nn.Linear(128, 1),
-        )  # fmt: skip
+        )
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.layers(x)  # (B, 128) -> (B, 1) logits

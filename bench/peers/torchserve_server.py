@@ -41,28 +41,42 @@ def archive(version_dir: Path, store: Path, log: Path) -> Path:
         raise FileNotFoundError(f"{version_dir} has no model.pt; export with --torchscript (the default)")
     store.mkdir(parents=True, exist_ok=True)
     archiver = TORCHSERVE.path / "bin" / "torch-model-archiver"
-    cmd = [str(archiver), "--model-name", "ctr", "--version", version_dir.name, "--serialized-file", str(model),
-           "--handler", str(HANDLER), "--export-path", str(store), "--force"]  # fmt: skip
+    cmd = [
+        str(archiver),
+        "--model-name",
+        "ctr",
+        "--version",
+        version_dir.name,
+        "--serialized-file",
+        str(model),
+        "--handler",
+        str(HANDLER),
+        "--export-path",
+        str(store),
+        "--force",
+    ]
     procs.run_bounded(cmd, timeout_s=300, log=log)
     return store / "ctr.mar"
 
 
 def config_text(store: Path, ports: dict[str, int]) -> str:
     """config.properties: 127.0.0.1 only, 1 worker, no system-metrics sampler, the JVM heap cap."""
-    return "\n".join([
-        f"inference_address=http://127.0.0.1:{ports['inference']}",
-        f"management_address=http://127.0.0.1:{ports['management']}",
-        f"metrics_address=http://127.0.0.1:{ports['metrics']}",
-        f"grpc_inference_port={ports['grpc_inference']}",
-        f"grpc_management_port={ports['grpc_management']}",
-        f"model_store={store}",
-        "default_workers_per_model=1",
-        "disable_system_metrics=true",
-        "install_py_dep_per_model=false",
-        "job_queue_size=1000",
-        f"vmargs={JVM_ARGS}",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"inference_address=http://127.0.0.1:{ports['inference']}",
+            f"management_address=http://127.0.0.1:{ports['management']}",
+            f"metrics_address=http://127.0.0.1:{ports['metrics']}",
+            f"grpc_inference_port={ports['grpc_inference']}",
+            f"grpc_management_port={ports['grpc_management']}",
+            f"model_store={store}",
+            "default_workers_per_model=1",
+            "disable_system_metrics=true",
+            "install_py_dep_per_model=false",
+            "job_queue_size=1000",
+            f"vmargs={JVM_ARGS}",
+            "",
+        ]
+    )
 
 
 def launch(version_dir: Path, workdir: Path, free_port: Callable[[], int]) -> TorchServeLaunch:
@@ -82,8 +96,24 @@ def launch(version_dir: Path, workdir: Path, free_port: Callable[[], int]) -> To
     config = ts_dir / "config.properties"
     config.write_text(config_text(store, ports))
     (ts_dir / "tmp").mkdir(exist_ok=True)
-    env = {**os.environ, "TMPDIR": str(ts_dir / "tmp"), "LOG_LOCATION": str(ts_dir / "logs"),
-           "METRICS_LOCATION": str(ts_dir / "logs"), "PATH": f"{TORCHSERVE.path / 'bin'}:{os.environ.get('PATH', '')}"}  # fmt: skip
-    cmd = [str(TORCHSERVE.path / "bin" / "torchserve"), "--start", "--foreground", "--ncs", "--disable-token-auth",
-           "--ts-config", str(config), "--model-store", str(store), "--models", "ctr=ctr.mar"]  # fmt: skip
+    env = {
+        **os.environ,
+        "TMPDIR": str(ts_dir / "tmp"),
+        "LOG_LOCATION": str(ts_dir / "logs"),
+        "METRICS_LOCATION": str(ts_dir / "logs"),
+        "PATH": f"{TORCHSERVE.path / 'bin'}:{os.environ.get('PATH', '')}",
+    }
+    cmd = [
+        str(TORCHSERVE.path / "bin" / "torchserve"),
+        "--start",
+        "--foreground",
+        "--ncs",
+        "--disable-token-auth",
+        "--ts-config",
+        str(config),
+        "--model-store",
+        str(store),
+        "--models",
+        "ctr=ctr.mar",
+    ]
     return TorchServeLaunch(cmd=cmd, env=env, cwd=ts_dir, port=ports["inference"])

@@ -114,14 +114,16 @@ def framework_lines(results: dict[str, Any]) -> list[str]:
     body = []
     for fw in FRAMEWORKS:
         rows = [r for r in (training.get(fw.training or ""), inference.get(fw.inference or "")) if r]
-        body.append([
-            fw.name,
-            _versions(fw, rows, results),
-            cell(fw, "training", fw.training, training, "samples_per_sec"),
-            cell(fw, "training", fw.training, training, "val_auc", 4),
-            cell(fw, "inference", fw.inference, inference, "p99_ms"),
-            cell(fw, "serving", fw.serving, serving, "qps"),
-        ])  # fmt: skip
+        body.append(
+            [
+                fw.name,
+                _versions(fw, rows, results),
+                cell(fw, "training", fw.training, training, "samples_per_sec"),
+                cell(fw, "training", fw.training, training, "val_auc", 4),
+                cell(fw, "inference", fw.inference, inference, "p99_ms"),
+                cell(fw, "serving", fw.serving, serving, "qps"),
+            ]
+        )
     header = [*HEADER[:-1], f"serving QPS ({top} connections)" if top else HEADER[-1]]
     lines = ["## Frameworks", "", *table(header, body), ""]
     # One reason per (framework, section): the two training columns share theirs.

@@ -85,13 +85,22 @@ def raw_ranking_lines(sec: dict[str, Any]) -> list[str]:
     """Ranking requests of 100 raw Criteo rows beside the same requests of 128-float vectors, same rounds."""
     vector = {r["server"]: r for r in sec.get("ranking_rows") or []}
     rows = [
-        [r["server"], r["connections"], fmt(r["rows_per_sec"]), fmt(r["p99_ms"]),
-         fmt(vector.get(r["server"], {}).get("qps", 0) * 100 or None), fmt(vector.get(r["server"], {}).get("p99_ms"))]
+        [
+            r["server"],
+            r["connections"],
+            fmt(r["rows_per_sec"]),
+            fmt(r["p99_ms"]),
+            fmt(vector.get(r["server"], {}).get("qps", 0) * 100 or None),
+            fmt(vector.get(r["server"], {}).get("p99_ms")),
+        ]
         for r in sec["raw_ranking_rows"]
-    ]  # fmt: skip
+    ]
     head = ["server", "connections", "raw rows/s", "raw p99 ms", "vector rows/s", "vector p99 ms"]
-    return ["Ranking requests of 100 rows, raw Criteo rows vs 128-float vectors (goal: raw >= 150k rows/s):", "",
-            *table(head, rows)]  # fmt: skip
+    return [
+        "Ranking requests of 100 rows, raw Criteo rows vs 128-float vectors (goal: raw >= 150k rows/s):",
+        "",
+        *table(head, rows),
+    ]
 
 
 def training_settings_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -104,10 +113,16 @@ def training_settings_lines(rows: list[dict[str, Any]]) -> list[str]:
 def raw_signature_lines(sec: dict[str, Any]) -> list[str]:
     """Our server on one raw Criteo row (the `raw` signature) beside the same server on 128 floats."""
     rows = [
-        [r["server"], r["connections"], fmt(r["qps"]), fmt(r["p99_ms"]), fmt(r.get("features_qps")),
-         fmt_ratio(ratio(r["qps"], r.get("features_qps")))]
+        [
+            r["server"],
+            r["connections"],
+            fmt(r["qps"]),
+            fmt(r["p99_ms"]),
+            fmt(r.get("features_qps")),
+            fmt_ratio(ratio(r["qps"], r.get("features_qps"))),
+        ]
         for r in sec["raw_rows"]
-    ]  # fmt: skip
+    ]
     head = ["server", "connections", "raw QPS", "raw p99 ms", "features QPS (same round)", "raw / features"]
     return [
         "Raw Criteo rows (signature `raw`; goal >= 0.9x at 8 and 64 connections):",

@@ -55,8 +55,12 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
             if (v := _number(row.get(f))) is not None:
                 out[f"serving/{row['server']}/c={row['connections']}/{f}"] = v
     serving = results.get("sections", {}).get("serving") or {}
-    for f in ("instances_per_sec_batched", "instances_per_sec_unbatched", "raw_instances_per_sec_batched",
-              "raw_instances_per_sec_unbatched"):  # fmt: skip
+    for f in (
+        "instances_per_sec_batched",
+        "instances_per_sec_unbatched",
+        "raw_instances_per_sec_batched",
+        "raw_instances_per_sec_unbatched",
+    ):
         if serving.get("status") == "ok" and (v := _number(serving.get(f))) is not None:
             out[f"serving/{f}"] = v
     return out

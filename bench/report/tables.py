@@ -161,8 +161,18 @@ def serving_memory_table(sec: dict[str, Any]) -> list[str]:
 
 def scaling_table(rows: list[dict[str, Any]]) -> list[str]:
     """Peak RSS and samples/s per (loader, processes, rows) point of the data-scaling section."""
-    body = [[r["loader"], r["processes"], fmt(r["rows"]), fmt(r.get("peak_rss_mib")), fmt(r.get("samples_per_sec")),
-             fmt(r.get("val_auc"), 4), fmt(r.get("oracle_auc"), 4)] for r in rows]  # fmt: skip
+    body = [
+        [
+            r["loader"],
+            r["processes"],
+            fmt(r["rows"]),
+            fmt(r.get("peak_rss_mib")),
+            fmt(r.get("samples_per_sec")),
+            fmt(r.get("val_auc"), 4),
+            fmt(r.get("oracle_auc"), 4),
+        ]
+        for r in rows
+    ]
     header = [
         "loader",
         "processes",

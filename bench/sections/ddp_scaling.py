@@ -31,8 +31,21 @@ def _train(
     data: Path, out: Path, devices: int, accelerator: str, args: list[str], timeout_s: float
 ) -> tuple[float, str]:
     """One `python -m training` run; returns (its samples/s, the command)."""
-    cmd = [sys.executable, "-m", "training", "--data", str(data), "--out", str(out), "--accelerator", accelerator,
-           "--devices", str(devices), "--no-progress-bar", *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "training",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--accelerator",
+        accelerator,
+        "--devices",
+        str(devices),
+        "--no-progress-bar",
+        *args,
+    ]
     if devices > 1:
         cmd += ["--strategy", "ddp"]
     log = out.with_suffix(".log")
@@ -100,11 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         args.data = args.workdir / "data" / "train.txt"
         args.data.parent.mkdir(parents=True, exist_ok=True)
         generate(args.data, args.rows, seed=7)
-    r = measure(args.data, args.workdir, accelerator=args.accelerator, epochs=args.epochs,
-                batch_size=args.batch_size, max_rows=args.max_rows)  # fmt: skip
+    r = measure(
+        args.data,
+        args.workdir,
+        accelerator=args.accelerator,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        max_rows=args.max_rows,
+    )
     print(json.dumps(r, indent=2))
-    print(f"DDP ({r['backend']}): 1 process {r['samples_per_sec_1']:,.0f} samples/s, 2 processes "
-          f"{r['samples_per_sec_2']:,.0f} samples/s, efficiency {r['efficiency']:.2f}")  # fmt: skip
+    print(
+        f"DDP ({r['backend']}): 1 process {r['samples_per_sec_1']:,.0f} samples/s, 2 processes "
+        f"{r['samples_per_sec_2']:,.0f} samples/s, efficiency {r['efficiency']:.2f}"
+    )
     return 0
 
 

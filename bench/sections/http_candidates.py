@@ -49,9 +49,14 @@ def candidate(layer: str, base_path: Path, extra: tuple[str, ...] = ()) -> Serve
     """The server for a layer or memory variant on free 127.0.0.1 ports (not started yet)."""
     port = free_port()
     flags = [
-        "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}", "--model_name=ctr",
-        f"--model_base_path={base_path}", *LIMIT_FLAGS, *extra,
-    ]  # fmt: skip
+        "--host=127.0.0.1",
+        f"--port={free_port()}",
+        f"--rest_api_port={port}",
+        "--model_name=ctr",
+        f"--model_base_path={base_path}",
+        *LIMIT_FLAGS,
+        *extra,
+    ]
     cmd = [sys.executable, "-m", "serving", *flags]
     if layer not in ("ours", "malloc_trim (shipped)"):
         cmd = [sys.executable, "-m", "bench.http_layer", "--serve", layer, "--", *flags]

@@ -105,8 +105,12 @@ def table(load: dict[tuple[str, int, str], dict[str, Any]], attacks: dict[str, d
             row = next(r for (name, conns, _), r in load.items() if name == layer and conns == c)
             cells += [f"{row['qps']:.0f}", f"{row['p99_ms']:.1f}"]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
-    lines += ["", "| layer | normal p99 ms (p50) | normal failures | dropped slow / holders / non-reader | "
-              "pathological bodies | RSS MiB before / during / 5 s after |", "|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| layer | normal p99 ms (p50) | normal failures | dropped slow / holders / non-reader | "
+        "pathological bodies | RSS MiB before / during / 5 s after |",
+        "|---|---|---|---|---|---|",
+    ]
     for layer, a in attacks.items():
         d = a["dropped"]
         lines.append(

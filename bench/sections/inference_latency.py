@@ -197,10 +197,19 @@ def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list
             runs = [time_calls(call, x, plan.calls(batch)) for _ in range(plan.repeats)]  # type: ignore[arg-type]
             p50 = [float(np.percentile(r, 50)) for r in runs]
             p99 = [float(np.percentile(r, 99)) for r in runs]
-            rows.append({"backend": name, "batch": batch, "p50_ms": float(np.median(p50)),
-                         "p99_ms": float(np.median(p99)), "p50_ms_runs": p50, "p99_ms_runs": p99,
-                         "runs": plan.repeats, "calls": plan.calls(batch),
-                         "threads": threads if threads is not None else "default"})  # fmt: skip
+            rows.append(
+                {
+                    "backend": name,
+                    "batch": batch,
+                    "p50_ms": float(np.median(p50)),
+                    "p99_ms": float(np.median(p99)),
+                    "p50_ms_runs": p50,
+                    "p99_ms_runs": p99,
+                    "runs": plan.repeats,
+                    "calls": plan.calls(batch),
+                    "threads": threads if threads is not None else "default",
+                }
+            )
     return rows
 
 

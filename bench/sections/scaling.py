@@ -42,9 +42,27 @@ AB_ROUNDS = {"full": 60, "quick": 30, "tiny": 10}  # `--ab` rounds of 10 steps p
 
 def _train(data: Path, out: Path, rows: int, loader: str, devices: int, timeout_s: float) -> dict[str, Any]:
     """One training run; returns its peak RSS, samples/s, AUCs and command."""
-    cmd = [sys.executable, "-m", "training", "--data", str(data), "--out", str(out), "--max-rows", str(rows),
-           "--loader", loader, "--max-epochs", "1", "--no-progress-bar", "--accelerator", "cpu",
-           "--devices", str(devices), *(["--strategy", "ddp"] if devices > 1 else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "training",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-rows",
+        str(rows),
+        "--loader",
+        loader,
+        "--max-epochs",
+        "1",
+        "--no-progress-bar",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        str(devices),
+        *(["--strategy", "ddp"] if devices > 1 else []),
+    ]
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as fh:
@@ -105,9 +123,14 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
         one = _train(data, workdir / f"stream_{ddp_rows}", ddp_rows, "stream", 1, timeout)
     two = _train(data, workdir / f"ddp2_{ddp_rows}", ddp_rows, "stream", 2, timeout)
     rows.append(two)
-    ddp = {"rows": ddp_rows, "samples_per_sec_1": one["samples_per_sec"], "samples_per_sec_2": two["samples_per_sec"],
-           "speedup": two["samples_per_sec"] / one["samples_per_sec"], "backend": "gloo",
-           "usable_cores": len(os.sched_getaffinity(0))}  # fmt: skip
+    ddp = {
+        "rows": ddp_rows,
+        "samples_per_sec_1": one["samples_per_sec"],
+        "samples_per_sec_2": two["samples_per_sec"],
+        "speedup": two["samples_per_sec"] / one["samples_per_sec"],
+        "backend": "gloo",
+        "usable_cores": len(os.sched_getaffinity(0)),
+    }
     config = {"mode": mode, "sizes": list(sizes), "memory_loader_up_to": memory_max, "epochs": 1}
     commands = [r["command"] for r in rows] + [loaders["ab_command"]]
     return {"rows": rows, "ddp": ddp, "loaders": loaders, "commands": commands, "config": config}
@@ -129,14 +152,30 @@ def _loader_ratio(
         pairs.append((stream, _train(data, workdir / f"memory_{n}_pair{i}", n, "memory", 1, timeout)))
     ratios = [s["samples_per_sec"] / m["samples_per_sec"] for s, m in pairs]
     out = workdir / "loader_ab.json"
-    cmd = [sys.executable, "-m", "bench.sections.scaling", "--ab", str(data), "--ab-rows", str(n),
-           "--ab-rounds", str(ab_rounds), "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.sections.scaling",
+        "--ab",
+        str(data),
+        "--ab-rows",
+        str(n),
+        "--ab-rounds",
+        str(ab_rounds),
+        "--out",
+        str(out),
+    ]
     subprocess.run(cmd, cwd=PROJECT_ROOT, check=True, capture_output=True, timeout=timeout)
     ab = json.loads(out.read_text())
-    return {"rows": n, "pairs": [[s["samples_per_sec"], m["samples_per_sec"]] for s, m in pairs],
-            "stream_over_memory": statistics.median(ratios), "spread": [min(ratios), max(ratios)],
-            "ab_stream_over_memory": ab["stream_over_memory"], "ab_rounds": ab_rounds,
-            "ab_command": shlex.join(cmd)}  # fmt: skip
+    return {
+        "rows": n,
+        "pairs": [[s["samples_per_sec"], m["samples_per_sec"]] for s, m in pairs],
+        "stream_over_memory": statistics.median(ratios),
+        "spread": [min(ratios), max(ratios)],
+        "ab_stream_over_memory": ab["stream_over_memory"],
+        "ab_rounds": ab_rounds,
+        "ab_command": shlex.join(cmd),
+    }
 
 
 def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[str, Any]:
@@ -165,9 +204,11 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
     pq_data, spec, encoded = prepare_streaming([ensure_cache(data)[0]], 0.1, 128, rows, print)
     memory = load_in_memory(pq_data, spec, encoded)
     sources: dict[str, ShuffledBatches | StreamedBatches] = {
-        "memory": ShuffledBatches(torch.from_numpy(memory.train_x), torch.from_numpy(memory.train_y), 2048, seed=1),
+        "memory": ShuffledBatches(
+            torch.from_numpy(memory.train_x), torch.from_numpy(memory.train_y), 2048, seed=1
+        ),
         "stream": StreamedBatches(pq_data, spec, "train", 2048, seed=1, encoded=encoded["train"]),
-    }  # fmt: skip
+    }
     iters = {name: iter(source) for name, source in sources.items()}
     module = CTRModule(
         ModelConfig().to_dict(), 2e-3, adam_impl=speed.adam_impl, fast_dropout=speed.fast_dropout
@@ -194,8 +235,13 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
                 samples[name] += x.shape[0]
             seconds[name] += time.perf_counter() - t0
     sps = {name: samples[name] / seconds[name] for name in sources}
-    return {"samples_per_sec": sps, "stream_over_memory": sps["stream"] / sps["memory"], "rounds": rounds,
-            "batches_per_round": batches, "settings": speed.line()}  # fmt: skip
+    return {
+        "samples_per_sec": sps,
+        "stream_over_memory": sps["stream"] / sps["memory"],
+        "rounds": rounds,
+        "batches_per_round": batches,
+        "settings": speed.line(),
+    }
 
 
 def primitives(data: Path) -> dict[str, float]:
@@ -213,12 +259,24 @@ def primitives(data: Path) -> dict[str, float]:
     n, n_train = pf.metadata.num_rows, pq_data.rows("train")
     first = pq_data.read(pq_data.pieces[0], "train").table
     steps = {
-        "ParquetFile.read_row_group, all columns": (n, lambda: [pf.read_row_group(g) for g in range(pf.num_row_groups)]),
-        "pyarrow.dataset to_batches, whole file": (n, lambda: sum(b.num_rows for b in ds.dataset(cache).to_batches())),
-        "ParquetData.read, one split, typed": (n_train, lambda: [pq_data.read(p, "train") for p in pq_data.pieces]),
+        "ParquetFile.read_row_group, all columns": (
+            n,
+            lambda: [pf.read_row_group(g) for g in range(pf.num_row_groups)],
+        ),
+        "pyarrow.dataset to_batches, whole file": (
+            n,
+            lambda: sum(b.num_rows for b in ds.dataset(cache).to_batches()),
+        ),
+        "ParquetData.read, one split, typed": (
+            n_train,
+            lambda: [pq_data.read(p, "train") for p in pq_data.pieces],
+        ),
         "FeatureSpec.transform, one row group": (len(first), lambda: transform_chunk(spec, first)),
-        "encoded records, read + expand": (n_train, lambda: [expand(r, 128) for r in iter_records(encoded["train"], n_train)]),
-    }  # fmt: skip
+        "encoded records, read + expand": (
+            n_train,
+            lambda: [expand(r, 128) for r in iter_records(encoded["train"], n_train)],
+        ),
+    }
     out = {}
     for name, (rows, step) in steps.items():
         t0 = time.perf_counter()

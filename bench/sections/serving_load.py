@@ -62,8 +62,11 @@ def measure_ranking(
     plan = [(8, ranking)] + ([(8, raw_ranking)] if raw_ranking is not None else [])
     rows = measure(servers, plan, rounds, seconds, commands)
     vector = {k[0]: r for k, r in rows.items() if k[2] == ranking.name}
-    raw = [{**r, "signature": "raw", "rows_per_sec": r["qps"] * RANKING_INSTANCES}
-           for k, r in rows.items() if raw_ranking is not None and k[2] == raw_ranking.name]  # fmt: skip
+    raw = [
+        {**r, "signature": "raw", "rows_per_sec": r["qps"] * RANKING_INSTANCES}
+        for k, r in rows.items()
+        if raw_ranking is not None and k[2] == raw_ranking.name
+    ]
     out: dict[str, Any] = {"ranking_rows": list(vector.values()), "raw_ranking_rows": raw}
     for name, key in ((OURS_ON, "batched"), (OURS_OFF, "unbatched")):
         if name in vector:
@@ -126,9 +129,19 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
 
     def ours(name: str, batching: bool) -> Server:
         port = free_port()
-        cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={port}",
-               "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1", "--log_level=warning",
-               f"--enable_batching={str(batching).lower()}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "serving",
+            "--host=127.0.0.1",
+            f"--port={free_port()}",
+            f"--rest_api_port={port}",
+            "--model_name=ctr",
+            f"--model_base_path={base}",
+            "--intra_op_threads=1",
+            "--log_level=warning",
+            f"--enable_batching={str(batching).lower()}",
+        ]
         return Server(name, cmd, port)
 
     servers = [ours(OURS_OFF, batching=False), ours(OURS_ON, batching=True)]
@@ -138,9 +151,18 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
             raise procs.StepError(f"{KSERVE_VENV.path} is absent; the quick and full modes create it")
         python = KSERVE_VENV.ensure(workdir / "kserve_install.log")
         port = free_port()
-        cmd = [str(python), str(KSERVE_SCRIPT), f"--model_path={latest_version_dir(base) / 'model.onnx'}",
-               "--model_name=ctr", f"--http_port={port}", f"--grpc_port={free_port()}", "--workers=1",
-               "--enable_grpc=false", "--enable_latency_logging=false", "--configure_logging=false"]  # fmt: skip
+        cmd = [
+            str(python),
+            str(KSERVE_SCRIPT),
+            f"--model_path={latest_version_dir(base) / 'model.onnx'}",
+            "--model_name=ctr",
+            f"--http_port={port}",
+            f"--grpc_port={free_port()}",
+            "--workers=1",
+            "--enable_grpc=false",
+            "--enable_latency_logging=false",
+            "--configure_logging=false",
+        ]
         servers.append(Server(KSERVE, cmd, port))
     except procs.StepError as e:
         notes.append(f"kserve skipped: {e}")

@@ -62,8 +62,21 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
     out_rows, commands = [], []
     for worker, name in WORKERS.items():
         out = workdir / f"{worker}.json"
-        cmd = [sys.executable, "-m", "bench.sections.training_throughput", "--worker", worker, "--features", str(features),
-               "--epochs", str(epochs), "--repeats", str(repeats), "--out", str(out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.sections.training_throughput",
+            "--worker",
+            worker,
+            "--features",
+            str(features),
+            "--epochs",
+            str(epochs),
+            "--repeats",
+            str(repeats),
+            "--out",
+            str(out),
+        ]
         run_bounded(cmd, timeout_s=1800, log=workdir / f"{worker}.log")
         commands.append(" ".join(cmd))
         result = json.loads(out.read_text())
@@ -74,8 +87,17 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
     profile = {"step_mflop": step_flops(BATCH_SIZE) / 1e6}
     for settings in ("torch", "fast"):
         out = workdir / f"profile_{settings}.json"
-        cmd = [sys.executable, "-m", "bench.sections.training_profile", "--features", str(features), "--settings", settings,
-               "--out", str(out)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.sections.training_profile",
+            "--features",
+            str(features),
+            "--settings",
+            settings,
+            "--out",
+            str(out),
+        ]
         run_bounded(cmd, timeout_s=600, log=workdir / f"profile_{settings}.log")
         commands.append(" ".join(cmd))
         profile[settings] = json.loads(out.read_text())
@@ -83,8 +105,17 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
     for r in out_rows:
         if r.get("samples_per_sec") is not None:
             r["ratio_vs_bare"] = r["samples_per_sec"] / bare
-    config = {"mode": mode, "rows": rows, "train_rows": len(data.train_y), "epochs": epochs, "repeats": repeats,
-              "batch_size": BATCH_SIZE, "lr": LR, "optimizer": "Adam", "model": "128-256-128-1 MLP, ReLU, dropout 0.3/0.2"}  # fmt: skip
+    config = {
+        "mode": mode,
+        "rows": rows,
+        "train_rows": len(data.train_y),
+        "epochs": epochs,
+        "repeats": repeats,
+        "batch_size": BATCH_SIZE,
+        "lr": LR,
+        "optimizer": "Adam",
+        "model": "128-256-128-1 MLP, ReLU, dropout 0.3/0.2",
+    }
     return {"rows": out_rows, "commands": commands, "config": config, "profile": profile}
 
 
@@ -114,9 +145,25 @@ def foreign_rows(
             rows.append({"name": name, "error": reason, "versions": {}})
             continue
         out = workdir / f"{venv.name}.json"
-        cmd = [str(venv.python), "-m", module, "--features", str(features), "--epochs", str(epochs),
-               "--repeats", str(repeats), "--batch-size", str(BATCH_SIZE), "--lr", str(LR), "--seed", str(SEED),
-               "--out", str(out)]  # fmt: skip
+        cmd = [
+            str(venv.python),
+            "-m",
+            module,
+            "--features",
+            str(features),
+            "--epochs",
+            str(epochs),
+            "--repeats",
+            str(repeats),
+            "--batch-size",
+            str(BATCH_SIZE),
+            "--lr",
+            str(LR),
+            "--seed",
+            str(SEED),
+            "--out",
+            str(out),
+        ]
         commands.append(" ".join(cmd))
         try:
             run_bounded(cmd, timeout_s=1800, log=workdir / f"{venv.name}.log")
@@ -213,9 +260,18 @@ def lightning_fit(
         def on_train_epoch_end(self, *a: Any) -> None:
             epoch_seconds.append(time.perf_counter() - self.t0)
 
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[EpochClock(), *speed.callbacks()],
-                        precision=speed.precision)  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[EpochClock(), *speed.callbacks()],
+        precision=speed.precision,
+    )
     module = CTRModule(
         ModelConfig().to_dict(), lr=LR, adam_impl=speed.adam_impl, fast_dropout=speed.fast_dropout
     )
@@ -231,12 +287,16 @@ def _keras(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> t
     from training.model.metrics import roc_auc
 
     keras.utils.set_random_seed(SEED)
-    model = keras.Sequential([
-        keras.Input((d["train_x"].shape[1],)),
-        keras.layers.Dense(256, activation="relu"), keras.layers.Dropout(0.3),
-        keras.layers.Dense(128, activation="relu"), keras.layers.Dropout(0.2),
-        keras.layers.Dense(1),
-    ])  # fmt: skip
+    model = keras.Sequential(
+        [
+            keras.Input((d["train_x"].shape[1],)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dropout(0.3),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.Adam(LR), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     seconds: list[float] = []
 
@@ -270,8 +330,12 @@ def worker_main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (stretch experiments)")
-    p.add_argument("--adam-impl", choices=("auto", "default", "foreach", "fused"), default="auto",
-                   help="auto: torch's choice for bare/naive, our pipeline's choice (training.model.speed) for ours")  # fmt: skip
+    p.add_argument(
+        "--adam-impl",
+        choices=("auto", "default", "foreach", "fused"),
+        default="auto",
+        help="auto: torch's choice for bare/naive, our pipeline's choice (training.model.speed) for ours",
+    )
     p.add_argument(
         "--precision", default="auto", help="ours: auto (training.model.speed's choice), 32-true, bf16-mixed"
     )
@@ -294,10 +358,15 @@ def worker_main(argv: list[str] | None = None) -> None:
         # as `python -m training` does: one thread per core of the CPU limit, governed unless --threads is given
         args.threads, governed = args.threads or cgroup.available_cpus(), args.threads is None
     # Only "ours" gets the pipeline's speed settings; bare and naive stay plain torch unless told otherwise.
-    speed = SpeedSettings.choose("cpu", fast_dropout=ours and args.fast_dropout,
-                                 adam_impl=args.adam_impl if ours or args.adam_impl != "auto" else "default",
-                                 precision=args.precision if ours else "32-true", threads=args.threads,
-                                 governed=ours and governed, malloc=malloc)  # fmt: skip
+    speed = SpeedSettings.choose(
+        "cpu",
+        fast_dropout=ours and args.fast_dropout,
+        adam_impl=args.adam_impl if ours or args.adam_impl != "auto" else "default",
+        precision=args.precision if ours else "32-true",
+        threads=args.threads,
+        governed=ours and governed,
+        malloc=malloc,
+    )
     args.adam_impl = speed.adam_impl
     if ours:
         print(speed.line(), flush=True)

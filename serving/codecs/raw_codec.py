@@ -219,8 +219,12 @@ def _tensor_values(tensor: Any, key: str) -> tuple[list[Any] | np.ndarray, int]:
     if dtype == DT["DT_STRING"]:
         values: list[Any] | np.ndarray = list(tensor.string_val)
     else:
-        layout = {DT["DT_DOUBLE"]: ("<f8", "double_val"), DT["DT_FLOAT"]: ("<f4", "float_val"),
-                  DT["DT_INT64"]: ("<i8", "int64_val"), DT["DT_INT32"]: ("<i4", "int_val")}  # fmt: skip
+        layout = {
+            DT["DT_DOUBLE"]: ("<f8", "double_val"),
+            DT["DT_FLOAT"]: ("<f4", "float_val"),
+            DT["DT_INT64"]: ("<i8", "int64_val"),
+            DT["DT_INT32"]: ("<i4", "int_val"),
+        }
         if dtype not in layout or key in _CATEGORICAL:
             want = (
                 "DT_STRING"

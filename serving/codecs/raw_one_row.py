@@ -56,9 +56,16 @@ class OneRowTransform:
         self._native = None
         if table is not None and _native_table is not None:
             key, code, salts, shift, default = table.arrays()
-            self._native = _native_table(key.tobytes(), code.tobytes(), salts.tobytes(), shift, default,
-                                         lift.astype(np.float32).tobytes(), column.astype(np.int32).tobytes(),
-                                         width)  # fmt: skip
+            self._native = _native_table(
+                key.tobytes(),
+                code.tobytes(),
+                salts.tobytes(),
+                shift,
+                default,
+                lift.astype(np.float32).tobytes(),
+                column.astype(np.int32).tobytes(),
+                width,
+            )
         self._lookups, self._width, self._full, self._owner = lookups, width, full, owner
         self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
         self._column: list[int] = column.tolist()

@@ -24,9 +24,19 @@ from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 RAW_SUFFIX = "_" + RAW_SIGNATURE
 # v2 datatype -> little-endian numpy dtype; BYTES elements are 4-byte little-endian lengths + bytes.
 NUMPY_TYPES = {
-    "BOOL": "|b1", "UINT8": "|u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "INT8": "|i1",
-    "INT16": "<i2", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "FP32": "<f4", "FP64": "<f8",
-}  # fmt: skip
+    "BOOL": "|b1",
+    "UINT8": "|u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "INT8": "|i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+}
 PLATFORMS = {"ONNXRuntime": "onnxruntime_onnx", "TF2": "tensorflow_savedmodel"}
 _NUMERIC = set(NUMERIC_FIELDS)
 _CATEGORICAL = set(CATEGORICAL_FIELDS)

@@ -51,9 +51,14 @@ def ssl_config_file() -> descriptor_pb2.FileDescriptorProto:
     message = proto.message_type.add(name="SSLConfig")
     field = descriptor_pb2.FieldDescriptorProto
     for number, (name, kind) in enumerate(
-        (("server_key", field.TYPE_STRING), ("server_cert", field.TYPE_STRING),
-         ("custom_ca", field.TYPE_STRING), ("client_verify", field.TYPE_BOOL)), start=1,
-    ):  # fmt: skip
+        (
+            ("server_key", field.TYPE_STRING),
+            ("server_cert", field.TYPE_STRING),
+            ("custom_ca", field.TYPE_STRING),
+            ("client_verify", field.TYPE_BOOL),
+        ),
+        start=1,
+    ):
         message.field.add(
             name=name,
             number=number,

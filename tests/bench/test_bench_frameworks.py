@@ -38,13 +38,25 @@ def with_new_rows(results: dict[str, Any]) -> dict[str, Any]:
     """The synthetic run plus what this issue adds: JAX and MLX training, JAX jit inference, TorchServe, DDP."""
     training = results["sections"]["training"]
     training["rows"] += [
-        {"name": "JAX + Flax (jax.jit)", "samples_per_sec": 60_000.0, "samples_per_sec_runs": [60_000.0],
-         "val_auc": 0.7512, "ratio_vs_bare": 1.5, "versions": {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8"}},
+        {
+            "name": "JAX + Flax (jax.jit)",
+            "samples_per_sec": 60_000.0,
+            "samples_per_sec_runs": [60_000.0],
+            "val_auc": 0.7512,
+            "ratio_vs_bare": 1.5,
+            "versions": {"jax": "0.10.2", "flax": "0.12.8", "optax": "0.2.8"},
+        },
         {"name": "MLX (mlx.nn, CPU)", "error": MLX_ERROR, "versions": {}},
-    ]  # fmt: skip
+    ]
     # bench.sections.scaling's DDP point (its section owns the measurement; the framework table reuses it)
-    ddp = {"rows": 12_000, "samples_per_sec_1": 40_000.0, "samples_per_sec_2": 60_000.0, "speedup": 1.5,
-           "backend": "gloo", "usable_cores": 2}  # fmt: skip
+    ddp = {
+        "rows": 12_000,
+        "samples_per_sec_1": 40_000.0,
+        "samples_per_sec_2": 60_000.0,
+        "speedup": 1.5,
+        "backend": "gloo",
+        "usable_cores": 2,
+    }
     results["sections"]["scaling"] = {"status": "ok", "seconds": 30.0, "rows": [], "ddp": ddp}
     for batch in (1, 64, 1024):
         results["sections"]["inference"]["rows"].append(
@@ -62,10 +74,17 @@ def with_new_rows(results: dict[str, Any]) -> dict[str, Any]:
         )
     serving = results["sections"]["serving"]
     serving["rows"] += [
-        {"server": "torchserve (TorchScript)", "connections": c, "qps": 300.0 * min(c, 8), "p50_ms": 2.0 * c,
-         "p90_ms": 3.0 * c, "p99_ms": 5.0 * c, "errors": 0.0}
+        {
+            "server": "torchserve (TorchScript)",
+            "connections": c,
+            "qps": 300.0 * min(c, 8),
+            "p50_ms": 2.0 * c,
+            "p90_ms": 3.0 * c,
+            "p99_ms": 5.0 * c,
+            "errors": 0.0,
+        }
         for c in (1, 8, 64)
-    ]  # fmt: skip
+    ]
     serving["rss_mib"] = {"ours (batching off)": 150.0, "torchserve (TorchScript)": 912.5}
     serving["request_apis"] = {
         "ours (batching off)": "POST /v1/models/ctr:predict",
@@ -162,8 +181,14 @@ def test_a_framework_that_cannot_run_shows_the_exact_error_in_its_section() -> N
     training = sections["1. Training throughput"]
     [rows] = read_tables(training)
     assert rows[-2]["× bare PyTorch loop"] == "1.50×"
-    assert rows[-1] == {"pipeline": "MLX (mlx.nn, CPU) (error below)", "samples/s (median)": "–",
-                        "spread (min–max)": "–", "runs": "–", "val AUC": "–", "× bare PyTorch loop": "–"}  # fmt: skip
+    assert rows[-1] == {
+        "pipeline": "MLX (mlx.nn, CPU) (error below)",
+        "samples/s (median)": "–",
+        "spread (min–max)": "–",
+        "runs": "–",
+        "val AUC": "–",
+        "× bare PyTorch loop": "–",
+    }
     assert "ERROR: No matching distribution found for mlx-cpu" in training
 
 
@@ -186,11 +211,17 @@ def test_serving_section_gives_each_servers_rss_and_request_api() -> None:
 
     [_, memory] = read_tables(sections["3. End-to-end serving"])
     assert memory == [
-        {"server": "ours (batching off)", "RSS MiB after the load": "150",
-         "request API": "POST /v1/models/ctr:predict"},
-        {"server": "torchserve (TorchScript)", "RSS MiB after the load": "912",
-         "request API": "TorchServe predictions API (POST /predictions/ctr), TF-Serving-style body via a custom handler"},
-    ]  # fmt: skip
+        {
+            "server": "ours (batching off)",
+            "RSS MiB after the load": "150",
+            "request API": "POST /v1/models/ctr:predict",
+        },
+        {
+            "server": "torchserve (TorchScript)",
+            "RSS MiB after the load": "912",
+            "request API": "TorchServe predictions API (POST /predictions/ctr), TF-Serving-style body via a custom handler",
+        },
+    ]
 
 
 def bar_lengths(ax: Axes, horizontal: bool = False) -> dict[str, list[float]]:
@@ -239,8 +270,13 @@ def test_plots_draw_the_new_rows_and_skip_a_row_that_could_not_run(tmp_path: Pat
             assert (series["p50"][-1], series["p99"][-1]) == pytest.approx((0.1 * batch, 0.2 * batch))
 
         latency, throughput = figures["latency_vs_load.png"].axes
-        servers = ["ours (batching off)", "ours (batching on)", "kserve ModelServer", "naive fastapi+pytorch",
-                   "torchserve (TorchScript)"]  # fmt: skip
+        servers = [
+            "ours (batching off)",
+            "ours (batching on)",
+            "kserve ModelServer",
+            "naive fastapi+pytorch",
+            "torchserve (TorchScript)",
+        ]
         assert latency.get_legend_handles_labels()[1] == [f"{s} p99" for s in servers]
         qps = {line.get_label(): list(line.get_ydata()) for line in throughput.get_lines()}
         assert list(qps) == servers
@@ -290,8 +326,23 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_worker(venv: ForeignVenv, module: str, features: Path, out: Path) -> dict[str, Any]:
-    cmd = [str(venv.python), "-m", module, "--features", str(features), "--epochs", "3", "--repeats", "1",
-           "--batch-size", "100", "--lr", "0.01", "--out", str(out)]  # fmt: skip
+    cmd = [
+        str(venv.python),
+        "-m",
+        module,
+        "--features",
+        str(features),
+        "--epochs",
+        "3",
+        "--repeats",
+        "1",
+        "--batch-size",
+        "100",
+        "--lr",
+        "0.01",
+        "--out",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, cwd=REPO_ROOT, env=child_env(), timeout=240, capture_output=True)
     return json.loads(out.read_text())
 
@@ -413,10 +464,14 @@ def test_ddp_scaling_reports_both_rates_and_their_efficiency(
 def test_scaling_reports_the_loaders_ratio_as_the_median_of_its_pairs_and_compare_tracks_it() -> None:
     results = with_new_rows(make_results())
     results["sections"]["scaling"]["loaders"] = {
-        "rows": 90_000, "pairs": [[300_000.0, 320_000.0], [290_000.0, 300_000.0], [250_000.0, 330_000.0]],
-        "stream_over_memory": 0.9375, "spread": [0.7576, 0.9667], "ab_stream_over_memory": 0.93, "ab_rounds": 30,
+        "rows": 90_000,
+        "pairs": [[300_000.0, 320_000.0], [290_000.0, 300_000.0], [250_000.0, 330_000.0]],
+        "stream_over_memory": 0.9375,
+        "spread": [0.7576, 0.9667],
+        "ab_stream_over_memory": 0.93,
+        "ab_rounds": 30,
         "ab_command": "python -m bench.sections.scaling --ab train.txt --ab-rows 90000 --ab-rounds 30",
-    }  # fmt: skip
+    }
     report = render_report(results, PLOTS)
 
     assert (

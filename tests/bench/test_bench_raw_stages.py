@@ -8,9 +8,19 @@ from pathlib import Path
 from bench.raw_stages import criteo_rows, stages
 from tests.serving.raw_model_repo import fit_spec, write_raw_version
 
-STAGES = ["body -> request (the server's)", "orjson parse", "decode+validate after orjson", "transform+model",
-          "body -> scores", "drift", "encode", "vec body -> request", "vec parse", "vec decode+validate",
-          "vec model"]  # fmt: skip
+STAGES = [
+    "body -> request (the server's)",
+    "orjson parse",
+    "decode+validate after orjson",
+    "transform+model",
+    "body -> scores",
+    "drift",
+    "encode",
+    "vec body -> request",
+    "vec parse",
+    "vec decode+validate",
+    "vec model",
+]
 
 
 def test_criteo_csv_rows_become_client_rows_with_empty_cells_absent(tmp_path: Path) -> None:

@@ -29,8 +29,16 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_measure_reports_qps_and_percentiles_for_our_server(model_repo: Path, tmp_path: Path) -> None:
     port = serving_load.free_port()
-    cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={serving_load.free_port()}",
-           f"--rest_api_port={port}", "--model_name=ctr", f"--model_base_path={model_repo}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--host=127.0.0.1",
+        f"--port={serving_load.free_port()}",
+        f"--rest_api_port={port}",
+        "--model_name=ctr",
+        f"--model_base_path={model_repo}",
+    ]
     script = serving_load.write_lua(tmp_path / "single.lua", 1)
     commands: list[str] = []
     server = serving_load.Server("ours", cmd, port)
@@ -62,8 +70,17 @@ def test_tiny_mode_ranking_measures_raw_rows_beside_vectors_and_reports_rows_per
     base = tmp_path / "repo" / "ctr"
     write_raw_version(base, 1, make_weights(seed=1), fit_spec())
     port = serving_load.free_port()
-    cmd = [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={serving_load.free_port()}",
-           f"--rest_api_port={port}", "--model_name=ctr", f"--model_base_path={base}", "--intra_op_threads=1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--host=127.0.0.1",
+        f"--port={serving_load.free_port()}",
+        f"--rest_api_port={port}",
+        "--model_name=ctr",
+        f"--model_base_path={base}",
+        "--intra_op_threads=1",
+    ]
     n = serving_load.RANKING_INSTANCES
     vector = serving_load.write_lua(tmp_path / "ranking.lua", n)
     raw = serving_load.write_raw_lua(tmp_path / "raw_ranking.lua", n)

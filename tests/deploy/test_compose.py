@@ -43,8 +43,11 @@ def test_compose_file_validates_with_the_compose_cli():
     for profile in ([], ["--profile", "monitoring", "--profile", "tfserving"]):
         proc = subprocess.run(
             [*cli, "-f", "compose.yaml", *profile, "config", "--quiet"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
 
 

@@ -102,10 +102,22 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
     paths = {"/data": tmp_path / "data", "/runs": tmp_path / "runs", "/models": tmp_path / "models"}
     for name, seed in (("train.txt", "7"), ("eval.txt", "8")):  # as the data Job writes them
         synth = subprocess.run(
-            [sys.executable, "-m", "training.synth", "--out", str(paths["/data"] / name), "--rows", str(ROWS),
-             "--seed", seed],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "training.synth",
+                "--out",
+                str(paths["/data"] / name),
+                "--rows",
+                str(ROWS),
+                "--seed",
+                seed,
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert synth.returncode == 0, synth.stderr
 
     job = find(objects, "PyTorchJob", "ctr-train")["spec"]["pytorchReplicaSpecs"]
@@ -115,8 +127,12 @@ def test_dev_pytorchjob_trains_on_two_local_nodes_then_export_and_serving_run(bu
     procs = []
     for role, rank in roles:
         pytorch = container(job[role]["template"]["spec"], "pytorch")
-        operator_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(len(roles)),
-                        "RANK": str(rank)}  # fmt: skip
+        operator_env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "WORLD_SIZE": str(len(roles)),
+            "RANK": str(rank),
+        }
         argv = _k8s_argv(pytorch, paths, operator_env) + TINY_TRAINING
         argv[0] = str(Path(sys.executable).parent / argv[0])  # torchrun from this venv
         env = {**os.environ, **{e["name"]: e["value"] for e in pytorch["env"]}, **operator_env}

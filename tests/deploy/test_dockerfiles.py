@@ -24,8 +24,11 @@ def image_requirements(*extras: str) -> list[str]:
     """What an image's deps stage installs: docker/pyproject_requirements.py's output for these extras."""
     proc = subprocess.run(
         [sys.executable, "docker/pyproject_requirements.py", "pyproject.toml", *extras],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return [re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower() for line in proc.stdout.splitlines()]
 
 

@@ -48,8 +48,12 @@ def test_every_object_validates_against_the_kubernetes_schema(builds, path: str,
         kubernetes_validate.validate(obj, version, strict=True)
     for owner, template in _pods(builds[path]):
         if owner.startswith("PyTorchJob"):
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", **template.get("metadata", {})},
-                   "spec": template["spec"]}  # fmt: skip
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "x", **template.get("metadata", {})},
+                "spec": template["spec"],
+            }
             kubernetes_validate.validate(pod, version, strict=True)
 
 
@@ -108,7 +112,9 @@ def test_service_hpa_pdb_and_servicemonitor_select_the_serving_pods(builds, path
     service = find(objects, "Service", "ctr-serving")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        ("grpc", 8500, "grpc"), ("http", 8501, "http")}  # fmt: skip
+        ("grpc", 8500, "grpc"),
+        ("http", 8501, "http"),
+    }
     hpa = find(objects, "HorizontalPodAutoscaler", "ctr-serving")["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ctr-serving"}
     assert hpa["metrics"][0]["resource"]["name"] == "cpu" and 1 <= hpa["minReplicas"] <= hpa["maxReplicas"]
@@ -215,8 +221,9 @@ def test_data_training_and_export_agree_on_paths_and_claims(builds, path: str):
     [wait] = export_spec["initContainers"]
     assert wait["args"][:3] == ["wait", "--for=condition=Succeeded", "pytorchjob/ctr-train"]
     role = find(objects, "Role", export_spec["serviceAccountName"])
-    assert role["rules"] == [{"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"],
-                              "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert role["rules"] == [
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get", "list", "watch"]}
+    ]
 
 
 def test_prod_trains_on_gpus_and_dev_on_cpus(builds):

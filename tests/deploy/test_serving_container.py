@@ -79,8 +79,11 @@ def test_dashboard_queries_only_metrics_the_server_exports(served):
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     queried = {m.group(1) for e in exprs for m in re.finditer(r"([:a-zA-Z_][:\w]*)\{", e)}
     suffixes = ("_bucket", "_sum", "_count")
-    missing = {q for q in queried if q not in exported and not any(
-        q.endswith(s) and q[: -len(s)] in exported for s in suffixes)}  # fmt: skip
+    missing = {
+        q
+        for q in queried
+        if q not in exported and not any(q.endswith(s) and q[: -len(s)] in exported for s in suffixes)
+    }
     assert not missing, f"dashboard queries metrics the server does not export: {sorted(missing)}"
 
 

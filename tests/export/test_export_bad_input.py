@@ -31,8 +31,11 @@ def test_missing_checkpoint_exits_non_zero_from_the_command_line(tmp_path: Path)
     (run / "checkpoints" / "best.ckpt").unlink()
     proc = subprocess.run(
         [sys.executable, "-m", "export", "--run", str(run), "--repo", str(tmp_path / "repo")],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1] == (
         f"export: error: checkpoint not found: {run / 'checkpoints' / 'best.ckpt'}; "

@@ -67,8 +67,12 @@ def test_onnx_graph_has_contract_io_opset_and_target_ops(published, activation: 
     assert [n.op_type for n in model.graph.node] == EXPECTED_OPS[(activation, target)]
     assert all(t.data_location == onnx.TensorProto.DEFAULT for t in model.graph.initializer)
     assert sorted(p.name for p in path.parent.iterdir() if p.is_file()) == [
-        "fingerprint.pb", "model.onnx", "model.pt", "model_raw.onnx", "saved_model.pb",
-    ]  # fmt: skip
+        "fingerprint.pb",
+        "model.onnx",
+        "model.pt",
+        "model_raw.onnx",
+        "saved_model.pb",
+    ]
 
 
 def test_hardtanh_for_target_without_clip_has_no_clip_node(published) -> None:
@@ -84,8 +88,11 @@ def test_saved_model_cli_shows_exact_serving_signature(published, activation: st
     version_dir = published(activation, target).version_dir
     shown = subprocess.run(
         [str(SAVED_MODEL_CLI), "show", "--all", "--dir", str(version_dir)],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     assert SIGNATURE in shown.stdout
 
 
@@ -134,9 +141,13 @@ def test_manifest_records_source_metrics_io_and_parity(published, activation: st
     assert parity["passed"] is True and parity["tolerance"] == 1e-5
     assert parity["rows"] == 10_000 and parity["groups"]["validation"] == 2_000
     assert set(parity["max_abs_diff_by_pair"]) == {
-        "pytorch_vs_torchscript", "pytorch_vs_onnxruntime", "pytorch_vs_savedmodel",
-        "torchscript_vs_onnxruntime", "torchscript_vs_savedmodel", "onnxruntime_vs_savedmodel",
-    }  # fmt: skip
+        "pytorch_vs_torchscript",
+        "pytorch_vs_onnxruntime",
+        "pytorch_vs_savedmodel",
+        "torchscript_vs_onnxruntime",
+        "torchscript_vs_savedmodel",
+        "onnxruntime_vs_savedmodel",
+    }
     assert 0 <= parity["max_abs_diff"] <= 1e-5
     for name, layer in parity["saturation"].items():  # the extreme rows saturate every hidden unit
         assert layer["saturated_low"] == layer["units"], name

@@ -40,8 +40,14 @@ def test_hardtanh_is_patched_only_for_targets_without_clip() -> None:
     patched, applied = apply_patches(net, PROFILES["minimal"])
     assert [(a.op, a.module) for a in applied] == [("Clip", "layers.1"), ("Clip", "layers.4")]
     assert [type(m).__name__ for m in patched.get_submodule("layers").children()] == [
-        "Linear", "HardtanhAsRelu", "Dropout", "Linear", "HardtanhAsRelu", "Dropout", "Linear",
-    ]  # fmt: skip
+        "Linear",
+        "HardtanhAsRelu",
+        "Dropout",
+        "Linear",
+        "HardtanhAsRelu",
+        "Dropout",
+        "Linear",
+    ]
     assert isinstance(net.get_submodule("layers.1"), nn.Hardtanh)  # the original is untouched
     x = torch.randn(256, 128) * 5
     with torch.no_grad():

@@ -79,8 +79,10 @@ def test_crash_mid_export_leaves_no_version_folder(
     repo = tmp_path / "ctr"
     proc = subprocess.Popen(
         [sys.executable, "-m", "export", "--run", str(run), "--repo", str(repo)],
-        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     staged: list[Path] = []
     try:
         deadline = time.monotonic() + 180  # importing torch + onnx on a loaded 2-core machine

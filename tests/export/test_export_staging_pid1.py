@@ -48,8 +48,10 @@ def _hold_staging(repo: Path) -> tuple[subprocess.Popen[str], Path]:
     """Start a PID-1 process holding a staging folder in `repo`; returns it and the folder."""
     proc = subprocess.Popen(
         _as_pid_1(sys.executable, "-c", HOLD_STAGING, str(repo)),
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     pid, stage = proc.stdout.readline().split()
     assert pid == "1"
@@ -66,9 +68,14 @@ def test_staging_folder_of_an_export_killed_as_pid_1_is_removed_by_the_next_pid_
 
     run = make_run(tmp_path / "run")
     proc = subprocess.run(
-        _as_pid_1(sys.executable, "-m", "export", "--run", str(run), "--repo", str(repo), "--no-torchscript", "-v"),
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        _as_pid_1(
+            sys.executable, "-m", "export", "--run", str(run), "--repo", str(repo), "--no-torchscript", "-v"
+        ),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"export: removing staging folder {stage} left by a crashed export" in proc.stderr
     assert sorted(p.name for p in repo.iterdir()) == ["1", "config.pbtxt"]
@@ -79,11 +86,18 @@ def test_staging_folder_of_a_live_pid_1_export_is_kept(tmp_path: Path):
     holder, stage = _hold_staging(repo)
     try:
         cleaner = subprocess.run(
-            _as_pid_1(sys.executable, "-c", "import sys; from pathlib import Path; "
-                      "from export.repository import ModelRepository; ModelRepository(Path(sys.argv[1])).prepare()",
-                      str(repo)),
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            _as_pid_1(
+                sys.executable,
+                "-c",
+                "import sys; from pathlib import Path; "
+                "from export.repository import ModelRepository; ModelRepository(Path(sys.argv[1])).prepare()",
+                str(repo),
+            ),
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cleaner.returncode == 0, cleaner.stderr
         assert (
             stage / "model.onnx"

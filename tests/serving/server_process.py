@@ -24,10 +24,15 @@ class ServerProcess:
         self.rest_port, self.grpc_port = free_port(), free_port()
         self.model_name, self.log_path = model_name, log_path
         cmd = [
-            sys.executable, "-m", "serving", "--host=127.0.0.1",
-            f"--port={self.grpc_port}", f"--rest_api_port={self.rest_port}",
-            *([f"--model_name={model_name}", f"--model_base_path={base_path}"] if base_path else []), *flags,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "serving",
+            "--host=127.0.0.1",
+            f"--port={self.grpc_port}",
+            f"--rest_api_port={self.rest_port}",
+            *([f"--model_name={model_name}", f"--model_base_path={base_path}"] if base_path else []),
+            *flags,
+        ]
         self._log = log_path.open("w")
         self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"

@@ -39,9 +39,18 @@ def exported(tmp_path_factory: pytest.TempPathFactory, run_module: RunModule) ->
     data, run, repo = root / "train.txt", root / "run", root / "models" / "ctr"
     run_module("training.synth", "--out", data, "--rows", "4000", "--seed", "3", check=True)
     run_module(
-        "training", "--data", data, "--out", run, "--max-epochs", "1", "--batch-size", "512",
-        "--no-progress-bar", check=True,
-    )  # fmt: skip
+        "training",
+        "--data",
+        data,
+        "--out",
+        run,
+        "--max-epochs",
+        "1",
+        "--batch-size",
+        "512",
+        "--no-progress-bar",
+        check=True,
+    )
     run_module("export", "--run", run, "--repo", repo, "--no-torchscript", check=True)
     return run, repo
 

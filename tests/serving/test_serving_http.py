@@ -61,10 +61,23 @@ def test_malformed_http_is_400_and_closes(shared_server: ServerProcess) -> None:
 def test_curl_large_body_with_expect_100_continue(shared_server: ServerProcess) -> None:
     body = json.dumps({"instances": [[0.5] * 128] * 400})  # ~250 KB: curl sends Expect: 100-continue
     result = subprocess.run(
-        ["curl", "-s", "-H", "Expect: 100-continue", "-X", "POST", "--data-binary", "@-",
-         shared_server.url("/v1/models/ctr:predict")],
-        input=body, capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
+        [
+            "curl",
+            "-s",
+            "-H",
+            "Expect: 100-continue",
+            "-X",
+            "POST",
+            "--data-binary",
+            "@-",
+            shared_server.url("/v1/models/ctr:predict"),
+        ],
+        input=body,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert len(json.loads(result.stdout)["predictions"]) == 400
 
 

@@ -92,8 +92,11 @@ def test_bad_config_file_at_start_exits_with_one_line(tmp_path: Path, text: str,
     path.write_text(text)
     proc = subprocess.run(
         [sys.executable, "-m", "serving", f"--model_config_file={path}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert error in proc.stderr.splitlines()[-1]
 

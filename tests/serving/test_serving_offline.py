@@ -58,12 +58,14 @@ def outside_calls(trace: str) -> list[str]:
 
 
 def test_outside_call_audit_finds_dns_and_remote_connects():
-    trace = "\n".join([
-        '12 connect(36, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("10.255.255.53")}, 16) = 0',
-        '12 connect(7, {sa_family=AF_INET, sin_port=htons(443), sin_addr=inet_addr("13.69.109.130")}, 16) = 0',
-        '12 connect(8, {sa_family=AF_INET, sin_port=htons(8501), sin_addr=inet_addr("127.0.0.1")}, 16) = 0',
-        '12 connect(9, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT',
-    ])  # fmt: skip
+    trace = "\n".join(
+        [
+            '12 connect(36, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("10.255.255.53")}, 16) = 0',
+            '12 connect(7, {sa_family=AF_INET, sin_port=htons(443), sin_addr=inet_addr("13.69.109.130")}, 16) = 0',
+            '12 connect(8, {sa_family=AF_INET, sin_port=htons(8501), sin_addr=inet_addr("127.0.0.1")}, 16) = 0',
+            '12 connect(9, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT',
+        ]
+    )
     assert outside_calls(trace) == trace.splitlines()[:2]
 
 
@@ -74,10 +76,24 @@ def test_server_makes_no_outside_call_and_writes_nothing_under_home(tmp_path: Pa
     home, trace = tmp_path / "home", tmp_path / "server.strace"
     rest = free_port()
     cmd = [
-        strace, "-f", "-qq", "-o", str(trace), "-e", "trace=bind,connect,sendto,sendmsg", "-e", "signal=none",
-        sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}", f"--rest_api_port={rest}",
-        "--model_name=ctr", f"--model_base_path={base}",
-    ]  # fmt: skip
+        strace,
+        "-f",
+        "-qq",
+        "-o",
+        str(trace),
+        "-e",
+        "trace=bind,connect,sendto,sendmsg",
+        "-e",
+        "signal=none",
+        sys.executable,
+        "-m",
+        "serving",
+        "--host=127.0.0.1",
+        f"--port={free_port()}",
+        f"--rest_api_port={rest}",
+        "--model_name=ctr",
+        f"--model_base_path={base}",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORT_")}  # the server must set it itself
     env["HOME"] = str(home)
     log = (tmp_path / "server.log").open("w")

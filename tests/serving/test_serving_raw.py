@@ -148,19 +148,49 @@ def test_rest_features_rows_still_take_serving_default(onnx_server: ServerProces
 
 
 BAD_INSTANCES = [
-    ([{"I1": 1}, {"I14": 2}], 'instance 1 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)'),
-    ([{"I1": "abc"}], 'instance 0 field \'I1\' is "abc", not a count; send an integer, a numeric string, null or "" (missing)'),
-    ([{"I1": True}], "instance 0 field 'I1' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)"),
-    ([{"I1": [3]}], "instance 0 field 'I1' is [3] (list), not a count; send an integer, a numeric string, null or \"\" (missing)"),
+    (
+        [{"I1": 1}, {"I14": 2}],
+        'instance 1 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)',
+    ),
+    (
+        [{"I1": "abc"}],
+        'instance 0 field \'I1\' is "abc", not a count; send an integer, a numeric string, null or "" (missing)',
+    ),
+    (
+        [{"I1": True}],
+        "instance 0 field 'I1' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)",
+    ),
+    (
+        [{"I1": [3]}],
+        "instance 0 field 'I1' is [3] (list), not a count; send an integer, a numeric string, null or \"\" (missing)",
+    ),
     ([{"C1": "a"}, {"I2": 2.5}], "instance 1 field 'I2' is 2.5, a fractional count; counts are integers"),
     ([{"I2": "2.5"}], "instance 0 field 'I2' is \"2.5\", a fractional count; counts are integers"),
-    ([{"I3": 1e300}], "instance 0 field 'I3' is 1e+300, out of range; counts must be within ±9007199254740992 (2**53)"),
-    ([{"I3": 2**53 + 1}], "instance 0 field 'I3' is 9007199254740993, out of range; counts must be within ±9007199254740992 (2**53)"),
-    ([{"I3": "-9007199254740993"}], "instance 0 field 'I3' is \"-9007199254740993\", out of range; counts must be within ±9007199254740992 (2**53)"),
-    ([{"C5": 123}], "instance 0 field 'C5' is 123 (int), not a string; send a string, null or \"\" (missing)"),
-    ([{"C5": ["a"]}], "instance 0 field 'C5' is [\"a\"] (list), not a string; send a string, null or \"\" (missing)"),
-    ([{"I1": 1}, [1, 2]], 'instance 1 is [1, 2] (list), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}'),
-]  # fmt: skip
+    (
+        [{"I3": 1e300}],
+        "instance 0 field 'I3' is 1e+300, out of range; counts must be within ±9007199254740992 (2**53)",
+    ),
+    (
+        [{"I3": 2**53 + 1}],
+        "instance 0 field 'I3' is 9007199254740993, out of range; counts must be within ±9007199254740992 (2**53)",
+    ),
+    (
+        [{"I3": "-9007199254740993"}],
+        "instance 0 field 'I3' is \"-9007199254740993\", out of range; counts must be within ±9007199254740992 (2**53)",
+    ),
+    (
+        [{"C5": 123}],
+        "instance 0 field 'C5' is 123 (int), not a string; send a string, null or \"\" (missing)",
+    ),
+    (
+        [{"C5": ["a"]}],
+        'instance 0 field \'C5\' is ["a"] (list), not a string; send a string, null or "" (missing)',
+    ),
+    (
+        [{"I1": 1}, [1, 2]],
+        'instance 1 is [1, 2] (list), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}',
+    ),
+]
 
 
 @pytest.mark.parametrize(("instances", "message"), BAD_INSTANCES)
@@ -175,13 +205,31 @@ def test_bad_raw_instance_is_a_400_naming_field_and_instance(
 
 def test_bad_raw_body_forms_are_400(onnx_server: ServerProcess) -> None:
     cases = [
-        ({"signature_name": "raw", "instances": [[1, 2]]}, 'instance 0 is [1, 2] (list), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}'),
-        ({"signature_name": "raw", "instances": []}, "empty batch: no instances for signature 'raw'; send at least one"),
-        ({"inputs": {"I1": [1], "C9": 3}}, "'inputs' field 'C9' is 3 (int), expected a list with one value per instance"),
-        ({"inputs": {"I1": [1, 2], "C1": ["a"]}}, "'inputs' fields have different lengths {'I1': 2, 'C1': 1}; send one value per instance"),
-        ({"inputs": {"I1": [1, "x"]}}, 'instance 1 field \'I1\' is "x", not a count; send an integer, a numeric string, null or "" (missing)'),
-        ({"signature_name": "raw", "inputs": {"Z": [1]}}, "'inputs' has unknown field \"Z\"; raw fields are I1..I13 (counts) and C1..C26 (strings)"),
-    ]  # fmt: skip
+        (
+            {"signature_name": "raw", "instances": [[1, 2]]},
+            'instance 0 is [1, 2] (list), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}',
+        ),
+        (
+            {"signature_name": "raw", "instances": []},
+            "empty batch: no instances for signature 'raw'; send at least one",
+        ),
+        (
+            {"inputs": {"I1": [1], "C9": 3}},
+            "'inputs' field 'C9' is 3 (int), expected a list with one value per instance",
+        ),
+        (
+            {"inputs": {"I1": [1, 2], "C1": ["a"]}},
+            "'inputs' fields have different lengths {'I1': 2, 'C1': 1}; send one value per instance",
+        ),
+        (
+            {"inputs": {"I1": [1, "x"]}},
+            'instance 1 field \'I1\' is "x", not a count; send an integer, a numeric string, null or "" (missing)',
+        ),
+        (
+            {"signature_name": "raw", "inputs": {"Z": [1]}},
+            "'inputs' has unknown field \"Z\"; raw fields are I1..I13 (counts) and C1..C26 (strings)",
+        ),
+    ]
     for body, message in cases:
         assert predict(onnx_server, body) == (400, {"error": message})
 
@@ -237,10 +285,19 @@ def test_grpc_raw_tensors_match_the_features_path(onnx_server: ServerProcess, ra
         response = stub.Predict(request, timeout=10)
         numeric[:, 1] = np.nan_to_num(numeric[:, 1], nan=7)
         categorical[:, 25] = ""
-        want = features_path(onnx_server, spec, [
-            {**{f: (None if math.isnan(v) else int(v)) for f, v in zip(NUMERIC_FIELDS, n, strict=True)},
-             **dict(zip(CATEGORICAL_FIELDS, c, strict=True))} for n, c in zip(numeric, categorical, strict=True)
-        ])  # fmt: skip
+        want = features_path(
+            onnx_server,
+            spec,
+            [
+                {
+                    **{
+                        f: (None if math.isnan(v) else int(v)) for f, v in zip(NUMERIC_FIELDS, n, strict=True)
+                    },
+                    **dict(zip(CATEGORICAL_FIELDS, c, strict=True)),
+                }
+                for n, c in zip(numeric, categorical, strict=True)
+            ],
+        )
         np.testing.assert_allclose(tf.make_ndarray(response.outputs["ctr"]), want, atol=1e-6, rtol=0)
         metadata = stub.GetModelMetadata(
             get_model_metadata_pb2.GetModelMetadataRequest(
@@ -254,13 +311,33 @@ def test_grpc_raw_tensors_match_the_features_path(onnx_server: ServerProcess, ra
 @pytest.mark.parametrize(
     ("field", "tensor", "message"),
     [
-        ("C1", tf.make_tensor_proto([1.0], dtype=tf.float64), "input 'C1' has dtype DT_DOUBLE, expected DT_STRING"),
-        ("I1", tf.make_tensor_proto([1.0, 2.5], dtype=tf.float64), "row 1 field 'I1' is 2.5, a fractional count; counts are integers"),
-        ("I1", tf.make_tensor_proto([math.inf, 1.0], dtype=tf.float64), "row 0 field 'I1' is Infinity, out of range; counts must be within ±9007199254740992 (2**53)"),
-        ("I1", tf.make_tensor_proto([b"1", b"x"], dtype=tf.string), "row 1 field 'I1' is \"x\", not a count; send an integer, a numeric string, null or \"\" (missing)"),
-        ("I99", tf.make_tensor_proto([1.0], dtype=tf.float64), 'inputs has unknown field "I99"; raw fields are I1..I13 (counts) and C1..C26 (strings)'),
+        (
+            "C1",
+            tf.make_tensor_proto([1.0], dtype=tf.float64),
+            "input 'C1' has dtype DT_DOUBLE, expected DT_STRING",
+        ),
+        (
+            "I1",
+            tf.make_tensor_proto([1.0, 2.5], dtype=tf.float64),
+            "row 1 field 'I1' is 2.5, a fractional count; counts are integers",
+        ),
+        (
+            "I1",
+            tf.make_tensor_proto([math.inf, 1.0], dtype=tf.float64),
+            "row 0 field 'I1' is Infinity, out of range; counts must be within ±9007199254740992 (2**53)",
+        ),
+        (
+            "I1",
+            tf.make_tensor_proto([b"1", b"x"], dtype=tf.string),
+            'row 1 field \'I1\' is "x", not a count; send an integer, a numeric string, null or "" (missing)',
+        ),
+        (
+            "I99",
+            tf.make_tensor_proto([1.0], dtype=tf.float64),
+            'inputs has unknown field "I99"; raw fields are I1..I13 (counts) and C1..C26 (strings)',
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_grpc_raw_tensor_is_invalid_argument(
     onnx_server: ServerProcess, field: str, tensor: Any, message: str
 ) -> None:

@@ -37,9 +37,14 @@ def _version(tmp_path: Path, offset: float | None) -> Path:
     expected = reference_predict(weights, spec.transform(numeric, categorical))  # FeatureSpec + the model
     features = spec.transform(numeric, categorical)
     write_warmup(
-        version / "assets.extra" / "tf_serving_warmup_requests", features, "ctr", "features", "serving_default",
-        (numeric, categorical), None if offset is None else expected + offset,
-    )  # fmt: skip
+        version / "assets.extra" / "tf_serving_warmup_requests",
+        features,
+        "ctr",
+        "features",
+        "serving_default",
+        (numeric, categorical),
+        None if offset is None else expected + offset,
+    )
     return version
 
 

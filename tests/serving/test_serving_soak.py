@@ -20,9 +20,20 @@ pytestmark = pytest.mark.skipif(
 def _wrk(server: ServerProcess, script: Path, seconds: int, connections: int = 8) -> int:
     """Run wrk; return the number of completed requests (asserting none failed)."""
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", str(script), server.url("/v1/models/ctr:predict")],
-        capture_output=True, text=True, timeout=seconds + 30, check=True,
-    ).stdout  # fmt: skip
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "-s",
+            str(script),
+            server.url("/v1/models/ctr:predict"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 30,
+        check=True,
+    ).stdout
     assert "Non-2xx" not in out and "Socket errors" not in out, out
     match = re.search(r"(\d+) requests in", out)
     assert match, out

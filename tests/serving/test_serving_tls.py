@@ -227,7 +227,10 @@ def test_bad_ssl_config_file_exits_with_one_line(tmp_path: Path, base: Path, tex
     config.write_text(text)
     proc = subprocess.run(
         [sys.executable, "-m", "serving", f"--model_base_path={base}", f"--ssl_config_file={config}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert error in proc.stderr.splitlines()[-1]

@@ -224,8 +224,11 @@ def test_half_copied_version_waits_for_its_manifest_without_failing(
     assert _score(server) == _expected(weights[2])
     text = _metrics(server)
     # Both exist at 0 from start-up (alerts need the 0 before a 1); a wait is neither a rejection nor a failure.
-    counted = [line for line in text.splitlines() if line.startswith(("ctr_serving_versions_rejected_total{",
-               "ctr_serving_model_load_failures_total{"))]  # fmt: skip
+    counted = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("ctr_serving_versions_rejected_total{", "ctr_serving_model_load_failures_total{"))
+    ]
     assert len(counted) == 7 and all(line.endswith(" 0") for line in counted), counted
     assert "ctr version 2 available (2 warm-up requests" in server.log()
 

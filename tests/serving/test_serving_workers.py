@@ -175,8 +175,11 @@ def test_sigterm_drains_every_worker_and_exits_0_without_orphans(start_server, m
 def test_num_workers_below_1_exits_2_with_a_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "serving", "--model_base_path=/m", "--num_workers=0"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--num_workers must be >= 1, got 0" in result.stderr
 
@@ -187,9 +190,20 @@ def test_busy_rest_port_fails_at_once_with_exit_1(model_repo) -> None:
         busy.listen()
         port = busy.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "serving", "--host=127.0.0.1", f"--port={free_port()}",
-             f"--rest_api_port={port}", f"--model_base_path={model_repo}", "--num_workers=2"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "serving",
+                "--host=127.0.0.1",
+                f"--port={free_port()}",
+                f"--rest_api_port={port}",
+                f"--model_base_path={model_repo}",
+                "--num_workers=2",
+            ],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 1
     assert f"cannot bind REST to 127.0.0.1:{port}: Address already in use" in result.stderr

@@ -17,8 +17,22 @@ def _demo(run_module, out: Path, *args: str) -> dict:
 
 def test_a_short_run_publishes_versions_and_the_server_serves_them(tmp_path: Path, run_module):
     # ~2 min: 2,000 static rows, 45 s of traffic in 15 s intervals, a 3 s attribution window
-    r = _demo(run_module, tmp_path, "--duration", "45", "--interval-s", "15", "--window-s", "3", "--rate", "10",
-              "--static-rows", "2000", "--max-ece-rise", "1")  # fmt: skip
+    r = _demo(
+        run_module,
+        tmp_path,
+        "--duration",
+        "45",
+        "--interval-s",
+        "15",
+        "--window-s",
+        "3",
+        "--rate",
+        "10",
+        "--static-rows",
+        "2000",
+        "--max-ece-rise",
+        "1",
+    )
     published = r["published_versions"]
     assert published and published == list(range(2, 2 + len(published)))  # version 1 is the static model
     assert set(map(str, [1, *published])) <= set(r["served_at"])  # the server loaded every one

@@ -52,9 +52,26 @@ def _traffic(root: Path, first: int, intervals: dict[int, int]) -> None:
 
 
 def _trainer(root: Path, first: int, last: int) -> subprocess.Popen:
-    args = ["--logs", root / "logs", "--clicks", root / "clicks", "--repo", root / "repo", "--work", root / "work",
-            "--interval-s", INTERVAL_S, "--window-s", WINDOW_S, "--start", first * INTERVAL_S,
-            "--until", (last + 1) * INTERVAL_S - 1, "--train-args", "--batch-size 256 --val-fraction 0.2"]  # fmt: skip
+    args = [
+        "--logs",
+        root / "logs",
+        "--clicks",
+        root / "clicks",
+        "--repo",
+        root / "repo",
+        "--work",
+        root / "work",
+        "--interval-s",
+        INTERVAL_S,
+        "--window-s",
+        WINDOW_S,
+        "--start",
+        first * INTERVAL_S,
+        "--until",
+        (last + 1) * INTERVAL_S - 1,
+        "--train-args",
+        "--batch-size 256 --val-fraction 0.2",
+    ]
     return subprocess.Popen(
         [sys.executable, "-m", "training.online", *map(str, args)],
         cwd=REPO_ROOT,

@@ -89,9 +89,27 @@ def test_resume_after_kill_ends_with_the_same_optimizer_steps(
     assert not (out / "metrics.json").exists()
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["epoch"] == 0
 
-    resumed = run_module("training", "--data", data_copy, "--out", out, "--batch-size", "256", "--max-epochs", "3",
-                         "--patience", "5", "--no-progress-bar", "--resume", "--sample-audit", "--loader", loader,
-                         "--shuffle-buffer", "1000", check=True)  # fmt: skip
+    resumed = run_module(
+        "training",
+        "--data",
+        data_copy,
+        "--out",
+        out,
+        "--batch-size",
+        "256",
+        "--max-epochs",
+        "3",
+        "--patience",
+        "5",
+        "--no-progress-bar",
+        "--resume",
+        "--sample-audit",
+        "--loader",
+        loader,
+        "--shuffle-buffer",
+        "1000",
+        check=True,
+    )
     assert "Restoring states from the checkpoint path" in resumed.stdout + resumed.stderr
     assert f"loader: {loader} (--loader {loader})" in resumed.stdout
     m = json.loads((out / "metrics.json").read_text())

@@ -33,9 +33,25 @@ def test_two_process_gloo_run_covers_each_sample_once_per_epoch(
     out = tmp_path / "run"
     days = split_into_days(data_copy, 3)
     proc = run_module(
-        "training", "--data", days, "--out", out, *TINY_RUN, "--devices", "2", "--accelerator", "cpu",
-        "--strategy", "ddp", "--sample-audit", "--loader", loader, "--shuffle-buffer", "700", check=True,
-    )  # fmt: skip
+        "training",
+        "--data",
+        days,
+        "--out",
+        out,
+        *TINY_RUN,
+        "--devices",
+        "2",
+        "--accelerator",
+        "cpu",
+        "--strategy",
+        "ddp",
+        "--sample-audit",
+        "--loader",
+        loader,
+        "--shuffle-buffer",
+        "700",
+        check=True,
+    )
     assert "distributed_backend=gloo" in proc.stdout + proc.stderr
     assert f"data: {days} (3 files): read 4000 rows, no bad rows" in proc.stdout
     m = json.loads((out / "metrics.json").read_text())
@@ -63,8 +79,20 @@ def test_missing_rank_fails_fast_naming_env_vars_and_shm(
         port = s.getsockname()[1]
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0", "WORLD_SIZE": "2"}
     # Node 0 of a 2-node job whose node 1 never starts.
-    proc = run_module("training", "--data", data_copy, "--out", tmp_path / "run", *TINY_RUN, "--num_nodes", "2",
-                      "--ddp-timeout", "3", env=env, timeout=120)  # fmt: skip
+    proc = run_module(
+        "training",
+        "--data",
+        data_copy,
+        "--out",
+        tmp_path / "run",
+        *TINY_RUN,
+        "--num_nodes",
+        "2",
+        "--ddp-timeout",
+        "3",
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "error: DDP ranks did not all meet within 3s" in proc.stderr
     for needle in (

@@ -32,9 +32,13 @@ def _defaults(fn: object) -> dict[str, object]:
 def test_the_homes_hold_the_documented_values() -> None:
     assert DEFAULT_WIDTH == 128
     assert FIT_DEFAULTS == {
-        "clip": 10.0, "min_count": 1000, "smoothing": 100.0, "max_entries": 10_000, "vocab_size": 10_000,
+        "clip": 10.0,
+        "min_count": 1000,
+        "smoothing": 100.0,
+        "max_entries": 10_000,
+        "vocab_size": 10_000,
         "vocab_min_count": 5,
-    }  # fmt: skip
+    }
 
 
 def test_every_width_default_is_the_contract_width() -> None:

@@ -38,8 +38,12 @@ def test_the_old_import_paths_of_the_error_classes_still_work() -> None:
     from training.model.lightning_module import NonFiniteLossError as from_module
 
     assert (from_criteo, from_sources, from_checkpoint, from_distributed, from_module) == (
-        MalformedRowError, DataError, CheckpointError, DistributedSetupError, NonFiniteLossError,
-    )  # fmt: skip
+        MalformedRowError,
+        DataError,
+        CheckpointError,
+        DistributedSetupError,
+        NonFiniteLossError,
+    )
 
 
 def test_missing_data_prints_one_error_line_and_exits_1(

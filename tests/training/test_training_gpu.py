@@ -25,8 +25,19 @@ def test_single_gpu_run_writes_a_checkpoint_and_metrics(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:
     out = tmp_path / "run"
-    run_module("training", "--data", data_copy, "--out", out, *TINY_RUN, "--accelerator", "gpu",
-               "--devices", "1", check=True)  # fmt: skip
+    run_module(
+        "training",
+        "--data",
+        data_copy,
+        "--out",
+        out,
+        *TINY_RUN,
+        "--accelerator",
+        "gpu",
+        "--devices",
+        "1",
+        check=True,
+    )
     m = json.loads((out / "metrics.json").read_text())
     assert m["world_size"] == 1 and m["epochs"] == 2
     assert 0.5 < m["val_auc"] <= 1.0
@@ -45,8 +56,22 @@ def test_two_gpu_nccl_run_covers_each_sample_once_per_epoch(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:
     out = tmp_path / "run"
-    proc = run_module("training", "--data", data_copy, "--out", out, *TINY_RUN, "--accelerator", "gpu",
-                      "--devices", "2", "--strategy", "ddp", "--sample-audit", check=True)  # fmt: skip
+    proc = run_module(
+        "training",
+        "--data",
+        data_copy,
+        "--out",
+        out,
+        *TINY_RUN,
+        "--accelerator",
+        "gpu",
+        "--devices",
+        "2",
+        "--strategy",
+        "ddp",
+        "--sample-audit",
+        check=True,
+    )
     assert "distributed_backend=nccl" in proc.stdout + proc.stderr
     m = json.loads((out / "metrics.json").read_text())
     assert m["world_size"] == 2

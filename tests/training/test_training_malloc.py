@@ -36,8 +36,13 @@ ALLOCATOR_VARS = (
 
 def _fresh(tune: bool, **env: str) -> tuple[str, int, int]:
     clean = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_VARS}
-    out = subprocess.run([sys.executable, "-c", REUSE.format(tune=tune)], env={**clean, **env}, capture_output=True,
-                         text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", REUSE.format(tune=tune)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     words, small, large = out.stdout.splitlines()
     return words, int(small), int(large)
 

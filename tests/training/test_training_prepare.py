@@ -105,8 +105,13 @@ def test_cache_dir_default_is_beside_writable_data(data_copy: Path, run_module: 
 def _in_read_only(folder: Path, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run argv in a mount namespace where `folder` is read-only (even to root)."""
     script = f'mount --bind "{folder}" "{folder}" && mount -o remount,ro,bind "{folder}" && exec "$@"'
-    return subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", *argv], capture_output=True, text=True,
-                          env=env, timeout=600)  # fmt: skip
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def _read_only_mount_works() -> str | None:
@@ -172,11 +177,21 @@ def test_two_gloo_ranks_prepare_exactly_what_one_process_prepares(data_copy: Pat
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     argv = ["-m", "training.prepare", "--data", str(days)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    two = subprocess.run([*torchrun, *argv, "--cache-dir", str(tmp_path / "two")], capture_output=True,
-                         text=True, env=env, timeout=600)  # fmt: skip
+    two = subprocess.run(
+        [*torchrun, *argv, "--cache-dir", str(tmp_path / "two")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-3000:]
-    one = subprocess.run([sys.executable, *argv, "--cache-dir", str(tmp_path / "one")], capture_output=True,
-                         text=True, env=env, timeout=600)  # fmt: skip
+    one = subprocess.run(
+        [sys.executable, *argv, "--cache-dir", str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     assert "prepared read 4000 rows, no bad rows" in two.stdout and "with 2 rank(s)" in two.stdout
     assert "with 1 rank(s)" in one.stdout
@@ -239,8 +254,17 @@ def test_training_reuses_what_prepare_left(data_copy: Path, tmp_path: Path, run_
     assert [line.split(":")[0] for line in first.stdout.splitlines()[1:4]] == ["parse", "fit", "encode"]
     again = run_module("training.prepare", "--data", data_copy, "--cache-dir", cache, check=True)
     assert again.stdout.splitlines()[1] == f"already prepared in {cache}: reused"
-    run = run_module("training", "--data", data_copy, "--out", tmp_path / "run", "--cache-dir", cache, *TINY_RUN,
-                     check=True)  # fmt: skip
+    run = run_module(
+        "training",
+        "--data",
+        data_copy,
+        "--out",
+        tmp_path / "run",
+        "--cache-dir",
+        cache,
+        *TINY_RUN,
+        check=True,
+    )
     assert f"cache folder: {cache}" in run.stdout
     assert not [line for line in run.stdout.splitlines() if line.startswith(("parse:", "fit:", "encode:"))]
 
@@ -251,10 +275,28 @@ def test_torchrun_training_prepares_on_every_rank_then_trains_with_ddp(
     from train_runs import TINY_RUN
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    argv = ["-m", "training", "--data", str(data_copy), "--out", str(tmp_path / "run"), *TINY_RUN,
-            "--devices", "2", "--accelerator", "cpu", "--strategy", "ddp"]  # fmt: skip
-    proc = subprocess.run([*torchrun, *argv], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    argv = [
+        "-m",
+        "training",
+        "--data",
+        str(data_copy),
+        "--out",
+        str(tmp_path / "run"),
+        *TINY_RUN,
+        "--devices",
+        "2",
+        "--accelerator",
+        "cpu",
+        "--strategy",
+        "ddp",
+    ]
+    proc = subprocess.run(
+        [*torchrun, *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [
         line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith(("parse:", "encode:"))

@@ -40,8 +40,14 @@ def test_checkpoint_from_before_the_fast_defaults_loads_and_exports_with_parity(
 def test_old_checkpoint_resumes_into_a_fast_dropout_module_with_the_same_weights() -> None:
     module = CTRModule.load_from_checkpoint(OLD_CHECKPOINT, fast_dropout=True)
     assert [type(m).__name__ for m in module.net.layers] == [
-        "Linear", "ReLU", "FastDropout", "Linear", "ReLU", "FastDropout", "Linear",
-    ]  # fmt: skip
+        "Linear",
+        "ReLU",
+        "FastDropout",
+        "Linear",
+        "ReLU",
+        "FastDropout",
+        "Linear",
+    ]
     old = read_checkpoint(OLD_CHECKPOINT)["state_dict"]
     assert all(torch.equal(v, old[f"net.{k}"]) for k, v in module.net.state_dict().items())
 
@@ -80,8 +86,22 @@ def test_fast_defaults_reach_the_val_auc_of_torch_defaults_on_the_same_data(
         ),
     }.items():
         out = tmp_path / name
-        proc = run_module("training", "--data", data, "--out", out, "--batch-size", "512", "--max-epochs", "3",
-                          "--patience", "5", "--no-progress-bar", *flags, check=True)  # fmt: skip
+        proc = run_module(
+            "training",
+            "--data",
+            data,
+            "--out",
+            out,
+            "--batch-size",
+            "512",
+            "--max-epochs",
+            "3",
+            "--patience",
+            "5",
+            "--no-progress-bar",
+            *flags,
+            check=True,
+        )
         metrics = json.loads((out / "metrics.json").read_text())
         aucs[name] = metrics["val_auc"]
         assert ("speed: dropout fast" in proc.stdout) == (name == "fast")

@@ -177,8 +177,12 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
         data, spec, _ = dataset.prepare_streaming([path], 0.1, 128, None, print)
         print("counts", counts["parse"], counts["fit"], data.rows("train"))
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     (data_copy.parent / "go").touch()
     outs = [p.communicate(timeout=240) for p in procs]
     counts = [
@@ -223,8 +227,13 @@ def sized_files(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 
 
 def peak_rss_mib(path: Path, loader: str) -> tuple[int, float]:
-    proc = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(path), loader], capture_output=True, text=True,
-                          timeout=300, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, str(path), loader],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     rows, kib = proc.stdout.split()
     return int(rows), int(kib) / 1024
 

@@ -122,9 +122,20 @@ def test_init_from_a_version_trains_on_from_its_weights_with_its_frozen_spec(
     data = day0_run.parent / "day1.txt"
     # lr ~ 0: one epoch leaves the weights where the version had them, so the start point is visible.
     proc = run_module(
-        "training", "--data", data, "--out", run1, "--init-from", version, "--max-epochs", "1",
-        "--lr", "1e-12", "--no-progress-bar", check=True,
-    )  # fmt: skip
+        "training",
+        "--data",
+        data,
+        "--out",
+        run1,
+        "--init-from",
+        version,
+        "--max-epochs",
+        "1",
+        "--lr",
+        "1e-12",
+        "--no-progress-bar",
+        check=True,
+    )
     assert f"warm start from {version}: its weights and its frozen feature spec (width 128)" in proc.stdout
     assert (run1 / "feature_spec.json").read_text() == (day0_run / "feature_spec.json").read_text()
     before, _ = load_net(day0_run / "checkpoints" / "best.ckpt")

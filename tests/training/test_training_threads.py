@@ -24,8 +24,9 @@ POLICY = (
 
 def _policy_in_fresh_process(**env: str) -> list[str]:
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    out = subprocess.run([sys.executable, "-c", POLICY], env={**clean, **env}, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", POLICY], env={**clean, **env}, capture_output=True, text=True, check=True
+    )
     return out.stdout.splitlines()
 
 

@@ -30,8 +30,9 @@ def test_two_trials_write_best_json_history_png_and_a_line_each(
 ) -> None:
     out = tmp_path / "tune"
 
-    proc = run_module("training.tune", "--data", data_copy, "--trials", "2", "--epochs", "1", "--out", out,
-                      check=True)  # fmt: skip
+    proc = run_module(
+        "training.tune", "--data", data_copy, "--trials", "2", "--epochs", "1", "--out", out, check=True
+    )
 
     assert [m[:4] for m in PROGRESS.findall(proc.stdout)] == [
         ("1", "2", "0", "COMPLETE"),
@@ -97,14 +98,33 @@ def test_crashing_trial_is_recorded_failed_and_the_study_goes_on_and_resumes(
 def test_training_takes_its_hyperparameters_from_best_json_and_flags_still_win(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:
-    params = {"lr": 0.004, "batch_size": 512, "dropout1": 0.1, "dropout2": 0.05, "weight_decay": 1e-5,
-              "activation": "hardtanh"}  # fmt: skip
+    params = {
+        "lr": 0.004,
+        "batch_size": 512,
+        "dropout1": 0.1,
+        "dropout2": 0.05,
+        "weight_decay": 1e-5,
+        "activation": "hardtanh",
+    }
     config = tmp_path / "best.json"
     config.write_text(json.dumps({"params": params, "val_auc": 0.7, "trial": 3}))
     out = tmp_path / "run"
 
-    run_module("training", "--data", data_copy, "--out", out, "--config", config, "--max-epochs", "1",
-               "--lr", "0.001", "--no-progress-bar", check=True)  # fmt: skip
+    run_module(
+        "training",
+        "--data",
+        data_copy,
+        "--out",
+        out,
+        "--config",
+        config,
+        "--max-epochs",
+        "1",
+        "--lr",
+        "0.001",
+        "--no-progress-bar",
+        check=True,
+    )
 
     used = json.loads((out / "metrics.json").read_text())["config"]
     assert {k: used[k] for k in TUNED_KEYS} == {**params, "lr": 0.001}

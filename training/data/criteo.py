@@ -216,8 +216,10 @@ def _validate(
     if bad.any():
         ok_pos = np.full(n, -1)
         ok_pos[ok] = np.arange(ok.size)
-        messages = [_message(path, fmt, int(counts[i]), problem[i], bad_field[i], columns, ok_pos[i], line_no[i])
-                    for i in np.flatnonzero(bad)[:_EXAMPLES_KEPT]]  # fmt: skip
+        messages = [
+            _message(path, fmt, int(counts[i]), problem[i], bad_field[i], columns, ok_pos[i], line_no[i])
+            for i in np.flatnonzero(bad)[:_EXAMPLES_KEPT]
+        ]
         if not skip:
             raise MalformedRowError(messages[0] + " (pass --skip-bad-rows to count and skip such rows)")
         for kind, k in zip(*np.unique(problem[bad], return_counts=True), strict=True):

@@ -43,8 +43,14 @@ class CTRDataModule(L.LightningDataModule):
         buffer_rows: shuffle buffer of the streamed path, in rows.
     """
 
-    def __init__(self, inputs: RunInputs, batch_size: int, seed: int, eval_batch_size: int = 8192,
-                 buffer_rows: int = DEFAULT_BUFFER_ROWS) -> None:  # fmt: skip
+    def __init__(
+        self,
+        inputs: RunInputs,
+        batch_size: int,
+        seed: int,
+        eval_batch_size: int = 8192,
+        buffer_rows: int = DEFAULT_BUFFER_ROWS,
+    ) -> None:
         super().__init__()
         self.inputs = inputs
         self.batch_size, self.seed, self.eval_batch_size = batch_size, seed, eval_batch_size
@@ -59,16 +65,45 @@ class CTRDataModule(L.LightningDataModule):
         m, i = self.inputs.memory, self.inputs
         if m is not None:  # the memory loader: slices of arrays held in this process
             train: ShuffledBatches | StreamedBatches = ShuffledBatches(
-                torch.from_numpy(m.train_x), torch.from_numpy(m.train_y), self.batch_size, shuffle=True,
-                seed=self.seed, rank=rank, world_size=world,
-            )  # fmt: skip
-            self.val_set = ShuffledBatches(torch.from_numpy(m.val_x), torch.from_numpy(m.val_y),
-                                           self.eval_batch_size, shuffle=False, rank=rank, world_size=world)  # fmt: skip
+                torch.from_numpy(m.train_x),
+                torch.from_numpy(m.train_y),
+                self.batch_size,
+                shuffle=True,
+                seed=self.seed,
+                rank=rank,
+                world_size=world,
+            )
+            self.val_set = ShuffledBatches(
+                torch.from_numpy(m.val_x),
+                torch.from_numpy(m.val_y),
+                self.eval_batch_size,
+                shuffle=False,
+                rank=rank,
+                world_size=world,
+            )
         else:  # the stream loader: the encoded splits read from disk through a shuffle buffer
-            train = StreamedBatches(i.data, i.spec, "train", self.batch_size, shuffle=True, seed=self.seed, rank=rank,
-                                    world_size=world, buffer_rows=self.buffer_rows, encoded=i.encoded["train"])  # fmt: skip
-            self.val_set = StreamedBatches(i.data, i.spec, "val", self.eval_batch_size, shuffle=False, rank=rank,
-                                           world_size=world, encoded=i.encoded["val"])  # fmt: skip
+            train = StreamedBatches(
+                i.data,
+                i.spec,
+                "train",
+                self.batch_size,
+                shuffle=True,
+                seed=self.seed,
+                rank=rank,
+                world_size=world,
+                buffer_rows=self.buffer_rows,
+                encoded=i.encoded["train"],
+            )
+            self.val_set = StreamedBatches(
+                i.data,
+                i.spec,
+                "val",
+                self.eval_batch_size,
+                shuffle=False,
+                rank=rank,
+                world_size=world,
+                encoded=i.encoded["val"],
+            )
         self.train_set = EpochFromTrainer(t, train)
 
     # batch_size=None: the dataset already yields whole batches; no per-sample collate.

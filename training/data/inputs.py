@@ -55,8 +55,17 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
     # 1-3. the files `--data` names, text parsed once into Parquet caches, the spec fitted on the training
     # rows and both splits encoded with it, in the cache folder; under torchrun every rank does its share
     with launched_group(cfg.ddp_timeout) as group:
-        prepared = prepare_data(cfg.data, cfg.cache_dir, cfg.val_fraction, width, cfg.max_rows,
-                                cfg.skip_bad_rows, say, frozen, group)  # fmt: skip
+        prepared = prepare_data(
+            cfg.data,
+            cfg.cache_dir,
+            cfg.val_fraction,
+            width,
+            cfg.max_rows,
+            cfg.skip_bad_rows,
+            say,
+            frozen,
+            group,
+        )
     pa.default_memory_pool().release_unused()  # the preparation's buffers: do not carry them into training
     data, spec, encoded, report = prepared.data, prepared.spec, prepared.encoded, prepared.report
     if data.rows("train") < cfg.world_size:

@@ -87,8 +87,14 @@ def _stamp(path: Path) -> tuple[int, int]:
 class ParquetData:
     """A list of Parquet files as one data set of `Piece`s; see the module docstring."""
 
-    def __init__(self, files: list[Path], stamps: list[tuple[int, int]], row_ids: list[bool],
-                 pieces: list[Piece], val_fraction: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        files: list[Path],
+        stamps: list[tuple[int, int]],
+        row_ids: list[bool],
+        pieces: list[Piece],
+        val_fraction: float,
+    ) -> None:
         self.files, self.stamps, self.row_ids = files, stamps, row_ids
         self.pieces, self.val_fraction = pieces, val_fraction
         self._open: dict[tuple[int, bool], pq.ParquetFile] = {}
@@ -190,13 +196,23 @@ class ParquetData:
         return chunks
 
     def to_json(self) -> dict[str, Any]:
-        return {"files": [str(f) for f in self.files], "stamps": self.stamps, "row_ids": self.row_ids,
-                "val_fraction": self.val_fraction, "pieces": [asdict(p) for p in self.pieces]}  # fmt: skip
+        return {
+            "files": [str(f) for f in self.files],
+            "stamps": self.stamps,
+            "row_ids": self.row_ids,
+            "val_fraction": self.val_fraction,
+            "pieces": [asdict(p) for p in self.pieces],
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ParquetData:
-        return cls([Path(f) for f in d["files"]], [tuple(s) for s in d["stamps"]], d["row_ids"],  # type: ignore[misc]
-                   [Piece(**p) for p in d["pieces"]], d["val_fraction"])  # fmt: skip
+        return cls(
+            [Path(f) for f in d["files"]],
+            [tuple(s) for s in d["stamps"]],
+            d["row_ids"],  # type: ignore[misc]
+            [Piece(**p) for p in d["pieces"]],
+            d["val_fraction"],
+        )
 
 
 def _read_ids(pf: pq.ParquetFile, path: Path, group: int, has_ids: bool, first: int, rows: int) -> np.ndarray:

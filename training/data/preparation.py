@@ -125,13 +125,25 @@ def _fit(
             m.error = sum(g[3][j] for g in gathered)
             m.table()  # the last merge, which may apply the cap
             if m.error:
-                say(f"warning: {CATEGORICAL_FIELDS[j]} has more than {MAX_VALUES} distinct values: the counts of "
-                    f"its rarest values may fall short by up to {m.error} views (frequent ones are exact)")  # fmt: skip
+                say(
+                    f"warning: {CATEGORICAL_FIELDS[j]} has more than {MAX_VALUES} distinct values: the counts of "
+                    f"its rarest values may fall short by up to {m.error} views (frequent ones are exact)"
+                )
         keep = min(VOCAB_MIN_COUNT, MIN_COUNT)
-        spec = FeatureSpec(**assemble_spec(
-            total_rows, total_clicks, *moments, lambda j: merged[j].counts(keep), width, MIN_COUNT, SMOOTHING,
-            MAX_ENTRIES, VOCAB_SIZE, VOCAB_MIN_COUNT,
-        ))  # fmt: skip
+        spec = FeatureSpec(
+            **assemble_spec(
+                total_rows,
+                total_clicks,
+                *moments,
+                lambda j: merged[j].counts(keep),
+                width,
+                MIN_COUNT,
+                SMOOTHING,
+                MAX_ENTRIES,
+                VOCAB_SIZE,
+                VOCAB_MIN_COUNT,
+            )
+        )
         if group.world == 1:
             return spec
         spec_dict = spec.to_dict()
@@ -168,8 +180,9 @@ def _encode(data: ParquetData, mine: list[Piece], spec: FeatureSpec, tmp: dict[S
             os.close(fd)
 
 
-def _parse(files: list[Path], skip_bad_rows: bool, cache_dir: Path, group: RankGroup,
-           say: Callable[[str], None]) -> tuple[list[Path], ReadReport]:  # fmt: skip
+def _parse(
+    files: list[Path], skip_bad_rows: bool, cache_dir: Path, group: RankGroup, say: Callable[[str], None]
+) -> tuple[list[Path], ReadReport]:
     """Parquet caches of the text files (this rank parses its share), and the merged parse report."""
     error = None
     try:
@@ -195,13 +208,25 @@ def _stat(f: Path) -> tuple[int, int]:
     return st.st_size, st.st_mtime_ns
 
 
-def _targets(parquet: list[Path], cache_dir: Path, val_fraction: float, width: int, max_rows: int | None,
-             frozen: FeatureSpec | None) -> tuple[Path, dict[Split, Path]]:  # fmt: skip
+def _targets(
+    parquet: list[Path],
+    cache_dir: Path,
+    val_fraction: float,
+    width: int,
+    max_rows: int | None,
+    frozen: FeatureSpec | None,
+) -> tuple[Path, dict[Split, Path]]:
     """The result's JSON and record files: `prepare_streaming`'s key and names, in the cache folder."""
     key_src = json.dumps(
-        [PREPARED_VERSION, val_fraction, width, max_rows, frozen.to_dict() if frozen else None,
-         [(str(f.resolve()), *_stat(f)) for f in parquet]]
-    )  # fmt: skip
+        [
+            PREPARED_VERSION,
+            val_fraction,
+            width,
+            max_rows,
+            frozen.to_dict() if frozen else None,
+            [(str(f.resolve()), *_stat(f)) for f in parquet],
+        ]
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     stem = cache_dir / f"{cached_name(parquet[0], cache_dir)}.prepared-{key}"
     return stem.with_name(stem.name + ".json"), {
@@ -209,9 +234,18 @@ def _targets(parquet: list[Path], cache_dir: Path, val_fraction: float, width: i
     }
 
 
-def _build(parquet: list[Path], target: Path, encoded: dict[Split, Path], val_fraction: float, width: int,
-           max_rows: int | None, frozen: FeatureSpec | None, group: RankGroup,
-           timings: dict[str, tuple[int, float]], say: Callable[[str], None]) -> None:  # fmt: skip
+def _build(
+    parquet: list[Path],
+    target: Path,
+    encoded: dict[Split, Path],
+    val_fraction: float,
+    width: int,
+    max_rows: int | None,
+    frozen: FeatureSpec | None,
+    group: RankGroup,
+    timings: dict[str, tuple[int, float]],
+    say: Callable[[str], None],
+) -> None:
     """Fit and encode with every rank; rank 0 renames the results into place once all are written."""
     data = ParquetData.open(parquet, val_fraction, max_rows)
     train, val = data.rows("train"), data.rows("val")
@@ -260,9 +294,17 @@ def _build(parquet: list[Path], target: Path, encoded: dict[Split, Path], val_fr
     timings["encode"] = (train + val, time.perf_counter() - t)
 
 
-def prepare_data(data: str | Path, cache_dir: Path | None, val_fraction: float, width: int,
-                 max_rows: int | None, skip_bad_rows: bool, say: Callable[[str], None],
-                 frozen: FeatureSpec | None = None, group: RankGroup | None = None) -> Prepared:  # fmt: skip
+def prepare_data(
+    data: str | Path,
+    cache_dir: Path | None,
+    val_fraction: float,
+    width: int,
+    max_rows: int | None,
+    skip_bad_rows: bool,
+    say: Callable[[str], None],
+    frozen: FeatureSpec | None = None,
+    group: RankGroup | None = None,
+) -> Prepared:
     """Parse, fit and encode `data` once (reused when done before); see the module docstring.
 
     Args:
@@ -293,8 +335,14 @@ def prepare_data(data: str | Path, cache_dir: Path | None, val_fraction: float, 
 
     if group.world == 1:
         lock = target.with_name(target.name.removesuffix(".json") + ".lock")
-        build_once(lock, ready, lambda: _build(parquet, target, encoded, val_fraction, width, max_rows,
-                                                frozen, group, timings, say), say)  # fmt: skip
+        build_once(
+            lock,
+            ready,
+            lambda: _build(
+                parquet, target, encoded, val_fraction, width, max_rows, frozen, group, timings, say
+            ),
+            say,
+        )
     elif not group.broadcast(ready()):
         error: BaseException | None = None
         try:

@@ -140,9 +140,15 @@ def prepare_streaming(
         The data set, the spec, and the encoded file of each split.
     """
     key_src = json.dumps(
-        [PREPARED_VERSION, val_fraction, width, max_rows, frozen.to_dict() if frozen else None,
-         [(str(f.resolve()), *_stat(f)) for f in files]]
-    )  # fmt: skip
+        [
+            PREPARED_VERSION,
+            val_fraction,
+            width,
+            max_rows,
+            frozen.to_dict() if frozen else None,
+            [(str(f.resolve()), *_stat(f)) for f in files],
+        ]
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
     target = files[0].with_name(f"{files[0].name}.prepared-{key}.json")
     encoded: dict[Split, Path] = {

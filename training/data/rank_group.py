@@ -93,8 +93,9 @@ def launched_group(timeout_s: float = 600.0) -> Iterator[RankGroup]:
         yield RankGroup(dist.get_rank(), dist.get_world_size(), None)
         return
     timeout = timedelta(seconds=timeout_s)
-    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=timeout)  # fmt: skip
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
     # Keys under their own prefix: the DDP group Lightning makes next on the same store must not find ours.
     store = dist.PrefixStore("ctr-pipeline/prepare/", agent)
     dist.init_process_group(

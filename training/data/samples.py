@@ -29,9 +29,14 @@ def score_val(inputs: RunInputs, net: CTRNet) -> tuple[np.ndarray, np.ndarray, n
     if inputs.memory is not None:
         m = inputs.memory
         parts: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter(
-            [(torch.from_numpy(m.val_x[s : s + _SCORE_ROWS]), torch.from_numpy(m.val_y[s : s + _SCORE_ROWS]))
-             for s in range(0, len(m.val_y), _SCORE_ROWS)]
-        )  # fmt: skip
+            [
+                (
+                    torch.from_numpy(m.val_x[s : s + _SCORE_ROWS]),
+                    torch.from_numpy(m.val_y[s : s + _SCORE_ROWS]),
+                )
+                for s in range(0, len(m.val_y), _SCORE_ROWS)
+            ]
+        )
     else:
         records = iter_records(inputs.encoded["val"], inputs.rows("val"))
         parts = (expand(r, inputs.spec.width)[:2] for r in records)

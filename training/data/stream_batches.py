@@ -66,9 +66,19 @@ def epoch_plan(
 class StreamedBatches(IterableDataset):
     """Yields (x, y, index) batches of this rank's rows of one split; see the module docstring."""
 
-    def __init__(self, data: ParquetData, spec: FeatureSpec, split: Split, batch_size: int, shuffle: bool = True,
-                 seed: int = 0, rank: int = 0, world_size: int = 1,
-                 buffer_rows: int = DEFAULT_BUFFER_ROWS, encoded: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        data: ParquetData,
+        spec: FeatureSpec,
+        split: Split,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        buffer_rows: int = DEFAULT_BUFFER_ROWS,
+        encoded: Path | None = None,
+    ) -> None:
         super().__init__()
         n = data.rows(split)
         if n < world_size:

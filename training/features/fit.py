@@ -117,9 +117,19 @@ def fit_parameters(
         v = signed_log1p(np.asarray(numeric, dtype=np.float64))
         sq = carry_sum(sq, np.where(np.isfinite(v), (v - mean) ** 2, 0.0))
     return assemble_spec(
-        stats.rows, stats.clicks, stats.count, mean, sq, stats.value_counts, width, min_count, smoothing,
-        max_entries, vocab_size, vocab_min_count,
-    )  # fmt: skip
+        stats.rows,
+        stats.clicks,
+        stats.count,
+        mean,
+        sq,
+        stats.value_counts,
+        width,
+        min_count,
+        smoothing,
+        max_entries,
+        vocab_size,
+        vocab_min_count,
+    )
 
 
 def assemble_spec(
@@ -157,7 +167,14 @@ def assemble_spec(
         for j, field in enumerate(CATEGORICAL_FIELDS)
     )
     return {
-        "mean": tuple(map(float, mean)), "std": tuple(map(float, std)), "tables": tables, "prior": prior,
-        "width": width, "clip": CLIP, "min_count": min_count, "smoothing": smoothing,
-        "vocab_size": vocab_size, "vocab_min_count": vocab_min_count,
-    }  # fmt: skip
+        "mean": tuple(map(float, mean)),
+        "std": tuple(map(float, std)),
+        "tables": tables,
+        "prior": prior,
+        "width": width,
+        "clip": CLIP,
+        "min_count": min_count,
+        "smoothing": smoothing,
+        "vocab_size": vocab_size,
+        "vocab_min_count": vocab_min_count,
+    }

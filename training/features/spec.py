@@ -188,10 +188,17 @@ class FeatureSpec:
             n_buckets = width - HASH_START - 1
             tables = tuple(FieldTable.from_dict(f, cat["tables"][f], n_buckets) for f in CATEGORICAL_FIELDS)
             return cls(
-                tuple(num["mean"]), tuple(num["std"]), tables, float(cat["prior"]), width,
-                float(num["clip"]), int(cat["min_count"]), float(cat["smoothing"]),
-                int(cat["vocab_size"]), int(cat["vocab_min_count"]),
-            )  # fmt: skip
+                tuple(num["mean"]),
+                tuple(num["std"]),
+                tables,
+                float(cat["prior"]),
+                width,
+                float(num["clip"]),
+                int(cat["min_count"]),
+                float(cat["smoothing"]),
+                int(cat["vocab_size"]),
+                int(cat["vocab_min_count"]),
+            )
         except KeyError as e:
             raise ValueError(f"feature spec is missing key {e}") from e
 

@@ -32,8 +32,14 @@ class CTRModule(L.LightningModule):
         fast_dropout: numpy-drawn CPU dropout masks (`training.model.fast_dropout`); same keep probabilities.
     """
 
-    def __init__(self, model: dict[str, Any], lr: float = 1e-3, weight_decay: float = 0.0,
-                 adam_impl: str = "default", fast_dropout: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: dict[str, Any],
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        adam_impl: str = "default",
+        fast_dropout: bool = False,
+    ) -> None:
         super().__init__()
         if adam_impl not in ADAM_IMPLS:
             raise ValueError(f"adam_impl must be one of {ADAM_IMPLS}, got {adam_impl!r}")

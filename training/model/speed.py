@@ -51,9 +51,16 @@ class SpeedSettings:
     reasons: tuple[str, ...]
 
     @classmethod
-    def choose(cls, accelerator: str, fast_dropout: bool = True, adam_impl: str = "auto",
-               precision: str = "auto", threads: int | None = None, governed: bool = False,
-               malloc: str | None = None) -> SpeedSettings:  # fmt: skip
+    def choose(
+        cls,
+        accelerator: str,
+        fast_dropout: bool = True,
+        adam_impl: str = "auto",
+        precision: str = "auto",
+        threads: int | None = None,
+        governed: bool = False,
+        malloc: str | None = None,
+    ) -> SpeedSettings:
         """Resolve the flags for `accelerator`: fast settings unless turned off, torch's own off the CPU.
 
         `threads`: what the run set (None: torch's default, one per core). `governed`: the count was not given

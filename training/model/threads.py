@@ -34,8 +34,13 @@ class ThreadGovernor(L.Callback):
     `choices` records each probe's (step, ms per step at 1 thread, at `threads`, the count kept) for metrics.json.
     """
 
-    def __init__(self, threads: int, period: int = PERIOD, probe_steps: int = PROBE_STEPS,
-                 first_probe: int = FIRST_PROBE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        threads: int,
+        period: int = PERIOD,
+        probe_steps: int = PROBE_STEPS,
+        first_probe: int = FIRST_PROBE,
+    ) -> None:
         if threads < 2:
             raise ValueError(f"ThreadGovernor needs at least 2 threads to choose from, got {threads}")
         self.threads, self.period, self.probe_steps = threads, period, probe_steps
@@ -48,16 +53,18 @@ class ThreadGovernor(L.Callback):
         self._t0 = 0.0
         self._pos: int | None = None  # position in `plan` while probing
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self._pos is None and self.steps >= self.next_probe:
             self._pos, self._times = 0, {1: [], self.threads: []}
         if self._pos is not None:
             self._set(self.plan[self._pos])
         self._t0 = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         dt = time.perf_counter() - self._t0
         self.steps += 1
         if self._pos is None:

@@ -92,10 +92,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     s = Settings(
-        logs=args.logs, clicks=args.clicks, repo=args.repo, work=args.work, interval_s=args.interval_s,
-        window_s=args.window_s, holdout=args.holdout, replay=args.replay, replay_rows=args.replay_rows, epochs=args.epochs,
-        train_args=tuple(shlex.split(args.train_args)), max_auc_drop=args.max_auc_drop, max_ece_rise=args.max_ece_rise,
-    )  # fmt: skip
+        logs=args.logs,
+        clicks=args.clicks,
+        repo=args.repo,
+        work=args.work,
+        interval_s=args.interval_s,
+        window_s=args.window_s,
+        holdout=args.holdout,
+        replay=args.replay,
+        replay_rows=args.replay_rows,
+        epochs=args.epochs,
+        train_args=tuple(shlex.split(args.train_args)),
+        max_auc_drop=args.max_auc_drop,
+        max_ece_rise=args.max_ece_rise,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
     metrics = TrainerMetrics()
     try:

@@ -53,10 +53,38 @@ def run(cmd: list[str], log: Path) -> None:
 def static_version(a: argparse.Namespace, out: Path) -> None:
     """Version 1: the model trained before the traffic started (the daily loop's model)."""
     data = out / "static" / "day.txt"
-    run([PY, "-m", "training.synth", "--out", str(data), "--rows", str(a.static_rows), "--day", str(a.start_day),
-         "--drift-scale", str(a.drift_scale)], out / "static.log")  # fmt: skip
-    run([PY, "-m", "training", "--data", str(data), "--out", str(out / "static" / "run"), "--no-progress-bar",
-         "--max-epochs", "2", *a.train_args.split()], out / "static.log")  # fmt: skip
+    run(
+        [
+            PY,
+            "-m",
+            "training.synth",
+            "--out",
+            str(data),
+            "--rows",
+            str(a.static_rows),
+            "--day",
+            str(a.start_day),
+            "--drift-scale",
+            str(a.drift_scale),
+        ],
+        out / "static.log",
+    )
+    run(
+        [
+            PY,
+            "-m",
+            "training",
+            "--data",
+            str(data),
+            "--out",
+            str(out / "static" / "run"),
+            "--no-progress-bar",
+            "--max-epochs",
+            "2",
+            *a.train_args.split(),
+        ],
+        out / "static.log",
+    )
     run(
         [PY, "-m", "export", "--run", str(out / "static" / "run"), "--repo", str(out / "repo")],
         out / "static.log",
@@ -115,9 +143,26 @@ def ten_x(a: argparse.Namespace, out: Path, state: dict[str, Any]) -> dict[str, 
         table = pq.read_table(part)
         pq.write_table(pa.concat_tables([table] * 10), folder / part.name)
         rows += 10 * len(table)
-    run([PY, "-m", "training", "--data", str(folder), "--out", str(out / "tenx" / "run"), "--no-progress-bar",
-         "--max-epochs", "1", "--init-from", str(out / "repo" / str(last["version"])), *a.train_args.split(),
-         "--batch-size", "2048"], out / "tenx.log")  # fmt: skip
+    run(
+        [
+            PY,
+            "-m",
+            "training",
+            "--data",
+            str(folder),
+            "--out",
+            str(out / "tenx" / "run"),
+            "--no-progress-bar",
+            "--max-epochs",
+            "1",
+            "--init-from",
+            str(out / "repo" / str(last["version"])),
+            *a.train_args.split(),
+            "--batch-size",
+            "2048",
+        ],
+        out / "tenx.log",
+    )
     found = ([None, *re.finditer(r"([0-9.]+) training samples/s", (out / "tenx.log").read_text())])[-1]
     per_s = float(found.group(1)) if found else None
     train_s = (
@@ -145,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     # so a candidate trained on the interval plus its replay lags the freshest held-out rows' click rate by a few
     # points: at the trainer's own 0.01 the calibration gate refuses most candidates on that lag alone (AUC up).
     p.add_argument(
-        "--max-ece-rise", type=float, default=0.03,
+        "--max-ece-rise",
+        type=float,
+        default=0.03,
         help="the trainer's calibration gate (default 0.03 here; python -m training.online defaults to 0.01)",
-    )  # fmt: skip
+    )
     p.add_argument("--train-args", default="--batch-size 512", help="extra flags for python -m training")
     a = p.parse_args(argv)
     out = a.out.resolve()
@@ -161,11 +208,23 @@ def main(argv: list[str] | None = None) -> int:
     static_version(a, out)
     rest, grpc, metrics = free_port(), free_port(), free_port()
     server = subprocess.Popen(
-        [PY, "-m", "serving", f"--port={grpc}", f"--rest_api_port={rest}", "--host=127.0.0.1", "--model_name=ctr",
-         f"--model_base_path={out / 'repo'}", f"--request_log_dir={out / 'logs'}", "--request_log_sample_rate=1",
-         "--request_log_max_bytes=2000000", "--file_system_poll_wait_seconds=1"],
-        stdout=(out / "server.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            PY,
+            "-m",
+            "serving",
+            f"--port={grpc}",
+            f"--rest_api_port={rest}",
+            "--host=127.0.0.1",
+            "--model_name=ctr",
+            f"--model_base_path={out / 'repo'}",
+            f"--request_log_dir={out / 'logs'}",
+            "--request_log_sample_rate=1",
+            "--request_log_max_bytes=2000000",
+            "--file_system_poll_wait_seconds=1",
+        ],
+        stdout=(out / "server.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
     procs = [server]
     try:
         status_url = f"http://127.0.0.1:{rest}/v1/models/ctr"
@@ -176,23 +235,74 @@ def main(argv: list[str] | None = None) -> int:
         until = start + a.duration
         print(f"online-demo: server on 127.0.0.1:{rest}; traffic for {a.duration:.0f} s", flush=True)
         trainer = subprocess.Popen(
-            [PY, "-m", "training.online", "--logs", str(out / "logs"), "--clicks", str(out / "clicks"),
-             "--repo", str(out / "repo"), "--work", str(out / "work"), "--interval-s", str(a.interval_s),
-             "--window-s", str(a.window_s), "--start", str(start), "--until", str(until - a.interval_s),
-             "--replay", str(a.replay), "--max-ece-rise", str(a.max_ece_rise), "--train-args", a.train_args, "--metrics-port", str(metrics)],
-            stdout=(out / "trainer.log").open("w"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                PY,
+                "-m",
+                "training.online",
+                "--logs",
+                str(out / "logs"),
+                "--clicks",
+                str(out / "clicks"),
+                "--repo",
+                str(out / "repo"),
+                "--work",
+                str(out / "work"),
+                "--interval-s",
+                str(a.interval_s),
+                "--window-s",
+                str(a.window_s),
+                "--start",
+                str(start),
+                "--until",
+                str(until - a.interval_s),
+                "--replay",
+                str(a.replay),
+                "--max-ece-rise",
+                str(a.max_ece_rise),
+                "--train-args",
+                a.train_args,
+                "--metrics-port",
+                str(metrics),
+            ],
+            stdout=(out / "trainer.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         procs.append(trainer)
         time.sleep(3)
         if trainer.poll() is not None:
             sys.exit(
                 f"online-demo: error: the trainer exited {trainer.returncode}; see {out / 'trainer.log'}"
             )
-        run([PY, "-m", "training.simulate", "--url", f"http://127.0.0.1:{rest}", "--clicks-dir", str(out / "clicks"),
-             "--truth-dir", str(out / "truth"), "--start-day", str(a.start_day), "--end-day", str(a.end_day),
-             "--duration", str(until - time.time()), "--rate", str(a.rate), "--instances", str(a.instances),
-             "--drift-scale", str(a.drift_scale), "--click-delay-s", str(a.window_s / 4),
-             "--drain-s", str(a.window_s + 3)], out / "simulate.log")  # fmt: skip
+        run(
+            [
+                PY,
+                "-m",
+                "training.simulate",
+                "--url",
+                f"http://127.0.0.1:{rest}",
+                "--clicks-dir",
+                str(out / "clicks"),
+                "--truth-dir",
+                str(out / "truth"),
+                "--start-day",
+                str(a.start_day),
+                "--end-day",
+                str(a.end_day),
+                "--duration",
+                str(until - time.time()),
+                "--rate",
+                str(a.rate),
+                "--instances",
+                str(a.instances),
+                "--drift-scale",
+                str(a.drift_scale),
+                "--click-delay-s",
+                str(a.window_s / 4),
+                "--drain-s",
+                str(a.window_s + 3),
+            ],
+            out / "simulate.log",
+        )
         trainer.wait(timeout=a.interval_s * 3 + 120)
         time.sleep(2.5)  # the server's next poll of the repository
         watcher.stop.set()

@@ -113,8 +113,16 @@ class Trainer:
             )
             report = join(self.s, p["interval"])  # re-read (idempotent) for the row time of the version
             self.state.newest_row_time[str(p["version"])] = report.newest_row_time or 0.0
-            self.state.finish({"interval": p["interval"], "outcome": "published", "version": p["version"],
-                               "rows": report.rows, "newest_row_time": report.newest_row_time, "resumed": True})  # fmt: skip
+            self.state.finish(
+                {
+                    "interval": p["interval"],
+                    "outcome": "published",
+                    "version": p["version"],
+                    "rows": report.rows,
+                    "newest_row_time": report.newest_row_time,
+                    "resumed": True,
+                }
+            )
         else:
             self.state.pending = None  # nothing was published: the interval is trained again
         st.save(self.s.work, self.state)

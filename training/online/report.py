@@ -16,8 +16,14 @@ def freshness(results: dict[str, Any]) -> list[dict[str, Any]]:
         if o["outcome"] != "published" or served is None:
             continue
         start = o["interval"] * s
-        out.append({"interval": o["interval"], "version": o["version"], "click_to_served_s": round(served - start, 1),
-                    "intervals": round((served - start) / s, 2)})  # fmt: skip
+        out.append(
+            {
+                "interval": o["interval"],
+                "version": o["version"],
+                "click_to_served_s": round(served - start, 1),
+                "intervals": round((served - start) / s, 2),
+            }
+        )
     return out
 
 
@@ -72,19 +78,34 @@ def write_report(out: Path, results: dict[str, Any]) -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in results["intervals"]:
-        lines.append(f"| {r['interval']} | {r['outcome']} | {r['online_version']} | {r['next_interval_rows']} | "
-                     f"{r['static_auc']:.4f} | {r['online_auc']:.4f} | {r['oracle_auc']} |")  # fmt: skip
-    lines += ["", "## Intervals", "", "| interval | outcome | rows | join+train+export s | train s | export s |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+        lines.append(
+            f"| {r['interval']} | {r['outcome']} | {r['online_version']} | {r['next_interval_rows']} | "
+            f"{r['static_auc']:.4f} | {r['online_auc']:.4f} | {r['oracle_auc']} |"
+        )
+    lines += [
+        "",
+        "## Intervals",
+        "",
+        "| interval | outcome | rows | join+train+export s | train s | export s |",
+        "|---|---|---|---|---|---|",
+    ]
     for o in results["outcomes"]:
-        lines.append(f"| {o['interval']} | {o['outcome']} | {o.get('rows')} | {o['seconds']} | {o.get('train_s', '')} | "
-                     f"{o.get('export_s', '')} |")  # fmt: skip
+        lines.append(
+            f"| {o['interval']} | {o['outcome']} | {o.get('rows')} | {o['seconds']} | {o.get('train_s', '')} | "
+            f"{o.get('export_s', '')} |"
+        )
     lines += ["", "## Freshness: first possible click to the server serving the version", ""]
-    lines += [f"- interval {f['interval']} -> version {f['version']}: {f['click_to_served_s']} s "
-              f"({f['intervals']} intervals)" for f in results["freshness"]]  # fmt: skip
+    lines += [
+        f"- interval {f['interval']} -> version {f['version']}: {f['click_to_served_s']} s "
+        f"({f['intervals']} intervals)"
+        for f in results["freshness"]
+    ]
     t = results.get("ten_x") or {}
     if t:
-        lines += ["", f"## 10x the rate: {t['rows']} training rows (an interval and its replay), {t['samples_per_s']} "
-                  f"samples/s: training {t['train_s']} s + export {t['export_s']} s (independent of the rows)"]  # fmt: skip
+        lines += [
+            "",
+            f"## 10x the rate: {t['rows']} training rows (an interval and its replay), {t['samples_per_s']} "
+            f"samples/s: training {t['train_s']} s + export {t['export_s']} s (independent of the rows)",
+        ]
     lines += ["", "## Goals", "", *[f"- {k}: {v}" for k, v in g.items()], ""]
     (out / "report.md").write_text("\n".join(lines))

@@ -44,10 +44,29 @@ def trial_command(
     """The child command that trains one trial."""
     # The storage id, not the number: the child rebuilds the trial with `optuna.Trial(study, trial_id)`, and
     # Optuna has no public accessor for it.
-    cmd = [sys.executable, "-m", "training.tune.trial", "--storage", storage_url(args.out), "--study", STUDY_NAME,
-           "--trial-id", str(trial._trial_id), "--params", json.dumps(params), "--data", str(args.data),
-           "--epochs", str(args.epochs), "--seed", str(args.train_seed), "--out", str(run_dir),
-           "--result", str(run_dir / "result.json")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "training.tune.trial",
+        "--storage",
+        storage_url(args.out),
+        "--study",
+        STUDY_NAME,
+        "--trial-id",
+        str(trial._trial_id),
+        "--params",
+        json.dumps(params),
+        "--data",
+        str(args.data),
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(args.train_seed),
+        "--out",
+        str(run_dir),
+        "--result",
+        str(run_dir / "result.json"),
+    ]
     return cmd + (["--max-rows", str(args.max_rows)] if args.max_rows else [])
 
 
@@ -88,8 +107,13 @@ def run_one(study: optuna.Study, args: argparse.Namespace) -> tuple[optuna.trial
     result_file = run_dir / "result.json"
     result_file.unlink(missing_ok=True)
     with log.open("wb") as fh:
-        proc = subprocess.Popen(trial_command(args, trial, params, run_dir), stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            trial_command(args, trial, params, run_dir),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         rc: int | None = proc.wait(timeout=args.trial_timeout)
     except subprocess.TimeoutExpired:
@@ -171,9 +195,14 @@ def open_study(args: argparse.Namespace) -> optuna.Study:
         args.sampler_seed = (
             args.seed + done
         )  # a fresh RNG stream: do not redraw the first run's startup trials
-    study = optuna.create_study(study_name=STUDY_NAME, storage=storage_url(args.out), direction="maximize",
-                                sampler=optuna.samplers.TPESampler(seed=args.sampler_seed),
-                                pruner=build_pruner(), load_if_exists=args.resume)  # fmt: skip
+    study = optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=storage_url(args.out),
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=args.sampler_seed),
+        pruner=build_pruner(),
+        load_if_exists=args.resume,
+    )
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study.tell(t.number, state=TrialState.FAIL)
         print(f"[tune] trial #{t.number} was left running by an interrupted run: recorded as failed")
@@ -244,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if best is None:
         print(f"[tune] no trial completed; each trial's log is under {args.out / 'trials'}", file=sys.stderr)
         return 130 if interrupted else 1
-    print(f"[tune] best val AUC {best['val_auc']:.4f} (trial #{best['trial']}, {best['trials']['total']} trials): "
-          f"{args.out / BEST_JSON}\n[tune] train with it: make train ARGS=\"--config {args.out / BEST_JSON}\"")  # fmt: skip
+    print(
+        f"[tune] best val AUC {best['val_auc']:.4f} (trial #{best['trial']}, {best['trials']['total']} trials): "
+        f'{args.out / BEST_JSON}\n[tune] train with it: make train ARGS="--config {args.out / BEST_JSON}"'
+    )
     return 130 if interrupted else 0
 
 

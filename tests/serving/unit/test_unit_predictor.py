@@ -82,9 +82,16 @@ def run_with_predictor(
         metrics = ServingMetrics()
         with ThreadPoolExecutor(1) as disk, ThreadPoolExecutor(1) as inference:
             manager = ModelManager(
-                "ctr", base, "onnx", 1, VersionPolicy("latest"), {"stable": 1}, metrics, disk,
+                "ctr",
+                base,
+                "onnx",
+                1,
+                VersionPolicy("latest"),
+                {"stable": 1},
+                metrics,
+                disk,
                 make_runners=lambda backend: build_runners(backend, batching, inference, metrics, "ctr"),
-            )  # fmt: skip
+            )
             await manager.poll_once()
             predictor = Predictor(manager, Limits(max_instances=64, allow_nonfinite=False), metrics)
             try:
@@ -153,10 +160,16 @@ def test_decode_gets_the_signature_of_the_version_the_label_names(base: Path) ->
     [
         ("nope", None, None, NotFound("Servable not found for request: Latest(nope)"), "NOT_FOUND"),
         ("ctr", 7, None, NotFound("Servable not found for request: Specific(ctr, 7)"), "NOT_FOUND"),
-        ("ctr", None, "canary", InvalidArgument("Unrecognized servable version label: canary"), "INVALID_ARGUMENT"),
+        (
+            "ctr",
+            None,
+            "canary",
+            InvalidArgument("Unrecognized servable version label: canary"),
+            "INVALID_ARGUMENT",
+        ),
     ],
     ids=["unknown-model", "unknown-version", "unknown-label"],
-)  # fmt: skip
+)
 def test_an_unresolvable_model_spec_fails_before_decoding_and_is_counted(
     base: Path, name: str, version: int | None, label: str | None, error: ServingError, status: str
 ) -> None:

@@ -179,8 +179,10 @@ def test_decoded_batches_merge_as_their_object_arrays_do_and_transform_alike(spe
         parts = [decode_raw_instances(orjson.dumps({"instances": rows[a:b]})) for a, b in pairwise(starts)]
         assert all(p is not None and "categorical" not in p.__dict__ for p in parts)  # no object array made
         merged = RawBatch.concat(parts)  # type: ignore[arg-type]
-        arrays = RawBatch(np.concatenate([p.numeric for p in parts], 1),  # type: ignore[union-attr]
-                          np.concatenate([p.categorical for p in parts], 1))  # type: ignore[union-attr]  # fmt: skip
+        arrays = RawBatch(
+            np.concatenate([p.numeric for p in parts], 1),  # type: ignore[union-attr]
+            np.concatenate([p.categorical for p in parts], 1),
+        )  # type: ignore[union-attr]
         assert merged.strings() == arrays.categorical.ravel().tolist()
         assert_same_batch(merged, arrays)
         assert np.array_equal(transform(merged), transform(arrays)), sizes

@@ -54,23 +54,67 @@ def test_concat_joins_batches_row_after_row() -> None:
     ("rows", "columnar", "message"),
     [
         ({"I1": 3}, False, "'instances' must be a list of objects of raw Criteo fields, got dict"),
-        ([3], False, 'instance 0 is 3 (int), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}'),
-        ([{"I14": 1}], False, 'instance 0 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)'),
+        (
+            [3],
+            False,
+            'instance 0 is 3 (int), expected an object of raw Criteo fields such as {"I1": 3, "C1": "68fd1e64"}',
+        ),
+        (
+            [{"I14": 1}],
+            False,
+            'instance 0 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)',
+        ),
         ([{}, {"I2": 1.5}], False, "instance 1 field 'I2' is 1.5, a fractional count; counts are integers"),
         ([{"I2": "1.5"}], False, "instance 0 field 'I2' is \"1.5\", a fractional count; counts are integers"),
-        ([{"I2": "many"}], False, "instance 0 field 'I2' is \"many\", not a count; send an integer, a numeric string, null or \"\" (missing)"),
-        ([{"I2": True}], False, "instance 0 field 'I2' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)"),
-        ([{"I2": MAX_COUNT + 1}], False, f"instance 0 field 'I2' is {MAX_COUNT + 1}, out of range; counts must be within ±{MAX_COUNT} (2**53)"),
-        ([{"C1": 5}], False, "instance 0 field 'C1' is 5 (int), not a string; send a string, null or \"\" (missing)"),
+        (
+            [{"I2": "many"}],
+            False,
+            'instance 0 field \'I2\' is "many", not a count; send an integer, a numeric string, null or "" (missing)',
+        ),
+        (
+            [{"I2": True}],
+            False,
+            "instance 0 field 'I2' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)",
+        ),
+        (
+            [{"I2": MAX_COUNT + 1}],
+            False,
+            f"instance 0 field 'I2' is {MAX_COUNT + 1}, out of range; counts must be within ±{MAX_COUNT} (2**53)",
+        ),
+        (
+            [{"C1": 5}],
+            False,
+            "instance 0 field 'C1' is 5 (int), not a string; send a string, null or \"\" (missing)",
+        ),
         ([3], True, "'inputs' must be an object of raw Criteo fields, got list"),
-        ({"X": [1]}, True, "'inputs' has unknown field \"X\"; raw fields are I1..I13 (counts) and C1..C26 (strings)"),
+        (
+            {"X": [1]},
+            True,
+            "'inputs' has unknown field \"X\"; raw fields are I1..I13 (counts) and C1..C26 (strings)",
+        ),
         ({"I1": 1}, True, "'inputs' field 'I1' is 1 (int), expected a list with one value per instance"),
-        ({"I1": [1, 2], "C1": ["a"]}, True, "'inputs' fields have different lengths {'I1': 2, 'C1': 1}; send one value per instance"),
+        (
+            {"I1": [1, 2], "C1": ["a"]},
+            True,
+            "'inputs' fields have different lengths {'I1': 2, 'C1': 1}; send one value per instance",
+        ),
     ],
-    ids=["rows-not-a-list", "row-not-an-object", "unknown-field", "fractional", "fractional-string", "word",
-         "boolean", "out-of-range", "category-not-a-string", "columns-not-an-object", "unknown-column",
-         "column-not-a-list", "ragged-columns"],
-)  # fmt: skip
+    ids=[
+        "rows-not-a-list",
+        "row-not-an-object",
+        "unknown-field",
+        "fractional",
+        "fractional-string",
+        "word",
+        "boolean",
+        "out-of-range",
+        "category-not-a-string",
+        "columns-not-an-object",
+        "unknown-column",
+        "column-not-a-list",
+        "ragged-columns",
+    ],
+)
 def test_bad_raw_rows_name_the_instance_the_field_and_the_fix(
     rows: Any, columnar: bool, message: str
 ) -> None:
@@ -111,14 +155,20 @@ def test_grpc_tensors_decode_doubles_integers_and_strings() -> None:
 @pytest.mark.parametrize(
     ("columns", "message"),
     [
-        ({"X": (7, [b"a"])}, "inputs has unknown field \"X\"; raw fields are I1..I13 (counts) and C1..C26 (strings)"),
+        (
+            {"X": (7, [b"a"])},
+            'inputs has unknown field "X"; raw fields are I1..I13 (counts) and C1..C26 (strings)',
+        ),
         ({"C1": (2, [1.0])}, "input 'C1' has dtype DT_DOUBLE, expected DT_STRING"),
         ({"I1": (2, [1.5])}, "row 0 field 'I1' is 1.5, a fractional count; counts are integers"),
-        ({"I1": (2, [1.0]), "C1": (7, [b"a", b"b"])}, "raw inputs have different lengths {'I1': 1, 'C1': 2}; send one value per row in each"),
+        (
+            {"I1": (2, [1.0]), "C1": (7, [b"a", b"b"])},
+            "raw inputs have different lengths {'I1': 1, 'C1': 2}; send one value per row in each",
+        ),
         ({"C1": (7, [b"\xff"])}, "row 0 field 'C1' is b'\\xff', not UTF-8 text; send UTF-8 strings"),
     ],
     ids=["unknown-field", "category-as-double", "fractional", "ragged", "not-utf8"],
-)  # fmt: skip
+)
 def test_bad_grpc_raw_tensors_name_the_input(columns: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         decode_tensors(_tensors(**columns))

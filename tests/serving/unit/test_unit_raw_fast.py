@@ -78,21 +78,64 @@ def _bad(value_field: str, value: Any) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("I14", 1, 'instance 9 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)'),
+        (
+            "I14",
+            1,
+            'instance 9 has unknown field "I14"; raw fields are I1..I13 (counts) and C1..C26 (strings)',
+        ),
         ("I2", 1.5, "instance 9 field 'I2' is 1.5, a fractional count; counts are integers"),
         ("I2", "1.5", "instance 9 field 'I2' is \"1.5\", a fractional count; counts are integers"),
-        ("I2", "many", "instance 9 field 'I2' is \"many\", not a count; send an integer, a numeric string, null or \"\" (missing)"),
-        ("I2", True, "instance 9 field 'I2' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)"),
-        ("I2", MAX_COUNT + 1, f"instance 9 field 'I2' is {MAX_COUNT + 1}, out of range; counts must be within ±{MAX_COUNT} (2**53)"),
-        ("I2", 10**400, "instance 9 field 'I2' is 1000000000000000000000000000000000000000, out of range; counts must be within ±9007199254740992 (2**53)"),
-        ("I2", math.inf, f"instance 9 field 'I2' is Infinity, out of range; counts must be within ±{MAX_COUNT} (2**53)"),
-        ("I2", [1], "instance 9 field 'I2' is [1] (list), not a count; send an integer, a numeric string, null or \"\" (missing)"),
+        (
+            "I2",
+            "many",
+            'instance 9 field \'I2\' is "many", not a count; send an integer, a numeric string, null or "" (missing)',
+        ),
+        (
+            "I2",
+            True,
+            "instance 9 field 'I2' is true (bool), not a count; send an integer, a numeric string, null or \"\" (missing)",
+        ),
+        (
+            "I2",
+            MAX_COUNT + 1,
+            f"instance 9 field 'I2' is {MAX_COUNT + 1}, out of range; counts must be within ±{MAX_COUNT} (2**53)",
+        ),
+        (
+            "I2",
+            10**400,
+            "instance 9 field 'I2' is 1000000000000000000000000000000000000000, out of range; counts must be within ±9007199254740992 (2**53)",
+        ),
+        (
+            "I2",
+            math.inf,
+            f"instance 9 field 'I2' is Infinity, out of range; counts must be within ±{MAX_COUNT} (2**53)",
+        ),
+        (
+            "I2",
+            [1],
+            "instance 9 field 'I2' is [1] (list), not a count; send an integer, a numeric string, null or \"\" (missing)",
+        ),
         ("C1", 5, "instance 9 field 'C1' is 5 (int), not a string; send a string, null or \"\" (missing)"),
-        ("C1", False, "instance 9 field 'C1' is false (bool), not a string; send a string, null or \"\" (missing)"),
+        (
+            "C1",
+            False,
+            "instance 9 field 'C1' is false (bool), not a string; send a string, null or \"\" (missing)",
+        ),
     ],
-    ids=["unknown-field", "fractional", "fractional-string", "word", "boolean", "out-of-range", "huge-int",
-         "infinity", "list", "category-not-a-string", "category-boolean"],
-)  # fmt: skip
+    ids=[
+        "unknown-field",
+        "fractional",
+        "fractional-string",
+        "word",
+        "boolean",
+        "out-of-range",
+        "huge-int",
+        "infinity",
+        "list",
+        "category-not-a-string",
+        "category-boolean",
+    ],
+)
 def test_bad_values_in_large_batches_keep_the_exact_message(field: str, value: Any, message: str) -> None:
     rows = _bad(field, value)
     with pytest.raises(InvalidArgument) as caught:

@@ -265,8 +265,9 @@ def test_scanned_batches_merge_keyed_and_transform_alike(spec: FeatureSpec) -> N
     parts = [scanned(orjson.dumps({"instances": rows[a:b]})) for a, b in pairwise(starts)]
     merged = RawBatch.concat(parts)  # type: ignore[arg-type]
     assert "_strings" not in merged.__dict__ and merged.keys is not None and merged.keys.slow is None
-    arrays = RawBatch(np.concatenate([p.numeric for p in parts], 1),
-                      np.concatenate([p.categorical for p in parts], 1))  # fmt: skip
+    arrays = RawBatch(
+        np.concatenate([p.numeric for p in parts], 1), np.concatenate([p.categorical for p in parts], 1)
+    )
     assert_same_batch(merged, arrays)
     assert np.array_equal(transform(merged), transform(arrays))
 

@@ -63,22 +63,49 @@ def test_raw_field_names_pick_the_raw_signature_without_signature_name() -> None
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"{", "malformed JSON body: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (
+            b"{",
+            "malformed JSON body: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
         (b"[1]", "the body must be a JSON object, got list"),
-        ({"instances": [ROW], "inputs": [ROW]}, "the body has both 'instances' and 'inputs'; send one (row or columnar format)"),
-        ({"rows": [ROW]}, "the body is missing 'instances' (row format) or 'inputs' (columnar format); keys: ['rows']"),
-        ({"signature_name": "classify", "instances": [ROW]}, 'Serving signature name: "classify" not found in signature def'),
+        (
+            {"instances": [ROW], "inputs": [ROW]},
+            "the body has both 'instances' and 'inputs'; send one (row or columnar format)",
+        ),
+        (
+            {"rows": [ROW]},
+            "the body is missing 'instances' (row format) or 'inputs' (columnar format); keys: ['rows']",
+        ),
+        (
+            {"signature_name": "classify", "instances": [ROW]},
+            'Serving signature name: "classify" not found in signature def',
+        ),
         ({"instances": 3}, f"'instances' must be a list of {WIDTH}-number lists, got int"),
         ({"inputs": {"feats": [ROW]}}, "'inputs' has keys ['feats'], expected exactly ['features']"),
         ({"instances": [ROW[:-1]]}, f"expected {WIDTH} features per instance, got {WIDTH - 1} in instance 0"),
         ({"instances": [ROW, ["x", *ROW[1:]]]}, 'instance 1 feature 0 is "x" (str), expected a number'),
         ({"instances": [[True, *ROW[1:]]]}, "instance 0 feature 0 is true (bool), expected a number"),
         ({"instances": [0.5]}, f"instance 0 is 0.5 (float), expected a list of {WIDTH} numbers"),
-        ({"instances": [{"feats": ROW}]}, "instance 0 must be an object with exactly the key 'features', got ['feats']"),
+        (
+            {"instances": [{"feats": ROW}]},
+            "instance 0 must be an object with exactly the key 'features', got ['feats']",
+        ),
     ],
-    ids=["truncated-json", "not-an-object", "both-formats", "no-rows", "unknown-signature", "not-a-list",
-         "wrong-input-name", "short-row", "string-value", "boolean-value", "flat-list", "wrong-named-key"],
-)  # fmt: skip
+    ids=[
+        "truncated-json",
+        "not-an-object",
+        "both-formats",
+        "no-rows",
+        "unknown-signature",
+        "not-a-list",
+        "wrong-input-name",
+        "short-row",
+        "string-value",
+        "boolean-value",
+        "flat-list",
+        "wrong-named-key",
+    ],
+)
 def test_bad_bodies_name_the_value_and_the_fix(body: Any, message: str) -> None:
     assert error_of(body) == message
 

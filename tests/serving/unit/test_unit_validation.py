@@ -37,16 +37,44 @@ def test_a_batch_within_limits_passes() -> None:
     [
         (features(0), "instance", "empty batch: no instances for input 'features'; send at least one"),
         (features(0), "row", "empty batch: input 'features' has no rows; send at least one"),
-        (DecodedRequest(RAW_SIGNATURE, decode_rest([], False)), "instance", "empty batch: no instances for signature 'raw'; send at least one"),
-        (DecodedRequest(RAW_SIGNATURE, decode_rest({}, True)), "row", "empty batch: no rows for signature 'raw'; send at least one"),
+        (
+            DecodedRequest(RAW_SIGNATURE, decode_rest([], False)),
+            "instance",
+            "empty batch: no instances for signature 'raw'; send at least one",
+        ),
+        (
+            DecodedRequest(RAW_SIGNATURE, decode_rest({}, True)),
+            "row",
+            "empty batch: no rows for signature 'raw'; send at least one",
+        ),
         (features(5), "instance", "batch of 5 instances is over the limit of 4 (--max_instances); split it"),
-        (DecodedRequest(RAW_SIGNATURE, decode_rest([{}] * 5, False)), "row", "batch of 5 rows is over the limit of 4 (--max_instances); split it"),
-        (features(2, DEFAULT_WIDTH - 1), "row", f"input 'features' has shape [2, {DEFAULT_WIDTH - 1}], expected [N, {DEFAULT_WIDTH}]"),
-        (DecodedRequest(DEFAULT_SIGNATURE, np.zeros(3, np.float32)), "row", f"input 'features' has shape [3], expected [N, {DEFAULT_WIDTH}]"),
+        (
+            DecodedRequest(RAW_SIGNATURE, decode_rest([{}] * 5, False)),
+            "row",
+            "batch of 5 rows is over the limit of 4 (--max_instances); split it",
+        ),
+        (
+            features(2, DEFAULT_WIDTH - 1),
+            "row",
+            f"input 'features' has shape [2, {DEFAULT_WIDTH - 1}], expected [N, {DEFAULT_WIDTH}]",
+        ),
+        (
+            DecodedRequest(DEFAULT_SIGNATURE, np.zeros(3, np.float32)),
+            "row",
+            f"input 'features' has shape [3], expected [N, {DEFAULT_WIDTH}]",
+        ),
     ],
-    ids=["empty-rest", "empty-grpc", "empty-raw-rest", "empty-raw-grpc", "over-limit", "raw-over-limit",
-         "narrow", "one-dimensional"],
-)  # fmt: skip
+    ids=[
+        "empty-rest",
+        "empty-grpc",
+        "empty-raw-rest",
+        "empty-raw-grpc",
+        "over-limit",
+        "raw-over-limit",
+        "narrow",
+        "one-dimensional",
+    ],
+)
 def test_bad_batches_are_named_once_with_the_fix(request_: DecodedRequest, unit: str, message: str) -> None:
     assert error_of(request_, unit) == message
 
