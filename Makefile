@@ -52,7 +52,7 @@ day: $(STAMP) ## One day of the daily loop: make day N=1 (day N's data, warm sta
 	REPO=$(REPO) scripts/daily.sh $(or $(N),0)
 
 online-demo: $(STAMP) ## Online learning for ~5 min: server + simulator + online trainer; report in OUT (artifacts/online-demo)
-	$(PY) -m training.online.demo --out $(or $(OUT),artifacts/online-demo) $(ARGS)
+	$(PY) -m pipelines.online.demo --out $(or $(OUT),artifacts/online-demo) $(ARGS)
 
 export: $(STAMP) ## Export the best checkpoint into the versioned model repository
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)
@@ -68,7 +68,7 @@ run: $(STAMP) $(DATA) ## The whole pipeline on built-in data: data, train, expor
 lint: $(STAMP) ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy ctr_contract training export serving bench
+	$(VENV)/bin/mypy ctr_contract ctr_features ctr_model training export serving pipelines bench
 
 fmt: $(STAMP) ## Format the code with ruff
 	$(VENV)/bin/ruff format .

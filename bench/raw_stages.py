@@ -26,14 +26,14 @@ import numpy as np
 import orjson
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from serving.api.rest_body import decode_body
-from serving.api.validation import Limits, check_request
-from serving.backends import load_backend
-from serving.batches import RawBatch
+from serving.app.curl_example import CRITEO_ROW
 from serving.codecs.rest_codec import encode_predictions, parse_body, to_request
-from serving.curl_example import CRITEO_ROW
+from serving.dataplane.validation import Limits, check_request
 from serving.observability.drift import FLUSH_REQUESTS, FLUSH_ROWS, DriftMonitor
-from serving.versions.spec_backend import with_spec_transform
+from serving.protocols.rest_body import decode_body
+from serving.requests import RawBatch
+from serving.runtime.backends import load_backend
+from serving.runtime.spec_backend import with_spec_transform
 
 
 def criteo_rows(path: Path | None) -> list[dict[str, Any]]:

@@ -11,9 +11,9 @@ from ctr_contract import run_dir
 from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import import_tensorflow
 from export.errors import ExportError, InputError
-from export.parity import MIN_ROWS
+from export.gates.parity import MIN_ROWS
+from export.publish.targets import DEFAULT_PROFILE, PROFILES, resolve_target
 from export.request import ExportRequest, request_defaults
-from export.targets import DEFAULT_PROFILE, PROFILES, resolve_target
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d["parity_tol"],
         help="max abs difference allowed (default: %(default)s)",
     )
-    quality = p.add_argument_group("quality gate (candidate vs the newest published version, export/gate.py)")
+    quality = p.add_argument_group(
+        "quality gate (candidate vs the newest published version, export/gates/gate.py)"
+    )
     quality.add_argument(
         "--eval-data",
         type=Path,

@@ -26,14 +26,14 @@ from ctr_contract.repository import (
 )
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
+from ctr_features.compiled.onnx_graph import build_raw_model, raw_ops
+from ctr_features.spec import FeatureSpec
+from ctr_model.checkpoint import CheckpointError, load_net
+from ctr_model.net import CTRNet
 from export.errors import InputError
-from export.gate import gate_export
-from export.manifest import build_manifest, read_metrics, write_manifest
-from export.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
-from export.parity import build_rows, run_gate, saturation
-from export.patches import apply_patches
-from export.raw_onnx import build_raw_model, raw_ops
-from export.raw_parity import (
+from export.gates.gate import gate_export
+from export.gates.parity import build_rows, run_gate, saturation
+from export.gates.raw_parity import (
     build_raw_rows,
     load_val_raw,
     onnxruntime_raw_predictor,
@@ -42,19 +42,19 @@ from export.raw_parity import (
     savedmodel_raw_predictor,
     serving_predictor,
 )
-from export.reference import write_reference
-from export.repository import ModelRepository
-from export.request import ExportRequest
-from export.runtimes import (
+from export.gates.reference import write_reference
+from export.gates.runtimes import (
     onnxruntime_predictor,
     savedmodel_predictor,
     torch_predictor,
     torchscript_predictor,
     write_torchscript,
 )
-from training.features.spec import FeatureSpec
-from training.model.checkpoint import CheckpointError, load_net
-from training.model.net import CTRNet
+from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
+from export.onnx.patches import apply_patches
+from export.publish.manifest import build_manifest, read_metrics, write_manifest
+from export.publish.repository import ModelRepository
+from export.request import ExportRequest
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,9 @@ def export_version(req: ExportRequest) -> ExportResult:
         raw_proto = build_raw_model(proto, spec)  # the `raw` signature: FeatureSpec nodes + the model graph
         onnx.save(raw_proto, stage / RAW_ONNX_MODEL)
 
-        from export.raw_tf import save_saved_model_with_raw  # TensorFlow loads only once ONNX passed
+        from ctr_features.compiled.tf_graph import (
+            save_saved_model_with_raw,  # TensorFlow loads only once ONNX passed
+        )
 
         save_saved_model_with_raw(proto, spec, stage)
         backends = {"pytorch": torch_predictor(net)}  # the unpatched model is the reference
@@ -171,7 +173,7 @@ def export_version(req: ExportRequest) -> ExportResult:
         rows = build_rows(net, width, req.parity_rows, val)
         report = run_gate(rows, backends, req.parity_tol)
         report["saturation"] = saturation(net, rows.features)
-        from export.warmup import WARMUP_BATCHES, write_warmup  # TensorFlow again: after the ONNX steps
+        from export.tf.warmup import WARMUP_BATCHES, write_warmup  # TensorFlow again: after the ONNX steps
 
         val_raw = load_val_raw(req.val_raw)
         raw_rows, raw_groups = build_raw_rows(spec, req.parity_rows, val_raw)

@@ -6,8 +6,8 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from export.parity import MIN_ROWS
-from export.targets import DEFAULT_PROFILE, PROFILES, Target
+from export.gates.parity import MIN_ROWS
+from export.publish.targets import DEFAULT_PROFILE, PROFILES, Target
 
 DEFAULT_REPO = Path("artifacts/models/ctr")
 DEFAULT_TARGET = Target(DEFAULT_PROFILE, PROFILES[DEFAULT_PROFILE])
@@ -29,14 +29,14 @@ class ExportRequest:
     torchscript: bool = True
     parity_rows: int = MIN_ROWS
     parity_tol: float = 1e-5
-    # The quality gate (export/gate.py) and the drift reference (export/reference.py).
+    # The quality gate (export/gates/gate.py) and the drift reference (export/gates/reference.py).
     val_labels: Path | None = None
     train_features: Path | None = None
     eval_data: Path | None = None
     max_auc_drop: float = 0.002
     max_ece_rise: float = 0.01
     force: bool = False
-    # Raw validation rows for the raw-signature parity gate (export/raw_parity.py).
+    # Raw validation rows for the raw-signature parity gate (export/gates/raw_parity.py).
     val_raw: Path | None = None
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from serving.config import parse_config
-from serving.server import run_server
+from serving.app.config import parse_config
+from serving.app.server import run_server
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> None:
         level=cfg.log_level.upper(), format=f"%(asctime)s %(levelname)s{process} %(name)s: %(message)s"
     )
     if cfg.num_workers > 1:
-        from serving.workers import run_workers
+        from serving.app.workers import run_workers
 
         sys.exit(run_workers(cfg))
     code = run_server(cfg)

@@ -89,7 +89,7 @@ class DeadlineExceeded(ServingError):
 class NonFiniteOutput(ServingError):
     """The model returned NaN or Inf for an instance the API accepted (500, gRPC INTERNAL).
 
-    Not a client mistake: the input passed every check, so the server failed (serving/api/output_check.py).
+    Not a client mistake: the input passed every check, so the server failed (serving/dataplane/output_check.py).
     """
 
 

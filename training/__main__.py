@@ -1,6 +1,6 @@
 import sys
 
-from training.model.speed import set_omp_wait_policy
+from training.runtime.speed import set_omp_wait_policy
 
 set_omp_wait_policy()  # before anything imports torch
 

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
+from ctr_model.net import ACTIVATIONS
 from training.config import LOADERS, TrainConfig
 from training.errors import TrainingError
-from training.model.net import ACTIVATIONS
-from training.model.speed import ADAM_IMPLS
+from training.runtime.speed import ADAM_IMPLS
 from training.tune.params import load_tuned_params
 
 _EPILOG = """examples:

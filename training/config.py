@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ctr_contract.signatures import DEFAULT_WIDTH
-from training.data.split import DEFAULT_VAL_FRACTION
+from ctr_features.layout import HASH_START
+from ctr_features.split import DEFAULT_VAL_FRACTION
 from training.errors import ConfigError
-from training.features.layout import HASH_START
 
 LOADERS = ("auto", "stream", "memory")
 

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.data.split import DEFAULT_VAL_FRACTION, fmix32, validation_mask
-from training.model.metrics import log_loss, roc_auc
+from ctr_features.split import DEFAULT_VAL_FRACTION, fmix32, validation_mask
+from ctr_model.metrics import log_loss, roc_auc
 from training.truth import (
     CATEGORICAL_SHAPE,
     NUMERIC_SHAPE,

@@ -18,20 +18,20 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from ctr_contract import cgroup, run_dir
+from ctr_model.checkpoint import load_net
+from ctr_model.metrics import log_loss, roc_auc
+from ctr_model.net import ModelConfig
 from training.config import TrainConfig
 from training.data.datamodule import CTRDataModule
 from training.data.inputs import RunInputs, load_inputs
 from training.data.samples import first_val_rows, samples, save_val_raw, score_val
 from training.errors import CheckpointError
 from training.model.callbacks import SampleAudit, TrainThroughput
-from training.model.checkpoint import load_net
 from training.model.distributed import build_strategy, explain_rendezvous_failures, launch_rank
 from training.model.lightning_module import CTRModule
-from training.model.malloc import keep_freed_memory, return_large_blocks, step_tensor_bytes
-from training.model.metrics import log_loss, roc_auc
-from training.model.net import ModelConfig
-from training.model.speed import SpeedSettings
 from training.model.warm_start import load_warm_start
+from training.runtime.malloc import keep_freed_memory, return_large_blocks, step_tensor_bytes
+from training.runtime.speed import SpeedSettings
 from training.synth import oracle_paths
 
 VAL_FEATURES_ROWS = 10_000

@@ -27,7 +27,7 @@ def export_weights(checkpoint: Path, out: Path) -> None:
     """Write the net's Linear weights (torch layout), its activation and torch's probe predictions to `out`."""
     import torch
 
-    from training.model.checkpoint import load_net
+    from ctr_model.checkpoint import load_net
 
     net, _ = load_net(checkpoint)
     net.eval()

@@ -5,7 +5,7 @@
 One `jax.jit` train step (forward, BCE-with-logits, grad, optax Adam update); dropout as in `CTRNet` (0.3, 0.2)
 from a per-step PRNG key. Weights start as torch's `nn.Linear` does (uniform ±1/sqrt(fan_in)), so AUCs compare.
 Samples/s counts the epochs after the first (which pays for the compilation). Only numpy, jax, flax and optax
-are imported here (plus `training.model.metrics`, plain numpy): this venv has no torch.
+are imported here (plus `ctr_model.metrics`, plain numpy): this venv has no torch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from bench.peers.train_worker import batch_indices, worker_main
-from training.model.metrics import roc_auc
+from ctr_model.metrics import roc_auc
 
 
 def torch_uniform(fan_in: int) -> Callable[..., jax.Array]:

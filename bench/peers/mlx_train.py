@@ -20,7 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 
 from bench.peers.train_worker import batch_indices, worker_main
-from training.model.metrics import roc_auc
+from ctr_model.metrics import roc_auc
 
 
 class MLP(nn.Module):

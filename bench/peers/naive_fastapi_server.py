@@ -14,8 +14,8 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from training.model.checkpoint import load_net
-from training.model.net import CTRProbability
+from ctr_model.checkpoint import load_net
+from ctr_model.net import CTRProbability
 
 
 class PredictRequest(BaseModel):

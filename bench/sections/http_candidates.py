@@ -1,7 +1,7 @@
 """The HTTP-layer candidates: how each one is started, all as `python -m serving` with one part swapped.
 
 A layer (`LAYERS`) swaps `serving`'s HttpServer for a peer adapter (`bench.peers.http_layers`); a memory variant
-(`MEMORY_VARIANTS`) switches part of serving/memory.py off. Everything else (model loading, RestApp, the
+(`MEMORY_VARIANTS`) switches part of serving/http/memory.py off. Everything else (model loading, RestApp, the
 predictor, gRPC, the metrics) is the very same code. A swapped candidate runs as
 `python -m bench.http_layer --serve NAME -- <python -m serving flags>`.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from bench.harness.servers import Server, free_port
 
 LAYERS = ("ours", "uvicorn+httptools", "granian rsgi")
-# Our server with some of serving/memory.py switched off: which part brings the RSS back?
+# Our server with some of serving/http/memory.py switched off: which part brings the RSS back?
 MEMORY_VARIANTS = ("neither", "malloc_trim (shipped)", "mmap threshold 1 MiB", "both")
 MMAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}  # glibc: fixed, so large frees no longer raise it
 LIMIT_FLAGS = ["--header_timeout_seconds=2", "--body_timeout_seconds=2", "--keepalive_timeout_seconds=5"]
@@ -23,17 +23,17 @@ LIMIT_FLAGS = ["--header_timeout_seconds=2", "--body_timeout_seconds=2", "--keep
 
 def serve_with(layer: str, flags: list[str]) -> None:
     """Run `python -m serving flags` with the HTTP layer `layer` (in this process)."""
+    import serving.app.server
     import serving.http.server
-    import serving.server
     from bench.peers.http_layers import GranianLayer, UvicornLayer
     from serving.__main__ import main
 
     if layer in ("neither", "mmap threshold 1 MiB"):
         serving.http.server.release_freed_memory = lambda: None  # type: ignore[assignment]
     if layer == "uvicorn+httptools":
-        serving.server.HttpServer = UvicornLayer  # type: ignore[misc,assignment]
+        serving.app.server.HttpServer = UvicornLayer  # type: ignore[misc,assignment]
     elif layer == "granian rsgi":
-        serving.server.HttpServer = GranianLayer  # type: ignore[misc,assignment]
+        serving.app.server.HttpServer = GranianLayer  # type: ignore[misc,assignment]
     main(flags)
 
 

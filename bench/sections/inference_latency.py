@@ -63,7 +63,7 @@ def _backends(
     """
     import torch
 
-    from export.runtimes import (
+    from export.gates.runtimes import (
         onnxruntime_predictor,
         savedmodel_predictor,
         torch_predictor,
@@ -78,7 +78,7 @@ def _backends(
         tf.config.threading.set_inter_op_parallelism_threads(1)
     out: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
     if checkpoint is not None:
-        from training.model.checkpoint import load_net
+        from ctr_model.checkpoint import load_net
 
         out["PyTorch eager"] = torch_predictor(load_net(checkpoint)[0])
     if (version_dir / TORCHSCRIPT_MODEL).is_file():
@@ -169,21 +169,21 @@ def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list
     compiled FeatureSpec, then model.onnx), batch 1 and 256."""
     if not (version_dir / RAW_ONNX_MODEL).is_file():
         return []  # a version exported before raw serving
-    from export.raw_parity import (
+    from ctr_features.spec import FeatureSpec
+    from export.gates.raw_parity import (
         build_raw_rows,
         onnxruntime_raw_predictor,
         savedmodel_raw_predictor,
         serving_predictor,
     )
-    from export.runtimes import onnxruntime_predictor
-    from training.features.spec import FeatureSpec
+    from export.gates.runtimes import onnxruntime_predictor
 
     spec = FeatureSpec.load(version_dir / FEATURE_SPEC_PATH)
     numeric, categorical = build_raw_rows(spec, 0, None)[0]  # known, unseen, missing, extreme, odd values
     raw = {
         "ONNX Runtime (raw)": onnxruntime_raw_predictor(version_dir / RAW_ONNX_MODEL, threads=threads),
         "TF SavedModel (raw)": savedmodel_raw_predictor(version_dir),
-        # What our server runs for `raw`: the compiled FeatureSpec (serving/codecs/raw_transform.py) + model.onnx.
+        # What our server runs for `raw`: the compiled FeatureSpec (ctr_features/compiled/table.py) + model.onnx.
         "ONNX Runtime (raw, our server's FeatureSpec)": serving_predictor(
             spec, onnxruntime_predictor(version_dir / ONNX_MODEL, threads=threads)
         ),

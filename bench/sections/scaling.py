@@ -181,24 +181,24 @@ def _loader_ratio(
 def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[str, Any]:
     """In one process, train from both loaders in alternating rounds of `batches` steps; samples/s of each.
 
-    The step is the pipeline's on this CPU (`training.model.speed`: its dropout, Adam, precision, threads,
+    The step is the pipeline's on this CPU (`training.runtime.speed`: its dropout, Adam, precision, threads,
     OpenMP waits and malloc policy), batch 2048. Alternating short rounds cancel the drift of a shared
     machine's load, which two separate runs (or long phases) would not.
     """
-    from training.model.malloc import keep_freed_memory, step_tensor_bytes
-    from training.model.speed import SpeedSettings, set_omp_wait_policy
+    from training.runtime.malloc import keep_freed_memory, step_tensor_bytes
+    from training.runtime.speed import SpeedSettings, set_omp_wait_policy
 
     set_omp_wait_policy()  # as `python -m training` does, before torch loads
     malloc = keep_freed_memory(step_tensor_bytes(2048, (128, 256, 128)))
     import torch
     import torch.nn.functional as F
 
+    from ctr_model.net import ModelConfig
     from training.data.batches import ShuffledBatches
     from training.data.cache import ensure_cache
     from training.data.prepare import load_in_memory, prepare_streaming
     from training.data.stream_batches import StreamedBatches
     from training.model.lightning_module import CTRModule
-    from training.model.net import ModelConfig
 
     speed = SpeedSettings.choose("cpu", malloc=malloc)
     pq_data, spec, encoded = prepare_streaming([ensure_cache(data)[0]], 0.1, 128, rows, print)

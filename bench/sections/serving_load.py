@@ -42,9 +42,9 @@ RANKING_INSTANCES = 100  # one ranking call scores 100 candidate ads
 
 
 def write_raw_lua(path: Path, instances: int = 1) -> Path:
-    """A wrk script that POSTs raw Criteo rows (the `raw` signature): serving/curl_example.py's row, with I1
+    """A wrk script that POSTs raw Criteo rows (the `raw` signature): serving/app/curl_example.py's row, with I1
     (a count) varied per row so a ranking body's candidates differ."""
-    from serving.curl_example import CRITEO_ROW
+    from serving.app.curl_example import CRITEO_ROW
 
     return write_wrk_script(path, {"instances": [{**CRITEO_ROW, "I1": i} for i in range(1, instances + 1)]})
 

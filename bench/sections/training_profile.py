@@ -2,7 +2,7 @@
 
 A stopwatch per phase around the same step the pipeline runs (net, BCE-with-logits, Adam, batch 2048), for the
 "torch defaults" (nn.Dropout, for-loop Adam, fp32, spinning OpenMP waits: the pipeline before issue 17) or our
-fast defaults (`training.model.speed`); each in its own process, since the OpenMP wait policy is fixed at import.
+fast defaults (`training.runtime.speed`); each in its own process, since the OpenMP wait policy is fixed at import.
 - input: one `ShuffledBatches` batch (index_select of x and y).
 - forward / backward / optimizer: `net(x)` + loss, `loss.backward()`, `zero_grad` + `opt.step()`.
 - dropout: the two dropout layers' forward (timed by hooks; their backward is one multiply each, inside backward).
@@ -26,7 +26,7 @@ from bench.sections.flops import matmul_gflops, step_flops
 
 def _settings(fast: bool) -> Any:
     """Our fast defaults, or torch's (the pipeline before issue 17)."""
-    from training.model.speed import SpeedSettings
+    from training.runtime.speed import SpeedSettings
 
     if fast:
         return SpeedSettings.choose("cpu")
@@ -38,9 +38,9 @@ def _phases(d: dict[str, np.ndarray], fast: bool, steps: int, batch: int) -> dic
     import torch
     import torch.nn.functional as F
 
+    from ctr_model.net import ModelConfig
     from training.data.batches import ShuffledBatches
     from training.model.lightning_module import CTRModule
-    from training.model.net import ModelConfig
 
     speed = _settings(fast)
     module = CTRModule(
@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.settings == "fast":
         from bench.sections.training_throughput import BATCH_SIZE, MODEL_WIDTHS
-        from training.model.malloc import keep_freed_memory, step_tensor_bytes
-        from training.model.speed import set_omp_wait_policy
+        from training.runtime.malloc import keep_freed_memory, step_tensor_bytes
+        from training.runtime.speed import set_omp_wait_policy
 
         set_omp_wait_policy()  # as `python -m training` does, before torch loads
         keep_freed_memory(step_tensor_bytes(BATCH_SIZE, MODEL_WIDTHS))  # as `python -m training` does

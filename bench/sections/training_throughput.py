@@ -39,7 +39,7 @@ MODEL_WIDTHS = (
     128,
     256,
     128,
-)  # the MLP's input and hidden widths (training.model.net.ModelConfig's defaults)
+)  # the MLP's input and hidden widths (ctr_model.net.ModelConfig's defaults)
 
 
 def run(mode: str, workdir: Path) -> dict[str, Any]:
@@ -192,7 +192,7 @@ def _steady_rate(epoch_seconds: list[float], n: int) -> float:
 def _torch_val_auc(net: Any, val_x: np.ndarray, val_y: np.ndarray) -> float:
     import torch
 
-    from training.model.metrics import roc_auc
+    from ctr_model.metrics import roc_auc
 
     net.eval()
     with torch.no_grad():
@@ -204,8 +204,8 @@ def _bare(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tu
     import torch
     import torch.nn.functional as F
 
+    from ctr_model.net import CTRNet
     from training.data.batches import ShuffledBatches
-    from training.model.net import CTRNet
 
     net = CTRNet()
     opt = torch.optim.Adam(
@@ -240,9 +240,9 @@ def lightning_fit(
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
+    from ctr_model.net import ModelConfig
     from training.data.batches import ShuffledBatches
     from training.model.lightning_module import CTRModule
-    from training.model.net import ModelConfig
 
     x, y = torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"])
     if naive:
@@ -284,7 +284,7 @@ def _keras(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> t
     import_tensorflow()  # before keras loads it: quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
     import keras
 
-    from training.model.metrics import roc_auc
+    from ctr_model.metrics import roc_auc
 
     keras.utils.set_random_seed(SEED)
     model = keras.Sequential(
@@ -334,10 +334,12 @@ def worker_main(argv: list[str] | None = None) -> None:
         "--adam-impl",
         choices=("auto", "default", "foreach", "fused"),
         default="auto",
-        help="auto: torch's choice for bare/naive, our pipeline's choice (training.model.speed) for ours",
+        help="auto: torch's choice for bare/naive, our pipeline's choice (training.runtime.speed) for ours",
     )
     p.add_argument(
-        "--precision", default="auto", help="ours: auto (training.model.speed's choice), 32-true, bf16-mixed"
+        "--precision",
+        default="auto",
+        help="ours: auto (training.runtime.speed's choice), 32-true, bf16-mixed",
     )
     p.add_argument(
         "--no-fast-dropout", dest="fast_dropout", action="store_false", help="ours: torch's dropout"
@@ -346,8 +348,8 @@ def worker_main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     from ctr_contract import cgroup
-    from training.model.malloc import keep_freed_memory, step_tensor_bytes
-    from training.model.speed import SpeedSettings, set_omp_wait_policy
+    from training.runtime.malloc import keep_freed_memory, step_tensor_bytes
+    from training.runtime.speed import SpeedSettings, set_omp_wait_policy
 
     ours, governed, malloc = args.worker == "ours", False, None
     if ours:

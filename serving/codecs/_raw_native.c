@@ -6,7 +6,7 @@
  * bytes and returns (n, counts, keys, columnar): n rows, the counts as float64 (13, n) field-major
  * (NaN = missing) and the categorical values' keys as uint64 (26, n) field-major, in two bytearrays. A key is a
  * value's bytes (up to 8) as a little-endian uint64, zero-padded, and "" is eight 0x01 bytes: the keys of
- * serving/codecs/value_table.py (`RawKeys`).
+ * ctr_features/compiled/value_table.py (`RawKeys`).
  *
  * It takes a strict subset of JSON and returns None for anything else, which then goes the way it always went
  * (msgspec, then the exact path that names the instance and field of an error). The subset:
@@ -25,11 +25,11 @@
  * the bytearrays; nothing else. Time: one pass over the body, without the GIL.
  *
  * 2. `table(...)` and `rows(table, z, counts, keys, n)` (serving/codecs/raw_rows.py): the compiled FeatureSpec
- * of serving/codecs/raw_transform.py on a few keyed rows, with the z-scores of their counts given (numpy's
+ * of ctr_features/compiled/table.py on a few keyed rows, with the z-scores of their counts given (numpy's
  * own, cached): the categorical lookups in the same cuckoo table as `ValueTable.lookup_keys`, the lifts and
  * the bucket counts, into float32 features. No arithmetic but a float32 += 1.0: the same bits as numpy's.
  *
- * 3. `keys(values)` (serving/codecs/value_table.py): the same keys for values already decoded (gRPC tensors,
+ * 3. `keys(values)` (ctr_features/compiled/value_table.py): the same keys for values already decoded (gRPC tensors,
  * msgspec's rows), so those batches take the few-row transform and the batch-wide lookup too.
  */
 #define PY_SSIZE_T_CLEAN
@@ -360,7 +360,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
 
 /* ---- 2. the few-row transform ---- */
 
-#define MIX 0x9E3779B97F4A7C15ULL /* serving/codecs/value_table.py's multiply-shift constants */
+#define MIX 0x9E3779B97F4A7C15ULL /* ctr_features/compiled/value_table.py's multiply-shift constants */
 #define MIX2 0xC2B2AE3D27D4EB4FULL
 
 /* A slot and an entry each in one place: a lookup misses the cache about twice (a slot, its entry) instead of

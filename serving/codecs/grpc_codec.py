@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving.batches import DecodedRequest
 from serving.codecs.raw_codec import decode_tensors, looks_raw
 from serving.codecs.tensors import to_ndarray
 from serving.errors import InvalidArgument
+from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 

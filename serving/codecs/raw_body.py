@@ -2,7 +2,7 @@
 
 Every body, in row format or columnar (`inputs`), is first scanned by a small C extension
 (serving/codecs/_raw_native.c) straight into the counts and the categorical values' keys, with no Python
-object per value (serving/codecs/raw_one_row.py transforms a few keyed rows natively too). It takes a strict
+object per value (ctr_features/compiled/few_rows.py transforms a few keyed rows natively too). It takes a strict
 subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up to 8 ASCII characters or
 null; no escapes, no repeated or unknown keys; at most MAX_SCAN_ROWS rows) and declines anything else, which
 then goes the msgspec way below (row format) or the exact path (columnar). The values themselves are made from
@@ -14,7 +14,7 @@ straight into one small struct per row (no dict per row, no key lookups in Pytho
 a count is a JSON integer or an integral float strictly within ±2**53, "" or null; a categorical is a string
 or null; no other field, no other key in the envelope. The rows are then turned into columns with C-level
 calls (`astuple`, `zip`, one numpy conversion per kind) and the join that gives the categorical keys
-(serving/codecs/value_table.py). Any body this does not take (a numeric string, a boolean, an unknown
+(ctr_features/compiled/value_table.py). Any body this does not take (a numeric string, a boolean, an unknown
 field, columnar `inputs`, malformed JSON, no rows...) returns None and goes the way it always went
 (serving/codecs/rest_codec.py: orjson, then serving/codecs/raw_codec.py), which serves or names the
 instance and field with the same message as before. So this module never raises for a client's mistake.
@@ -30,16 +30,16 @@ import msgspec
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from serving.batches import RawBatch
-from serving.codecs.raw_transform import DICT_ROWS
-from serving.codecs.value_table import RawKeys
+from ctr_features.compiled.table import DICT_ROWS
+from ctr_features.compiled.value_table import RawKeys
+from serving.requests import RawBatch
 from serving.signatures import RAW_SIGNATURE
 
 try:
     from serving.codecs._raw_native import scan as _scan
 except ImportError:  # not built: `pip install -e .` (make install) builds it
     _scan = None
-NATIVE = _scan is not None  # the server logs which decoder it runs (serving/server.py)
+NATIVE = _scan is not None  # the server logs which decoder it runs (serving/app/server.py)
 # The scan's bound on rows (and so on its memory, 39 * 8 bytes a row); a larger body goes the other ways,
 # whose --max_instances check answers it.
 MAX_SCAN_ROWS = 65536
@@ -74,7 +74,7 @@ def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, 
     """Row-major (N, 13) counts and (N, 26) values as a REST client sends them, every form in turn: counts as
     ints or integral floats, missing as absent, null or "" (a non-finite count cannot be sent: JSON has none,
     so it is absent too); values as strings, "" as itself, absent or null. The gates send the rows through the
-    server's decoder in these forms (export/raw_parity.py, serving/versions/warmup.py)."""
+    server's decoder in these forms (export/gates/raw_parity.py, serving/repository/warmup.py)."""
     rows = []
     for i, (counts, strings) in enumerate(zip(numeric.tolist(), categorical.tolist(), strict=True)):
         row: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """Raw Criteo rows -> the `raw` signature's inputs: REST instances or columnar inputs, and gRPC tensors.
 
 The raw signature takes I1..I13 as float64 (N,) with NaN = missing and C1..C26 as strings (N,) with "" =
-missing (see export/raw_onnx.py). A field that is absent, `null` or `""` is missing, exactly like an empty
+missing (see ctr_features/compiled/onnx_graph.py). A field that is absent, `null` or `""` is missing, exactly like an empty
 cell in a Criteo file, so an all-missing row (`{}`) is valid. Counts are integers: JSON integers, integral
 floats or numeric strings, within ±2**53 (exact in float64). Anything else is a 400 naming the field and the
 instance: an unknown field, a count that is not a number, fractional or out of range, a categorical that is
@@ -19,9 +19,9 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving import protos
-from serving.batches import RawBatch
 from serving.codecs.raw_columns import fast_columns, fast_instances
 from serving.errors import InvalidArgument
+from serving.requests import RawBatch
 
 MAX_COUNT = 2**53  # the largest integer range float64 holds exactly
 _NUMERIC = {f: i for i, f in enumerate(NUMERIC_FIELDS)}

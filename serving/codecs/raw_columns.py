@@ -6,7 +6,7 @@ numpy conversions) and checked with vectorised comparisons. Anything else return
 per-value path (serving/codecs/raw_codec.py) decodes the body again and names the first bad instance and
 field with the exact message. So this module never raises for a client's mistake and decides nothing alone.
 The one join of the categorical values that checks them also gives their keys for the batch-wide lookups
-(serving/codecs/value_table.py), so the transform and drift binning need not join them again.
+(ctr_features/compiled/value_table.py), so the transform and drift binning need not join them again.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from serving.batches import RawBatch
-from serving.codecs.value_table import RawKeys, join
+from ctr_features.compiled.value_table import RawKeys, join
+from serving.requests import RawBatch
 
 _LIMIT = float(2**53)  # counts are within ±2**53, the integers float64 holds exactly
 # Below this many rows the per-value loop is as fast as the dozen numpy calls here (~1-2 µs each).
@@ -59,7 +59,7 @@ def counts(values: list[Any], n: int) -> np.ndarray | None:
 
 
 def categories(values: list[Any], n: int) -> tuple[np.ndarray, RawKeys | None] | None:
-    """Categorical values -> object str (-1, n), "" = missing, and their keys (serving/codecs/value_table.py);
+    """Categorical values -> object str (-1, n), "" = missing, and their keys (ctr_features/compiled/value_table.py);
     None when one is not a string or null."""
     try:
         text = join(values)  # one C call; TypeError for a null (or a non-string, which the checks below find)

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from serving.batches import DecodedRequest
 from serving.codecs.raw_body import decode_raw_body
 from serving.codecs.raw_codec import decode_rest, looks_raw
 from serving.errors import InvalidArgument
+from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from serving.batches import DecodedRequest, RawBatch
 from serving.codecs.raw_codec import category_value, count_value
 from serving.errors import InvalidArgument
+from serving.requests import DecodedRequest, RawBatch
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 RAW_SUFFIX = "_" + RAW_SIGNATURE

@@ -19,8 +19,8 @@ import ssl
 import time
 
 from serving.http.connection import HttpConnection
+from serving.http.memory import release_freed_memory
 from serving.http.shared import ConnectionBudget, HttpLimits, RequestHandler
-from serving.memory import release_freed_memory
 from serving.observability.metrics import ServingMetrics
 
 __all__ = ["HttpLimits", "HttpServer"]
@@ -49,7 +49,7 @@ class HttpServer:
         self._trimming = False
 
     async def start(self, sock: socket.socket, tls: ssl.SSLContext | None = None) -> None:
-        """Serve `sock`; `tls`: HTTPS only (serving/tls.py), the handshake bounded like a header section."""
+        """Serve `sock`; `tls`: HTTPS only (serving/app/tls.py), the handshake bounded like a header section."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: HttpConnection(self.app, self.budget),

@@ -32,7 +32,7 @@ class HttpLimits:
 
 
 class RequestHandler(Protocol):
-    """The application behind the HTTP layer (serving/api/rest.py's RestApp)."""
+    """The application behind the HTTP layer (serving/protocols/tfs_rest.py's RestApp)."""
 
     async def handle(
         self,

@@ -1,6 +1,6 @@
 """Drift of the inputs and scores: the population stability index of recent traffic against training.
 
-Each served version carries `assets.extra/drift_reference.json` (export/reference.py): per model-input
+Each served version carries `assets.extra/drift_reference.json` (export/gates/reference.py): per model-input
 feature the bin edges and shares of its training distribution, the same for the validation scores, and per
 raw Criteo field the bins of the raw validation rows. The server keeps the last `--drift_window` rows it scored
 and, at every scrape, bins them with the reference of the newest loaded version and exports
@@ -36,9 +36,9 @@ import numpy as np
 
 from ctr_contract.repository import DRIFT_REFERENCE_PATH
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from serving.batches import DecodedRequest, RawBatch
-from serving.codecs.value_table import ValueTable
+from ctr_features.compiled.value_table import ValueTable
 from serving.observability.drift_window import RingBuffer, shared_windows
+from serving.requests import DecodedRequest, RawBatch
 from serving.signatures import RAW_SIGNATURE
 
 log = logging.getLogger(__name__)

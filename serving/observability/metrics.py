@@ -210,7 +210,7 @@ class ServingMetrics:
         )
         self.nonfinite_outputs = self._counter(
             "ctr_serving_nonfinite_outputs_total",
-            "Model outputs that were NaN or infinite, withheld from the client (serving/api/output_check.py).",
+            "Model outputs that were NaN or infinite, withheld from the client (serving/dataplane/output_check.py).",
             ("model_name",),
         )
         # Sampled request logs (serving/observability/request_log.py); the drift gauges are rendered by serving/observability/drift.py.

@@ -1,7 +1,7 @@
 """Metrics of `--num_workers N`: each worker writes through to its own files in a directory of the run,
 and a scrape on any worker reads all of them, so every scrape shows the totals of all workers.
 
-The directory is created and removed by the parent (serving/workers.py) and holds, per worker pid:
+The directory is created and removed by the parent (serving/app/workers.py) and holds, per worker pid:
     totals_<pid>.db  counters and histogram buckets. Kept after the worker exits, so the totals never go
                      back when a worker is restarted.
     live_<pid>.db    gauges. The parent deletes it when the worker exits; over the live workers the

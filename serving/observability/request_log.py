@@ -5,11 +5,11 @@ One JSON line per sampled predict request:
     {"request_id": "...", "time": "2026-11-30T08:00:00.123Z", "model": {"name": "ctr", "version": 3},
      "inputs": {"inputs": {"I1": [3.0], ..., "C26": [""]}}, "outputs": [[0.21], ...]}
 
-`inputs` is the batch as decoded (serving/batches.py), not the client's bytes: a raw request, in row or
+`inputs` is the batch as decoded (serving/requests.py), not the client's bytes: a raw request, in row or
 columnar form, as columns of all 39 fields (counts as floats, missing counts null, missing categories "");
 feature vectors, REST or gRPC, as `instances` (float32 rows). The request id is the client's `x-request-id`
 header (gRPC metadata) when it sends one, else one the server makes; it is returned in the `x-request-id` response header either way, so clicks
-can be joined with the log later (`python -m training.request_log_to_criteo`).
+can be joined with the log later (`python -m pipelines.clicks.request_log_rows`).
 
 Sampling is a hash of the request id (crc32 below R * 2^32): a retried request and every replica make the
 same choice, and a test can count the lines it expects. Each worker writes its own files,

@@ -23,7 +23,7 @@ API_MODULES = (
     "tensorflow_serving.apis.prediction_log_pb2",
     "tensorflow_serving.apis.prediction_service_pb2",
     "tensorflow_serving.apis.model_service_pb2",
-    "tensorflow_serving.config.model_server_config_pb2",  # --model_config_file (serving/versions/model_config.py)
+    "tensorflow_serving.config.model_server_config_pb2",  # --model_config_file (serving/repository/model_config.py)
 )
 DEFAULT_OUT = Path(__file__).with_name("tf_serving.binpb")
 V2_MODULE = "tritonclient.grpc.service_pb2"  # KServe's grpc_predict_v2 RPCs, plus Triton's own

@@ -27,8 +27,8 @@ from bench.peers import torchserve_server
 from bench.report.markdown import render_report
 from bench.report.measurements import flatten
 from bench.report.plots import draw_figures, write_plots
+from ctr_model.net import CTRNet, CTRProbability, ModelConfig
 from tests.helpers import REPO_ROOT
-from training.model.net import CTRNet, CTRProbability, ModelConfig
 
 PLOTS = {"training_throughput.png", "inference_latency.png", "latency_vs_load.png"}
 MLX_ERROR = "could not build .venv-mlx: exit code 1: pip install mlx[cpu]\nERROR: No matching distribution found for mlx-cpu"
@@ -366,7 +366,7 @@ def test_mlx_worker_trains_the_mlp_and_learns(features: Path, tmp_path: Path) ->
 
 
 def write_checkpoint(path: Path) -> CTRNet:
-    """A Lightning-shaped checkpoint of a random CTRNet (what `training.model.checkpoint.load_net` reads)."""
+    """A Lightning-shaped checkpoint of a random CTRNet (what `ctr_model.checkpoint.load_net` reads)."""
     torch.manual_seed(0)
     net = CTRNet(ModelConfig(activation="hardtanh")).eval()
     state = {f"net.{k}": v for k, v in net.state_dict().items()}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ctr_contract import cgroup
-from serving.cpu_plan import cpu_plan
+from serving.app.cpu_plan import cpu_plan
 
 GIB = 1 << 30
 CORES = len(os.sched_getaffinity(0))

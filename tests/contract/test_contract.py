@@ -12,9 +12,9 @@ import ctr_contract
 from bench.harness.inputs import latest_version
 from bench.harness.servers import base_path_of
 from ctr_contract.repository import MAX_VERSION, parse_version_dir, version_dirs
-from export.repository import ModelRepository
-from serving.versions.manager import versions_on_disk
-from serving.versions.policy import VersionPolicy
+from export.publish.repository import ModelRepository
+from serving.repository.manager import versions_on_disk
+from serving.repository.policy import VersionPolicy
 from tests.helpers import REPO_ROOT
 
 # Folder names that are not versions, each for its own reason.

@@ -17,8 +17,8 @@ from ctr_contract.manifest import (
     sha256_file,
 )
 from ctr_contract.repository import MANIFEST_PATH
-from export.manifest import build_manifest
-from serving.versions.manifest_check import HashMismatch, VersionRejected, listed_files, stamp, verify
+from export.publish.manifest import build_manifest
+from serving.repository.manifest_check import HashMismatch, VersionRejected, listed_files, stamp, verify
 
 
 def _version(tmp_path: Path) -> Path:

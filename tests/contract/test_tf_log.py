@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ctr_contract.tf_log import LOG_LEVEL_ENV, quiet_tensorflow_log
-from serving.config import parse_config
+from serving.app.config import parse_config
 
 
 @pytest.fixture

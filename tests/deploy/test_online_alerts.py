@@ -67,5 +67,5 @@ def test_online_trainer_is_one_replica_writing_where_serving_reads(builds):
         and "--logs=/events/requests" in spec["containers"][0]["args"]
     )
     [c] = spec["containers"]
-    assert c["command"] == ["python", "-m", "training.online"] and "--repo=/models/ctr" in c["args"]
-    assert set(flags(c["args"])) <= accepted_flags("training.online")
+    assert c["command"] == ["python", "-m", "pipelines.online"] and "--repo=/models/ctr" in c["args"]
+    assert set(flags(c["args"])) <= accepted_flags("pipelines.online")

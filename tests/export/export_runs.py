@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.features.spec import FeatureSpec
-from training.model.net import CTRNet, ModelConfig
+from ctr_features.spec import FeatureSpec
+from ctr_model.net import CTRNet, ModelConfig
 from training.synth import sample_rows
 
 WIDTH = 128

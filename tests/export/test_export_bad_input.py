@@ -123,7 +123,7 @@ def test_op_outside_target_set_names_op_node_and_target(
     err = _fails(capsys, ["--run", str(run), "--target-ops", "Gemm,Relu,Clip"], tmp_path / "repo")
     assert err == (
         "ONNX op 'Sigmoid' (node 'node_sigmoid') is not supported by target custom [Clip, Gemm, Relu]; "
-        "no patch in export/patches.py rewrites it (patched ops: ['Clip', 'LeakyRelu'])"
+        "no patch in export/onnx/patches.py rewrites it (patched ops: ['Clip', 'LeakyRelu'])"
     )
 
 

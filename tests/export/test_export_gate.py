@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from export.gate import expected_calibration_error, figures, gate_export
+from ctr_model.checkpoint import load_net
+from ctr_model.metrics import roc_auc
+from export.gates.gate import expected_calibration_error, figures, gate_export
 from export.request import ExportRequest
 from tests.export.export_runs import make_run
 from tests.serving.model_repo import reference_predict, write_manifest, write_onnx
-from training.model.checkpoint import load_net
-from training.model.metrics import roc_auc
 
 
 def mlp_weights(run: Path) -> list[np.ndarray]:

@@ -13,14 +13,14 @@ import onnx
 import pytest
 import torch
 
-from export.runtimes import (
+from ctr_model.checkpoint import load_net
+from export.gates.runtimes import (
     onnxruntime_predictor,
     savedmodel_predictor,
     torch_predictor,
     torchscript_predictor,
 )
-from export.warmup import read_warmup
-from training.model.checkpoint import load_net
+from export.tf.warmup import read_warmup
 
 CASES = [("relu", "standard"), ("hardtanh", "standard"), ("hardtanh", "minimal")]
 EXPECTED_OPS = {
@@ -192,7 +192,7 @@ def test_triton_config_sits_beside_versions(published) -> None:
 
 def test_opset_other_than_requested_is_rejected(published) -> None:
     from export.errors import ExportError
-    from export.onnx_export import verify_contract
+    from export.onnx.onnx_export import verify_contract
 
     model = onnx.load(str(published("relu").version_dir / "model.onnx"))
     verify_contract(model, width=128, opset=17)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from export.patches import PATCHES, HardtanhAsRelu, LeakyReluAsRelu, apply_patches
-from export.targets import PROFILES
-from training.model.net import CTRNet, ModelConfig
+from ctr_model.net import CTRNet, ModelConfig
+from export.onnx.patches import PATCHES, HardtanhAsRelu, LeakyReluAsRelu, apply_patches
+from export.publish.targets import PROFILES
 
 
 def _inputs() -> torch.Tensor:

@@ -17,10 +17,12 @@ import onnx
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
+from ctr_features.compiled.onnx_graph import build_raw_model
+from ctr_features.spec import FeatureSpec
+from ctr_model.checkpoint import load_net
 from export.errors import ExportError, ParityError
-from export.parity import MIN_ROWS
-from export.raw_onnx import build_raw_model
-from export.raw_parity import (
+from export.gates.parity import MIN_ROWS
+from export.gates.raw_parity import (
     build_raw_rows,
     load_val_raw,
     onnxruntime_raw_predictor,
@@ -29,10 +31,8 @@ from export.raw_parity import (
     savedmodel_raw_predictor,
     serving_predictor,
 )
-from export.runtimes import onnxruntime_predictor, torch_predictor
-from serving.versions.warmup import RawWarmup, warmup_batches
-from training.features.spec import FeatureSpec
-from training.model.checkpoint import load_net
+from export.gates.runtimes import onnxruntime_predictor, torch_predictor
+from serving.repository.warmup import RawWarmup, warmup_batches
 
 STRESS_GROUPS = (
     "validation",
@@ -192,7 +192,7 @@ def test_raw_graph_refuses_a_model_below_opset_13(version: Any) -> None:
 def test_warmup_file_holds_raw_requests_the_savedmodel_answers(version: Any) -> None:
     import tensorflow as tf
 
-    from export.warmup import read_warmup
+    from export.tf.warmup import read_warmup
 
     logs = read_warmup(version.version_dir / "assets.extra" / "tf_serving_warmup_requests")[3:]
     signature = tf.saved_model.load(str(version.version_dir)).signatures["raw"]

@@ -15,7 +15,7 @@ from export_runs import make_run
 
 from export.__main__ import main as export_main
 from export.errors import PublishError
-from export.repository import ModelRepository
+from export.publish.repository import ModelRepository
 from tests.helpers import REPO_ROOT
 
 

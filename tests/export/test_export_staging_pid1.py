@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from export_runs import make_run
 
-from export.repository import ModelRepository
+from export.publish.repository import ModelRepository
 from tests.helpers import REPO_ROOT
 
 # Holds a staging folder as version 1's export does, says where, and waits to be killed.
 HOLD_STAGING = """
 import os, sys, time
 from pathlib import Path
-from export.repository import ModelRepository
+from export.publish.repository import ModelRepository
 repo = ModelRepository(Path(sys.argv[1]))
 repo.prepare()
 with repo.staging(1) as stage:
@@ -90,7 +90,7 @@ def test_staging_folder_of_a_live_pid_1_export_is_kept(tmp_path: Path):
                 sys.executable,
                 "-c",
                 "import sys; from pathlib import Path; "
-                "from export.repository import ModelRepository; ModelRepository(Path(sys.argv[1])).prepare()",
+                "from export.publish.repository import ModelRepository; ModelRepository(Path(sys.argv[1])).prepare()",
                 str(repo),
             ),
             cwd=REPO_ROOT,

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from export.errors import UnsupportedOpError
-from export.targets import TRANSLATOR_OPS
-from export.tf_ops import TF_OPS
-from export.translator import OnnxModule
+from export.publish.targets import TRANSLATOR_OPS
+from export.tf.tf_ops import TF_OPS
+from export.tf.translator import OnnxModule
 
 RNG = np.random.default_rng(7)
 

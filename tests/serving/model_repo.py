@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ctr_contract.signatures import DEFAULT_WIDTH
-from training.features.spec import FeatureSpec
+from ctr_features.spec import FeatureSpec
 
 WIDTH = DEFAULT_WIDTH  # the width every default-trained version serves (ctr_contract)
 HIDDEN = (32, 16)
@@ -141,9 +141,9 @@ def write_version(
 
 
 def write_raw_version(base: Path, version: int, weights: list[np.ndarray], spec: FeatureSpec) -> Path:
-    """`<base>/<version>/` serving `raw` too: model.onnx, model_raw.onnx (export/raw_onnx.py) and `spec`'s
-    feature_spec.json, so our server runs raw rows through the FeatureSpec (serving/versions/spec_backend.py)."""
-    from export.raw_onnx import build_raw_model
+    """`<base>/<version>/` serving `raw` too: model.onnx, model_raw.onnx (ctr_features/compiled/onnx_graph.py) and `spec`'s
+    feature_spec.json, so our server runs raw rows through the FeatureSpec (serving/runtime/spec_backend.py)."""
+    from ctr_features.compiled.onnx_graph import build_raw_model
 
     tmp = base / f".tmp-{version}"
     (tmp / "assets.extra").mkdir(parents=True)

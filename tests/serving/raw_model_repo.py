@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from export.raw_onnx import build_raw_model
+from ctr_features.compiled.onnx_graph import build_raw_model
+from ctr_features.spec import FeatureSpec
 from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
-from training.features.spec import FeatureSpec
 from training.synth import sample_rows
 
 

@@ -29,7 +29,7 @@ def test_onnx_and_tf_backends_agree_within_1e_5(start_server, model_repo, weight
 
 def test_serving_imports_no_torch_lightning_training_or_tensorflow() -> None:
     code = (
-        "import sys, serving.__main__, serving.server, serving.backends.onnx_runtime, serving.versions.warmup;"
+        "import sys, serving.__main__, serving.app.server, serving.runtime.onnx_runtime, serving.repository.warmup;"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
         "{'torch', 'lightning', 'training', 'tensorflow', 'tensorflow_serving', 'fastapi'})))"
     )

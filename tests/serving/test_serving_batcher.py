@@ -16,7 +16,7 @@ import pytest
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
 from serving.observability.metrics import ServingMetrics
-from serving.versions.batching import DynamicBatcher
+from serving.runtime.batcher import DynamicBatcher
 
 
 class RecordingModel:

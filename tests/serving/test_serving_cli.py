@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serving.config import parse_config
-from serving.versions.policy import VersionPolicy
+from serving.app.config import parse_config
+from serving.repository.policy import VersionPolicy
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from serving.config import ServerConfig, parse_config
+from serving.app.config import ServerConfig, parse_config
 
 BASE = parse_config(["--model_base_path=/models/ctr"])
 

@@ -1,7 +1,7 @@
 """Drift metrics on a live server: PSI of each model-input feature and of the score against the reference.
 
 The version is a small ONNX MLP whose FeatureSpec is fitted on day 0 of the synthetic world, with the drift
-reference export writes (export/reference.py) from 5,000 day-0 training rows. Traffic is other day-0 rows
+reference export writes (export/gates/reference.py) from 5,000 day-0 training rows. Traffic is other day-0 rows
 (no drift) and day-5 rows (I3, I5 and I7 have moved by 0.6 of their spread: training/truth.py).
 """
 
@@ -19,12 +19,12 @@ import pytest
 
 from ctr_contract.repository import DRIFT_REFERENCE_PATH, FEATURE_SPEC_PATH, RAW_ONNX_MODEL
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from export.raw_onnx import build_raw_model
-from export.reference import build_reference, raw_bins
+from ctr_features.compiled.onnx_graph import build_raw_model
+from ctr_features.spec import FeatureSpec
+from export.gates.reference import build_reference, raw_bins
 from serving.observability.drift import FLUSH_S
 from tests.serving.model_repo import make_weights, reference_predict, write_manifest, write_onnx
 from tests.serving.server_process import ServerProcess, http
-from training.features.spec import FeatureSpec
 from training.synth import hex_values, sample_rows
 
 TRAIN_ROWS, LIVE_ROWS, WINDOW = 5_000, 2_000, 2_000

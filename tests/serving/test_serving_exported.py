@@ -24,10 +24,10 @@ from ctr_contract import (
     OUTPUT_NAME,
     VAL_FEATURES,
 )
+from ctr_model.checkpoint import load_net
 from tests.conftest import RunModule
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess, http
-from training.model.checkpoint import load_net
 
 ROWS = 64
 

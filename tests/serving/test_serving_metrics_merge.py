@@ -1,6 +1,6 @@
 """Metrics across `--num_workers`: the files of real worker processes, merged into one exposition.
 
-Each worker is its own process (its own pid, so its own files), as under serving/workers.py. Also holds
+Each worker is its own process (its own pid, so its own files), as under serving/app/workers.py. Also holds
 prometheus_client's MmapedDict, which is not public API, to the behaviour the server relies on.
 """
 

@@ -17,8 +17,8 @@ from google.protobuf import text_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving.versions.model_config import parse_model_config
-from serving.versions.policy import VersionPolicy
+from serving.repository.model_config import parse_model_config
+from serving.repository.policy import VersionPolicy
 from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import make_weights, reference_predict, write_version
 from tests.serving.server_process import ServerProcess, http

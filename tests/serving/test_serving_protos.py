@@ -11,7 +11,7 @@ from google.protobuf import descriptor_pb2
 from serving import protos
 from serving.errors import ModelLoadError
 from serving.protos.refresh import build_descriptor_set
-from serving.versions.warmup import read_tfrecords, warmup_batches
+from serving.repository.warmup import read_tfrecords, warmup_batches
 from tests.serving.model_repo import write_warmup
 
 

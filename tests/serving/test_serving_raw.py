@@ -24,12 +24,12 @@ import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
-from export.raw_onnx import build_raw_model
-from export.raw_tf import save_saved_model_with_raw
-from serving.api.rest_body import INLINE_MAX_BYTES
+from ctr_features.compiled.onnx_graph import build_raw_model
+from ctr_features.compiled.tf_graph import save_saved_model_with_raw
+from ctr_features.spec import FeatureSpec
+from serving.protocols.rest_body import INLINE_MAX_BYTES
 from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
 from tests.serving.server_process import ServerProcess, http
-from training.features.spec import FeatureSpec
 from training.synth import sample_rows
 
 N_TRAIN = 3_000

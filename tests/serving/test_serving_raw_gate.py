@@ -11,15 +11,15 @@ import numpy as np
 import onnx
 import pytest
 
-from export.raw_onnx import build_raw_model
-from export.raw_parity import build_raw_rows
-from export.warmup import write_warmup
-from serving.backends import load_backend
-from serving.backends.onnx_runtime import OnnxRuntimeBackend
-from serving.codecs import raw_one_row
+from ctr_features.compiled import few_rows as raw_one_row
+from ctr_features.compiled.onnx_graph import build_raw_model
+from export.gates.raw_parity import build_raw_rows
+from export.tf.warmup import write_warmup
 from serving.errors import ModelLoadError
-from serving.versions.spec_backend import SpecBackend, with_spec_transform
-from serving.versions.warmup import warm_up
+from serving.repository.warmup import warm_up
+from serving.runtime.backends import load_backend
+from serving.runtime.onnx_runtime import OnnxRuntimeBackend
+from serving.runtime.spec_backend import SpecBackend, with_spec_transform
 from tests.serving.model_repo import make_weights, reference_predict, write_onnx
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 

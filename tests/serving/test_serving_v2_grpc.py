@@ -15,10 +15,10 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.spec import FeatureSpec
 from tests.serving.raw_model_repo import fit_spec, seen_values, write_raw_version
 from tests.serving.server_process import ServerProcess, http
 from tests.serving.v2_inputs import FEATURES, raw_columns, v1_predictions
-from training.features.spec import FeatureSpec
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -13,10 +13,10 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from ctr_contract.schema import NUMERIC_FIELDS
+from ctr_features.spec import FeatureSpec
 from tests.serving.raw_model_repo import fit_spec, seen_values, write_raw_version
 from tests.serving.server_process import ServerProcess, http
 from tests.serving.v2_inputs import FEATURES, raw_columns, v1_predictions
-from training.features.spec import FeatureSpec
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,10 @@ from tensorflow_serving.apis import (
 
 from serving.errors import ModelLoadError
 from serving.observability.metrics import ServingMetrics
-from serving.versions.manager import ModelManager
-from serving.versions.policy import VersionPolicy
-from serving.versions.states import VersionState, VersionStates
-from serving.versions.warmup import read_tfrecords
+from serving.repository.manager import ModelManager
+from serving.repository.policy import VersionPolicy
+from serving.repository.states import VersionState, VersionStates
+from serving.repository.warmup import read_tfrecords
 from tests.serving.model_repo import reference_predict, write_manifest, write_version
 from tests.serving.server_process import ServerProcess, http
 
@@ -322,7 +322,7 @@ def test_failed_version_is_retried_when_only_its_bytes_changed(monkeypatch) -> N
     files_stamp = (("model.onnx", 10, 1, 1, 1),)
     states.fail(state, "load_error", "UNKNOWN", "not a model", files_stamp, digest="a" * 64)
     assert states.due_for_content_check() == frozenset()  # hashed at the failure, a moment ago
-    monkeypatch.setattr("serving.versions.states.CONTENT_RECHECK_S", 0.0)
+    monkeypatch.setattr("serving.repository.states.CONTENT_RECHECK_S", 0.0)
     assert states.due_for_content_check() == frozenset({2})
     assert states.still_failed(2, files_stamp) is True  # not hashed this scan
     assert states.still_failed(2, files_stamp, "a" * 64) is True  # same bytes

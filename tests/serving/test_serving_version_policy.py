@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.versions.policy import VersionPolicy
+from serving.repository.policy import VersionPolicy
 
 ON_DISK = [7, 1, 12, 3]
 

@@ -1,4 +1,4 @@
-"""The click join (`training/online/join.py`): window, duplicates, late clicks, clicks before requests, unknown ids."""
+"""The click join (`pipelines/clicks/join.py`): window, duplicates, late clicks, clicks before requests, unknown ids."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from training.online.join import join_interval, partition_name
-from training.online.ratelog import RateLimitedLog
+from pipelines.clicks.join import join_interval, partition_name
+from pipelines.online.ratelog import RateLimitedLog
 
 T = 1_800_000_000.0  # interval 0 of these tests starts here; intervals are 100 s, the window 30 s
 ROW = {"I1": 3, "I5": 1382, "C1": "68fd1e64", "C9": "a73ee510"}

@@ -1,4 +1,4 @@
-"""The online trainer (`python -m training.online`): SIGKILL and restart train every interval exactly once."""
+"""The online trainer (`python -m pipelines.online`): SIGKILL and restart train every interval exactly once."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.online.join import partition_name
-from training.online.loop import Trainer
-from training.online.metrics import TrainerMetrics
-from training.online.simulate import instances
-from training.online.state import State, load, save
-from training.online.step import Settings
+from pipelines.clicks.join import partition_name
+from pipelines.online.loop import Trainer
+from pipelines.online.metrics import TrainerMetrics
+from pipelines.online.simulate import instances
+from pipelines.online.state import State, load, save
+from pipelines.online.step import Settings
 from training.synth import make_world, sample_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def _trainer(root: Path, first: int, last: int) -> subprocess.Popen:
         "--batch-size 256 --val-fraction 0.2",
     ]
     return subprocess.Popen(
-        [sys.executable, "-m", "training.online", *map(str, args)],
+        [sys.executable, "-m", "pipelines.online", *map(str, args)],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=(root / "trainer.log").open("a"),
@@ -160,7 +160,7 @@ def test_a_full_disk_drops_the_interval_counts_it_and_keeps_the_state(
 ):
     import errno
 
-    import training.online.loop as loop
+    import pipelines.online.loop as loop
 
     s = Settings(
         tmp_path / "logs", tmp_path / "clicks", tmp_path / "repo", tmp_path / "work", INTERVAL_S, WINDOW_S

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from train_runs import TINY_RUN
 
-from training.model.checkpoint import load_net
+from ctr_model.checkpoint import load_net
 
 
 def split_into_days(data: Path, parts: int) -> Path:

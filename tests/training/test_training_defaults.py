@@ -1,4 +1,4 @@
-"""One home for each default: the width in `ctr_contract.signatures`, the fit's defaults in `training.features.fit`."""
+"""One home for each default: the width in `ctr_contract.signatures`, the fit's defaults in `ctr_features.fit`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import inspect
 from pathlib import Path
 
 from ctr_contract.signatures import DEFAULT_WIDTH
+from ctr_features import fit
+from ctr_features.spec import FeatureSpec
+from ctr_model.net import ModelConfig
 from training.cli import build_parser
 from training.config import TrainConfig
-from training.features import fit
-from training.features.spec import FeatureSpec
-from training.model.net import ModelConfig
 
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 FIT_DEFAULTS = {

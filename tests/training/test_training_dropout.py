@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from training.model.fast_dropout import FastDropout
-from training.model.net import CTRNet
+from ctr_model.net import CTRNet
+from training.runtime.fast_dropout import FastDropout
 
 MILLION = 1 << 20
 

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ctr_features.hashing import encode_strings, fnv1a_32, fnv1a_column
+from ctr_features.layout import HASH_START, signed_log1p
+from ctr_features.spec import FeatureSpec
+from ctr_features.split import validation_mask
 from training.data.cache import ensure_cache
 from training.data.parquet import numeric_matrix
 from training.data.prepare import prepare
-from training.data.split import validation_mask
-from training.features.hashing import encode_strings, fnv1a_32, fnv1a_column
-from training.features.layout import HASH_START, signed_log1p
-from training.features.spec import FeatureSpec
 from training.synth import sample_rows
 
 N = 3000
@@ -113,5 +113,5 @@ def test_spec_is_fitted_on_training_rows_only(data_copy: Path) -> None:
 
 
 def test_features_module_imports_without_torch() -> None:
-    code = "import sys, training.features.spec; assert 'torch' not in sys.modules and 'pyarrow' not in sys.modules"
+    code = "import sys, ctr_features.spec; assert 'torch' not in sys.modules and 'pyarrow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

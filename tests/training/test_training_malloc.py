@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from training.model.malloc import mmap_threshold, policy, step_tensor_bytes
+from training.runtime.malloc import mmap_threshold, policy, step_tensor_bytes
 
 # Allocate, touch and free a 16 MB block twice; print the minor page faults of the second time, after the policy.
 REUSE = """
 import resource, numpy as np
-from training.model.malloc import keep_freed_memory
+from training.runtime.malloc import keep_freed_memory
 print(keep_freed_memory(2 << 20) if {tune} else "untouched")
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def block(mib):  # written, then freed

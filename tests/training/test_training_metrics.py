@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from training.model.metrics import log_loss, roc_auc
+from ctr_model.metrics import log_loss, roc_auc
 
 
 def pairwise_auc(labels: np.ndarray, scores: np.ndarray) -> float:

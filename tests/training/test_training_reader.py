@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, NUMERIC_FIELDS
+from ctr_features.criteo import SCHEMA, MalformedRowError, ReadReport, read_batches
 from training.data.cache import cache_path, ensure_cache
-from training.data.criteo import SCHEMA, MalformedRowError, ReadReport, read_batches
 
 GOOD = [
     ["1", "5", "-1", "", "260.0", *[str(i) for i in range(9)], *[f"{i:08x}" for i in range(26)]],

@@ -1,4 +1,4 @@
-"""`python -m training.request_log_to_criteo`: the server's sampled request logs + clicks -> a Criteo training file."""
+"""`python -m pipelines.clicks.request_log_rows`: the server's sampled request logs + clicks -> a Criteo training file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from training.data.criteo import read_batches
+from ctr_features.criteo import read_batches
 
 
 def test_logs_joined_with_clicks_become_a_criteo_file(
@@ -33,7 +33,7 @@ def test_logs_joined_with_clicks_become_a_criteo_file(
     clicks.write_text("a\nb\t1\n")
     out = tmp_path / "day.txt"
     proc = run_module(
-        "training.request_log_to_criteo", "--logs", logs, "--clicks", clicks, "--out", out, check=True
+        "pipelines.clicks.request_log_rows", "--logs", logs, "--clicks", clicks, "--out", out, check=True
     )
     assert proc.stdout.strip() == (
         f"wrote 4 rows (2 clicked) from 2 requests in 1 files to {out}; skipped 1 repeated request id, "

@@ -12,12 +12,12 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.onnx_export import export_onnx
-from training.model.checkpoint import load_net, read_checkpoint
-from training.model.fast_dropout import FastDropout
+from ctr_model.checkpoint import load_net, read_checkpoint
+from export.onnx.onnx_export import export_onnx
 from training.model.lightning_module import CTRModule
-from training.model.malloc import policy
-from training.model.speed import SpeedSettings
+from training.runtime.fast_dropout import FastDropout
+from training.runtime.malloc import policy
+from training.runtime.speed import SpeedSettings
 from training.synth import generate
 
 # Written by the code before issue 17 (torch nn.Dropout, no fast_dropout hyperparameter): width 8, hidden 8/4.

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
+from ctr_features.spec import FeatureSpec
 from training.data.cache import ensure_cache
 from training.data.parquet import ParquetData, numeric_matrix, string_column
 from training.data.prepare import fit_chunks, load_in_memory, prepare_streaming
 from training.data.sources import DataError
 from training.data.stream_batches import StreamedBatches
-from training.features.spec import FeatureSpec
 
 
 def small_groups(data_copy: Path, rows_per_group: int = 500) -> Path:
@@ -161,7 +161,7 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
         import time
         from pathlib import Path
         import training.data.cache as cache, training.data.prepare as dataset
-        from training.features.spec import FeatureSpec
+        from ctr_features.spec import FeatureSpec
         counts = {{"parse": 0, "fit": 0}}
         def counting(name, fn):
             def wrapped(*a, **k):
@@ -197,7 +197,7 @@ _PEAK_RSS = """
 import sys
 from pathlib import Path
 from training.data.prepare import fit_chunks, load_in_memory, prepare_streaming
-from training.features.spec import FeatureSpec
+from ctr_features.spec import FeatureSpec
 from training.data.parquet import ParquetData
 from training.data.stream_batches import StreamedBatches
 data = ParquetData.open([Path(sys.argv[1])], 0.1)

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from training.data.criteo import read_batches
-from training.data.split import validation_mask
-from training.model.metrics import log_loss
+from ctr_features.criteo import read_batches
+from ctr_features.split import validation_mask
+from ctr_model.metrics import log_loss
 from training.synth import generate, oracle_paths
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from ctr_contract import repository
-from export.onnx_export import export_onnx
+from ctr_model.checkpoint import load_net
+from ctr_model.metrics import roc_auc
+from export.onnx.onnx_export import export_onnx
 from tests.training.train_runs import TINY_RUN
 from training.errors import CheckpointError
-from training.model.checkpoint import load_net
-from training.model.metrics import roc_auc
 from training.model.warm_start import load_warm_start
 from training.synth import generate, make_world, oracle_paths, sample_rows
 from training.truth import CATEGORICAL_DRIFT, NUMERIC_DRIFT, NUMERIC_SHAPE

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from training.model import threads
-from training.model.fast_dropout import FastDropout, mask_array
-from training.model.speed import SPIN_COUNT, SpeedSettings, set_omp_wait_policy
-from training.model.threads import ThreadGovernor
+from training.runtime import threads
+from training.runtime.fast_dropout import FastDropout, mask_array
+from training.runtime.speed import SPIN_COUNT, SpeedSettings, set_omp_wait_policy
+from training.runtime.threads import ThreadGovernor
 
 POLICY = (
-    "from training.model.speed import set_omp_wait_policy; import os; "
+    "from training.runtime.speed import set_omp_wait_policy; import os; "
     "print(set_omp_wait_policy()); print(os.environ.get('GOMP_SPINCOUNT'))"
 )
 

@@ -1,6 +1,6 @@
 """Views and clicks per distinct categorical value, counted on Arrow dictionaries and merged exactly.
 
-This is the mergeable half of the fit (`training.features.fit` holds the rest). Parquet stores each row
+This is the mergeable half of the fit (`ctr_features.fit` holds the rest). Parquet stores each row
 group's categorical columns as a dictionary of distinct values plus one index per row; read as such
 (`ParquetData.read_splits(..., dictionary=True)`), a chunk is counted with `bincount` over the indices,
 without touching a string per row. Chunks, and the tables of other ranks, merge by a hash group-by on the
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from training.features.fit import Counts
+from ctr_features.fit import Counts
 
 _COLUMNS = ("value", "views", "clicks")
 # Distinct values a field keeps (~110 bytes each at peak, measured): past this, the least viewed half is

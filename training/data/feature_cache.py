@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
+from ctr_features.layout import HASH_START, categorical_values
+from ctr_features.spec import FeatureSpec
 from training.data.parquet import ParquetData, Split, numeric_matrix, string_column
 from training.errors import DataError
-from training.features.layout import HASH_START, categorical_values
-from training.features.spec import FeatureSpec
 
 if TYPE_CHECKING:  # torch is imported where records are expanded: `python -m training.prepare` never loads it
     import torch

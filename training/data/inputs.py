@@ -14,14 +14,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from ctr_contract import cgroup
+from ctr_features.criteo import ReadReport
+from ctr_features.spec import FeatureSpec
 from training.config import TrainConfig
-from training.data.criteo import ReadReport
 from training.data.parquet import ParquetData, Split
 from training.data.preparation import prepare_data
 from training.data.prepare import PreparedData, load_in_memory
 from training.data.rank_group import launched_group
 from training.errors import DataError
-from training.features.spec import FeatureSpec
 
 # `--loader auto` holds the data in memory when its float32 features take at most this much per process
 # (about 2M rows at width 128) and at most a quarter of the memory available to the processes on this host.

@@ -1,7 +1,7 @@
 """Parquet files read as one data set, a row group at a time: the unit streaming training shards and shuffles.
 
 `ParquetData.open` checks each file's schema and counts, per row group, the training and validation rows
-(the split is a hash of the global row id, see `training.data.split`), reading only the `row_id` column. Global
+(the split is a hash of the global row id, see `ctr_features.split`), reading only the `row_id` column. Global
 row ids are the file's own `row_id` (or row position) plus the ids spanned by the files before it, so a
 single file keeps its ids and the synthetic oracle still lines up. `read` returns one row group's rows of
 one split, with their global ids and their index within the split (file order), typed like the cache.
@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.data.split import validation_mask
+from ctr_features.hashing import StringColumn
+from ctr_features.split import validation_mask
 from training.errors import DataError
-from training.features.hashing import StringColumn
 
 Split = Literal["train", "val"]
 _EXPECTED = "label 0/1, I1..I13 numbers, C1..C26 strings, optional row_id"

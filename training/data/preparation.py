@@ -27,19 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from training.data.cache import cache_path, ensure_cache
-from training.data.cache_dir import cached_name, choose_cache_dir
-from training.data.category_counts import MAX_VALUES, FieldCounts
-from training.data.criteo import ReadReport
-from training.data.feature_cache import RECORD
-from training.data.once import build_once
-from training.data.parquet import ParquetData, Piece, Split, numeric_matrix
-from training.data.prepare import PREPARED_VERSION
-from training.data.rank_group import RankGroup
-from training.data.record_encoder import encode_records, lookups, write_at
-from training.data.sources import resolve_data
-from training.errors import DataError
-from training.features.fit import (
+from ctr_features.criteo import ReadReport
+from ctr_features.fit import (
     MAX_ENTRIES,
     MIN_COUNT,
     SMOOTHING,
@@ -48,8 +37,19 @@ from training.features.fit import (
     assemble_spec,
     carry_sum,
 )
-from training.features.layout import N_NUM, signed_log1p
-from training.features.spec import FeatureSpec
+from ctr_features.layout import N_NUM, signed_log1p
+from ctr_features.spec import FeatureSpec
+from training.data.cache import cache_path, ensure_cache
+from training.data.cache_dir import cached_name, choose_cache_dir
+from training.data.category_counts import MAX_VALUES, FieldCounts
+from training.data.feature_cache import RECORD
+from training.data.once import build_once
+from training.data.parquet import ParquetData, Piece, Split, numeric_matrix
+from training.data.prepare import PREPARED_VERSION
+from training.data.rank_group import RankGroup
+from training.data.record_encoder import encode_records, lookups, write_at
+from training.data.sources import resolve_data
+from training.errors import DataError
 
 _ENCODE_ROWS = 1 << 15
 _THREADS = min(4, os.cpu_count() or 1)  # row groups encoded at once: Arrow and numpy release the GIL

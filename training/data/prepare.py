@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
+from ctr_features.fit import FitChunk
+from ctr_features.spec import FeatureSpec
 from training.data.feature_cache import expand, iter_records, transform_chunk, write_split
 from training.data.once import build_once
 from training.data.parquet import ParquetData, Split, numeric_matrix, string_column
 from training.errors import DataError
-from training.features.fit import FitChunk
-from training.features.spec import FeatureSpec
 
 PREPARED_VERSION = 1
 
@@ -110,7 +110,7 @@ def prepare(
 
     Args:
         cache: Parquet file written by `training.data.cache.ensure_cache`.
-        val_fraction: validation share (see `training.data.split`).
+        val_fraction: validation share (see `ctr_features.split`).
         width: feature vector width.
         max_rows: use only the first rows of the file (quick experiments); None for all.
         spec: a frozen spec to transform with (warm start) instead of fitting one.

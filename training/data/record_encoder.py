@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
+from ctr_features.layout import HASH_START, N_NUM
+from ctr_features.spec import FeatureSpec
 from training.data.category_counts import dictionary_parts
 from training.data.feature_cache import RECORD
 from training.data.parquet import numeric_matrix
-from training.features.layout import HASH_START, N_NUM
-from training.features.spec import FeatureSpec
 
 
 @dataclass(frozen=True)

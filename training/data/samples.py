@@ -3,7 +3,7 @@
 The passes stream on the `stream` loader, so no step of a streamed run holds all rows of a split in memory.
 `val_raw.npz` holds the first validation rows as raw Criteo fields: `val_features.npy` holds the same rows
 after `FeatureSpec.transform`, and export replays the raw ones through the Python path, the ONNX raw graph
-and the SavedModel's `raw` signature (see export/raw_parity.py).
+and the SavedModel's `raw` signature (see export/gates/raw_parity.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
+from ctr_model.net import CTRNet
 from training.data.feature_cache import expand, iter_records, read_records
 from training.data.inputs import RunInputs
 from training.data.parquet import ParquetData, numeric_matrix
-from training.model.net import CTRNet
 
 _SCORE_ROWS = 1 << 16  # rows per forward pass when scoring the validation split
 

@@ -32,11 +32,11 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ctr_contract.schema import LABEL
+from ctr_features.spec import FeatureSpec
 from training.data.batches import Batch, shard_bounds
 from training.data.feature_cache import RECORD, expand, transform_chunk
 from training.data.parquet import ParquetData, Piece, Split
 from training.errors import DataError
-from training.features.spec import FeatureSpec
 
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)
@@ -226,7 +226,7 @@ class _Buffer:
 
     def _move(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         # In chunks: a 30k-row move of feature rows at once allocates a 13 MB temporary, a fresh mapping above the
-        # mmap threshold (training.model.malloc) that the kernel zeroes and faults in. Safe chunk by chunk:
+        # mmap threshold (training.runtime.malloc) that the kernel zeroes and faults in. Safe chunk by chunk:
         # shuffled, sources and destinations are disjoint; in order, sources lie after them.
         for a in range(0, dst.numel(), _MOVE_ROWS):
             self.move(dst[a : a + _MOVE_ROWS], src[a : a + _MOVE_ROWS])

@@ -10,15 +10,15 @@ import torch.nn.functional as F
 from torchmetrics import SumMetric
 from torchmetrics.classification import BinaryAUROC
 
+from ctr_model.net import CTRNet, ModelConfig
 from training.data.batches import Batch
 from training.errors import NonFiniteLossError
-from training.model.net import CTRNet, ModelConfig
 
 ADAM_IMPLS = (
     "default",
     "foreach",
     "fused",
-)  # resolved ones; `training.model.speed` turns "auto" into one of these
+)  # resolved ones; `training.runtime.speed` turns "auto" into one of these
 
 
 class CTRModule(L.LightningModule):
@@ -29,7 +29,7 @@ class CTRModule(L.LightningModule):
         lr: Adam learning rate.
         weight_decay: Adam L2 penalty.
         adam_impl: "default", "foreach" or "fused" (torch's Adam implementations; same maths).
-        fast_dropout: numpy-drawn CPU dropout masks (`training.model.fast_dropout`); same keep probabilities.
+        fast_dropout: numpy-drawn CPU dropout masks (`training.runtime.fast_dropout`); same keep probabilities.
     """
 
     def __init__(

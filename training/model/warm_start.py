@@ -26,10 +26,10 @@ import torch
 from onnx import numpy_helper
 
 from ctr_contract import repository, run_dir
+from ctr_features.spec import FeatureSpec
+from ctr_model.checkpoint import NET_PREFIX, read_checkpoint
+from ctr_model.net import CTRNet, ModelConfig
 from training.errors import CheckpointError
-from training.features.spec import FeatureSpec
-from training.model.checkpoint import NET_PREFIX, read_checkpoint
-from training.model.net import CTRNet, ModelConfig
 
 
 @dataclass(frozen=True)

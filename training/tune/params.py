@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ctr_model.net import ACTIVATIONS
 from training.errors import ConfigError
-from training.model.net import ACTIVATIONS
 
 # The hyperparameters a trial draws, with the `python -m training` option each one sets.
 TUNED_KEYS = ("lr", "batch_size", "dropout1", "dropout2", "weight_decay", "activation")

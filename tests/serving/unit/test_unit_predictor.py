@@ -1,4 +1,4 @@
-"""serving/api/predictor.py without a server: a real ONNX Runtime version behind the one predict path.
+"""serving/dataplane/predictor.py without a server: a real ONNX Runtime version behind the one predict path.
 
 The version folder holds the MLP of tests/serving/model_repo.py (model.onnx) and a tiny raw graph
 (model_raw.onnx: ctr = sigmoid(I1), a missing I1 counting as 0), both run by ONNX Runtime itself.
@@ -19,17 +19,17 @@ from onnx import TensorProto, helper
 
 from ctr_contract.repository import ONNX_MODEL, RAW_ONNX_MODEL
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from serving.api.predictor import Predictor
-from serving.api.validation import Limits
-from serving.batches import DecodedRequest
 from serving.codecs.raw_codec import decode_rest
+from serving.dataplane.predictor import Predictor
+from serving.dataplane.validation import Limits
 from serving.errors import InvalidArgument, NotFound, ServingError, Unavailable
 from serving.observability.metrics import ServingMetrics
+from serving.repository.manager import ModelManager
+from serving.repository.policy import VersionPolicy
+from serving.requests import DecodedRequest
+from serving.runtime.batcher import DynamicBatcher
+from serving.runtime.servable import BatchingOptions, DirectRunner, build_runners
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
-from serving.versions.batching import DynamicBatcher
-from serving.versions.manager import ModelManager
-from serving.versions.policy import VersionPolicy
-from serving.versions.servable import BatchingOptions, DirectRunner, build_runners
 from tests.serving.model_repo import WIDTH, make_weights, reference_predict, write_manifest, write_onnx
 
 T = TypeVar("T")

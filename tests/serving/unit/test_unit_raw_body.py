@@ -10,17 +10,17 @@ import numpy as np
 import orjson
 import pytest
 
-from export.parity import MIN_ROWS
-from export.raw_parity import build_raw_rows
-from serving.batches import DecodedRequest, RawBatch
+from ctr_features.compiled.table import DICT_ROWS, RawTransform
+from ctr_features.spec import FeatureSpec
+from export.gates.parity import MIN_ROWS
+from export.gates.raw_parity import build_raw_rows
 from serving.codecs.raw_body import client_rows, decode_raw_instances
 from serving.codecs.raw_codec import MAX_COUNT
-from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.errors import InvalidArgument
+from serving.requests import DecodedRequest, RawBatch
 from serving.signatures import RAW_SIGNATURE, Signature
 from tests.serving.unit.test_unit_raw_fast import fit_spec
-from training.features.spec import FeatureSpec
 
 SIG = Signature("features", "ctr", 128, 1, has_raw=True)
 BATCH_SIZES = (1, 3, DICT_ROWS, DICT_ROWS + 1, 100, 200)

@@ -10,9 +10,9 @@ import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving import protos
-from serving.batches import RawBatch
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest, decode_tensors, looks_raw
 from serving.errors import InvalidArgument
+from serving.requests import RawBatch
 
 
 def error_of(rows: Any, columnar: bool = False) -> str:

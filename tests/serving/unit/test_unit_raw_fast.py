@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from export.parity import MIN_ROWS
-from export.raw_parity import build_raw_rows
-from serving.batches import RawBatch
+from ctr_features.compiled.few_rows import CACHED_COUNTS
+from ctr_features.compiled.table import DICT_ROWS, RawTransform
+from ctr_features.compiled.table import fnv1a_32 as serving_fnv1a_32
+from ctr_features.spec import FeatureSpec
+from export.gates.parity import MIN_ROWS
+from export.gates.raw_parity import build_raw_rows
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
-from serving.codecs.raw_one_row import CACHED_COUNTS
-from serving.codecs.raw_transform import DICT_ROWS, RawTransform
-from serving.codecs.raw_transform import fnv1a_32 as serving_fnv1a_32
 from serving.errors import InvalidArgument
-from training.features.spec import FeatureSpec
+from serving.requests import RawBatch
 from training.synth import sample_rows
 
 # Every valid value form, one per row: plain ints, the bounds, missing as absent / null / "" / NaN, integral
@@ -206,7 +206,7 @@ def test_compiled_spec_of_decoded_rest_rows_equals_the_transform_of_the_same_row
 
 
 def test_serving_bucket_hash_is_trainings_fnv1a() -> None:
-    from training.features.hashing import fnv1a_32 as training_fnv1a_32
+    from ctr_features.hashing import fnv1a_32 as training_fnv1a_32
 
     for text in ["", "C1:68fd1e64", "C7:héllo", "C26:日本語", "C3:😀", "C9:" + "a" * 300, "C2:\t"]:
         assert serving_fnv1a_32(text) == training_fnv1a_32(text)

@@ -13,19 +13,20 @@ import numpy as np
 import orjson
 import pytest
 
-from export.parity import MIN_ROWS
-from export.raw_parity import build_raw_rows
-from serving.batches import RawBatch
-from serving.codecs import raw_body, raw_one_row
+from ctr_features.compiled import few_rows as raw_one_row
+from ctr_features.compiled.table import DICT_ROWS, RawTransform
+from ctr_features.compiled.value_table import EMPTY_KEY
+from ctr_features.spec import FeatureSpec
+from export.gates.parity import MIN_ROWS
+from export.gates.raw_parity import build_raw_rows
+from serving.codecs import raw_body
 from serving.codecs.raw_body import client_columns, client_rows, decode_raw_instances
-from serving.codecs.raw_transform import DICT_ROWS, RawTransform
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
-from serving.codecs.value_table import EMPTY_KEY
 from serving.errors import InvalidArgument
+from serving.requests import RawBatch
 from tests.serving.unit import test_unit_raw_body as body_tests
 from tests.serving.unit.test_unit_raw_body import ROW, SIG, old_path
 from tests.serving.unit.test_unit_raw_fast import fit_spec
-from training.features.spec import FeatureSpec
 
 MANY = DICT_ROWS + 1  # the numpy transform's batches; up to DICT_ROWS keyed rows are transformed natively
 SIZES = (1, 3, DICT_ROWS, MANY, 100, 256)
@@ -33,7 +34,7 @@ SIZES = (1, 3, DICT_ROWS, MANY, 100, 256)
 
 def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
     """The same values bit for bit, and a scanned batch's keys are its values' (bytes as a little-endian
-    uint64, eight 0x01 bytes for "": serving/codecs/value_table.py), short values included."""
+    uint64, eight 0x01 bytes for "": ctr_features/compiled/value_table.py), short values included."""
     assert got is not None
     if "keys" not in got.__dict__ or got.keys is None or "_strings" in got.__dict__:
         body_tests.assert_same_batch(got, want)

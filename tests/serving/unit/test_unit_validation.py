@@ -1,4 +1,4 @@
-"""serving/api/validation.py without a server: the one check every decoded request passes, exact messages."""
+"""serving/dataplane/validation.py without a server: the one check every decoded request passes, exact messages."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from ctr_contract.signatures import DEFAULT_WIDTH
-from serving.api.validation import Limits, check_request
-from serving.batches import DecodedRequest
 from serving.codecs.raw_codec import decode_rest
+from serving.dataplane.validation import Limits, check_request
 from serving.errors import InvalidArgument
+from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 SIG = Signature("features", "ctr", DEFAULT_WIDTH, 1, has_raw=True)

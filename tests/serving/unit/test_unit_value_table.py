@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.batches import RawBatch
-from serving.codecs import value_table
-from serving.codecs.value_table import RawKeys, ValueTable
+from ctr_features.compiled import value_table
+from ctr_features.compiled.value_table import RawKeys, ValueTable
+from serving.requests import RawBatch
 
 TABLES = [
     {"68fd1e64": 1, "": 2, "ab": 3, "abcdefgh": 4, "abcdefghi": 5, "héllo!!": 6, "日本ab": 7, "\1" * 8: 8},

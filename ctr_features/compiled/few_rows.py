@@ -1,0 +1,134 @@
+"""The compiled FeatureSpec for a few rows: a single raw row costs about what a vector does.
+
+Keyed rows of up to DICT_ROWS (every value up to 8 ASCII characters, whichever decoder made them: their keys
+come from the native scan or `RawKeys.of_list`) go through the native few-row transform
+(serving/codecs/_raw_native.c, `rows`): the 26 lookups in the same table as the numpy path, the lifts and the
+bucket counts, in C, with the counts' z-scores taken from the cache below. A single row with other values
+(longer, or not ASCII) is done in Python:
+
+On one row the numpy transform (ctr_features/compiled/table.py) is ~20 calls on tiny arrays, ~12 µs, and
+more once the model has run in between (its temporaries evict the model's data). Here the 26 lookups are dict
+gets and the row is one list turned into one float32 array. The counts' z-scores must stay numpy's bits
+(numpy's log1p is not Python's), so they come from a bounded cache of what the numpy transform gave for each
+(field, count) before: a count not seen yet (or a spec whose bucket columns are not all after the lifts)
+sends the row to the numpy transform, whose results then fill the cache. Checked bit for bit against
+`FeatureSpec.transform` with the rest of the compiled spec (tests/serving/unit/test_unit_raw_fast.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import chain, repeat
+from typing import Any
+
+import numpy as np
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.value_table import ValueTable
+from serving.requests import RawBatch
+
+N_NUM = len(NUMERIC_FIELDS)
+try:
+    from serving.codecs._raw_native import rows as _native_rows
+    from serving.codecs._raw_native import table as _native_table
+except ImportError:  # not built (pip install -e . builds it): the Python one-row path and numpy serve alone
+    _native_rows = _native_table = None
+CACHED_COUNTS = 4096  # per field: the small counts most rows carry; rarer ones take the numpy path
+_NO_ENTRY = [0] * len(CATEGORICAL_FIELDS)
+
+
+class OneRowTransform:
+    """`transform(batch)` for a one-row RawBatch, equal to the numpy transform `full` it falls back to."""
+
+    def __init__(
+        self,
+        lookups: list[dict[str, int]],
+        lift: np.ndarray,
+        column: np.ndarray,
+        width: int,
+        full: Callable[[RawBatch], np.ndarray],
+        owner: object,
+        table: ValueTable | None = None,
+    ) -> None:
+        """`lookups`, `lift`, `column`: RawTransform's entries (value -> entry; entry -> lift, column);
+        `owner`: the RawTransform whose entries these are (RawBatch.remember_entries); `table`: its lookups'
+        ValueTable, for the native transform of keyed rows (None: not used)."""
+        self._native = None
+        if table is not None and _native_table is not None:
+            key, code, salts, shift, default = table.arrays()
+            self._native = _native_table(
+                key.tobytes(),
+                code.tobytes(),
+                salts.tobytes(),
+                shift,
+                default,
+                lift.astype(np.float32).tobytes(),
+                column.astype(np.int32).tobytes(),
+                width,
+            )
+        self._lookups, self._width, self._full, self._owner = lookups, width, full, owner
+        self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
+        self._column: list[int] = column.tolist()
+        self._lifts_at = 2 * N_NUM  # the layout: z-scores, missing flags, lifts, then bucket counts
+        self._counts_at = self._lifts_at + len(lookups)
+        self._z: list[dict[float, float]] = [{} for _ in range(N_NUM)]  # count -> its float32 z-score
+
+    def __call__(self, batch: RawBatch) -> np.ndarray:
+        """The row's float32 (1, width) features."""
+        counts = batch.numeric[:, 0].tolist()
+        z: list[Any] = list(map(dict.get, self._z, counts))  # NaN (missing) is never found: see below
+        missing = [0.0] * N_NUM
+        if None in z:
+            for j, value in enumerate(counts):
+                if z[j] is None:
+                    if value == value:  # a count not cached yet
+                        return self._fill(batch, counts)
+                    z[j], missing[j] = 0.0, 1.0
+        row = [0.0] * self._width
+        row[:N_NUM] = z
+        row[N_NUM : self._lifts_at] = missing
+        entries = list(map(dict.get, self._lookups, batch.strings(), _NO_ENTRY))
+        batch.remember_entries(self._owner, entries)
+        row[self._lifts_at : self._counts_at] = map(self._lift.__getitem__, entries)
+        for column in map(self._column.__getitem__, entries):
+            row[column] += 1.0  # two fields may share a bucket
+        return np.array([row], np.float32)
+
+    def takes(self, batch: RawBatch) -> bool:
+        """Whether `keyed` can transform the batch: every value keyed (any batch whose values are all up to 8
+        ASCII characters: the scan's, msgspec's, gRPC's), and the native transform built."""
+        if self._native is None:
+            return False
+        keys = batch.keys  # the decoder's, or made now (in C: ~0.3 µs a row)
+        return keys is not None and keys.slow is None
+
+    def keyed(self, batch: RawBatch) -> np.ndarray:
+        """The float32 (N, width) features of a keyed batch (`takes`), natively; a count whose z-score is not
+        cached yet sends the batch to the numpy transform, whose results then fill the cache."""
+        n = len(batch)
+        numeric = np.ascontiguousarray(batch.numeric)
+        counts = numeric.ravel().tolist()  # field-major
+        caches = self._z if n == 1 else chain.from_iterable(repeat(cache, n) for cache in self._z)
+        z = list(map(dict.get, caches, counts))
+        key = np.ascontiguousarray(batch.keys.key)  # type: ignore[union-attr]
+        found = _native_rows(self._native, z, numeric, key, n)  # type: ignore[misc]
+        if found is None:
+            return self._fill(batch, counts)
+        features, entries = found
+        # (26, N) as a view of the (N, 26) rows: a merged batch's single-row parts get contiguous columns, whose
+        # bytes drift joins (serving/observability/drift.py)
+        rows = np.frombuffer(entries, np.int32).reshape(n, len(CATEGORICAL_FIELDS))
+        batch.remember_entries(self._owner, rows.T)
+        return np.frombuffer(features, np.float32).reshape(n, self._width)
+
+    def _fill(self, batch: RawBatch, counts: list[float]) -> np.ndarray:
+        """The numpy transform of the batch; its present counts' z-scores join the cache (while there is room).
+        `counts`: the batch's counts field-major."""
+        out = self._full(batch)
+        n = len(batch)
+        for i, value in enumerate(counts):
+            j, r = divmod(i, n)
+            cache = self._z[j]
+            if len(cache) < CACHED_COUNTS and out[r, N_NUM + j] == 0:  # present (not NaN, nor infinite)
+                cache[value] = float(out[r, j])
+        return out

@@ -1,0 +1,157 @@
+"""The FeatureSpec compiled for serving: a RawBatch -> the float32 features the `serving_default` model takes.
+
+`FeatureSpec.transform` stays the one definition (ctr_features/spec.py): this module reads its fitted
+numbers and tables from `feature_spec.json` (serving does not import training/) and applies them with the same
+numpy expressions, but looks categorical values up in a hash table over the whole batch
+(ctr_features/compiled/value_table.py; one Python dict per field for a few rows) instead of sorted-array searches
+built for million-row chunks. The result is then scored by the features model, which skips ONNX Runtime's
+per-input conversion of the 39-input raw graph (docs/raw-features.md, "Where the time goes").
+
+It serves only behind two gates: export compares it with `FeatureSpec.transform` + PyTorch on the raw parity
+rows (export/gates/raw_parity.py), and a load replays the warm-up records' raw rows and compares its scores with
+the expected ones recorded at export (serving/repository/warmup.py).
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import chain, repeat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.few_rows import OneRowTransform
+from ctr_features.compiled.value_table import ValueTable
+from serving.requests import RawBatch
+
+SPEC_VERSION = 2  # feature_spec.json's version this module reads (vocabularies, ctr_features/spec.py)
+N_NUM, N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
+HASH_START = 2 * N_NUM + N_CAT  # the layout's first bucket column (ctr_features/layout.py)
+# Up to this many rows a dict per field beats the batch-wide table (its ~20 numpy calls cost ~25 µs).
+DICT_ROWS = 16
+
+
+def fnv1a_32(text: str) -> int:
+    """32-bit FNV-1a of UTF-8 bytes: the bucket hash of ctr_features/hashing.py (the gates compare them)."""
+    h = 0x811C9DC5
+    for byte in text.encode("utf-8"):
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+class RawTransform:
+    """`FeatureSpec.transform` on field-major RawBatches, with per-field dict lookups."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        """From feature_spec.json's content (`FeatureSpec.to_dict()`); serving does not import training/."""
+        if spec.get("version") != SPEC_VERSION:
+            raise ValueError(f"feature spec version {spec.get('version')!r} is not {SPEC_VERSION}")
+        num, cat = spec["numeric"], spec["categorical"]
+        if list(num["fields"]) != list(NUMERIC_FIELDS) or list(cat["fields"]) != list(CATEGORICAL_FIELDS):
+            raise ValueError("fields differ from the Criteo layout I1..I13, C1..C26")
+        self.width = int(spec["width"])
+        self._mean = np.asarray(num["mean"], np.float64)[:, None]  # (13, 1): field-major batches
+        self._std = np.asarray(num["std"], np.float64)[:, None]
+        self._clip = float(num["clip"])
+        buckets, oov = int(cat["buckets"]), int(cat["oov_column"])
+        # Entry 0 is "no entry": lift 0, the out-of-vocabulary column. Every other entry is one (field, value)
+        # that a table of the field holds, with its lift (or 0) and its column (its bucket, or OOV).
+        # "" (missing) has an entry in every field, like any value the tables lack when they lack it (lift 0,
+        # the OOV column): the output is the same, and the entries tell a missing value from an unseen one
+        # (drift bins them apart: serving/observability/drift.py).
+        lifts, columns = [0.0], [oov]
+        self.lookups: list[dict[str, int]] = []
+        for field in CATEGORICAL_FIELDS:
+            table = cat["tables"][field]
+            lift = dict(zip(table["rate_values"], map(float, table["rate_lift"]), strict=True))
+            vocabulary = set(table["vocabulary"])
+            lookup = {}
+            for value in sorted(lift.keys() | vocabulary | {""}):
+                lookup[value] = len(lifts)
+                lifts.append(lift.get(value, 0.0))
+                in_vocabulary = value in vocabulary
+                columns.append(HASH_START + fnv1a_32(f"{field}:{value}") % buckets if in_vocabulary else oov)
+            self.lookups.append(lookup)
+        self.entry_count = len(lifts)
+        self._table = ValueTable(self.lookups, 0)
+        # float32 and int32: the output is float32 (the same numbers as a cast at assignment), and small
+        # tables leave the cache to the features model that runs next.
+        self._lift = np.asarray(lifts, np.float64).astype(np.float32)
+        self._column = np.asarray(columns, np.int32)
+        self._counts_after_lifts = bool(self._column.min() >= HASH_START)  # the layout's, checked
+        self._row_starts = (np.arange(DICT_ROWS) * self.width)[
+            None, :
+        ]  # (1, DICT_ROWS): row r's first column
+        self._one_row = (
+            OneRowTransform(
+                self.lookups, self._lift, self._column, self.width, self._transform, self, self._table
+            )
+            if self._counts_after_lifts
+            else None
+        )
+
+    def probe(self) -> RawBatch:
+        """Two rows for a load check when warm-up has none: all missing, and each field's first table value."""
+        known = [min((v for v in lookup if v), default="") for lookup in self.lookups]
+        numeric = np.array([[np.nan] * N_NUM, [3.0] * N_NUM]).T
+        return RawBatch(numeric, np.array([[""] * len(known), known], dtype=object).T.copy())
+
+    @classmethod
+    def load(cls, path: Path) -> RawTransform:
+        """From a version's `assets.extra/feature_spec.json`."""
+        return cls(json.loads(path.read_text()))
+
+    def entries(self, batch: RawBatch) -> np.ndarray:
+        """The batch's (26, N) values -> (26, N) entry indices (0 where the field's tables hold no such value):
+        by dict up to DICT_ROWS rows, else with the batch's keys (RawBatch.keys)."""
+        n = len(batch)
+        known = batch.__dict__.get("keys")
+        if n > DICT_ROWS or (known is not None and known.slow is None):  # keyed rows: their values unread
+            keys = batch.keys
+            if keys is not None and keys.slow is None:  # every value keyed: the strings are not read
+                return self._table.lookup_keys(keys)
+            return self._table.lookup(batch.categorical, keys)
+        # One C-level pass over every value: dict.get(field's dict, value, 0), field by field.
+        tables = self.lookups if n == 1 else chain.from_iterable(repeat(lookup, n) for lookup in self.lookups)
+        found = map(dict.get, tables, batch.strings(), repeat(0))
+        return np.fromiter(found, np.intp, len(CATEGORICAL_FIELDS) * n).reshape(len(CATEGORICAL_FIELDS), n)
+
+    def __call__(self, batch: RawBatch) -> np.ndarray:
+        """The batch's float32 (N, width) features, equal to `FeatureSpec.transform` of its rows."""
+        if self._one_row is not None:
+            if len(batch) <= DICT_ROWS and self._one_row.takes(batch):
+                return self._one_row.keyed(batch)
+            if len(batch) == 1:
+                return self._one_row(batch)
+        return self._transform(batch)
+
+    def _transform(self, batch: RawBatch) -> np.ndarray:
+        """The numpy transform of any batch."""
+        n = len(batch)
+        entries = self.entries(batch)
+        batch.remember_entries(self, entries)
+        hits = self._column[entries]  # (26, N): the column each value counts in
+        if n <= DICT_ROWS and self._counts_after_lifts:
+            # Few rows: the bucket counts of every row at once, as the output's first values (~3 numpy calls
+            # instead of add.at's ~6); exact, as every hit is in a column no other part writes.
+            counts = np.bincount((hits + self._row_starts[:, :n]).ravel(), minlength=n * self.width)
+            out = counts.astype(np.float32).reshape(n, self.width)
+        else:
+            out = np.zeros((n, self.width), np.float32)
+            # Every (row, column) hit, counted at once (two fields may share a bucket; the counts are small
+            # integers, exact in float32). numpy >= 1.25's add.at: ~9 µs at 256 rows, bincount ~70.
+            np.add.at(out.reshape(-1), (hits + np.arange(n) * self.width).ravel(), np.float32(1))
+        # No np.errstate (~1.5 µs): counts are within ±2**53 or NaN/±Inf, and none of these operations makes
+        # a NaN or an overflow from them (log1p(inf) = inf, and NaN propagates without a warning).
+        x = batch.numeric
+        v = np.sign(x) * np.log1p(np.abs(x))  # signed_log1p (ctr_features/layout.py)
+        missing = ~np.isfinite(v)
+        # The spec's expressions, elementwise, in float64: the same numbers in either layout. A missing
+        # value's z is replaced by 0 before the clip, so it need not be zeroed before the z-score too.
+        z = np.where(missing, 0.0, (v - self._mean) / self._std)
+        out[:, :N_NUM] = np.minimum(np.maximum(z, -self._clip), self._clip).T  # np.clip, without its wrapper
+        out[:, N_NUM : 2 * N_NUM] = missing.T
+        out[:, 2 * N_NUM : HASH_START] = self._lift[entries].T
+        return out

@@ -1,0 +1,171 @@
+"""The click join of one interval: its logged requests, labelled by the clicks within the attribution window.
+
+A request's instance logged at time t is a positive when a click on (request id, instance) arrives in
+[t, t + window], else a negative: the join runs once the window of the interval's last request has closed.
+Each click is counted once, by the interval its own time falls in ("owned" clicks):
+
+- `clicks`: attributed to a request's instance, the first in its window;
+- `duplicate clicks`: a second click on an instance already clicked (it changes no label);
+- `late clicks`: after the window closed (the row stays a negative);
+- `clicks before their request`: stamped before the request they name (clock skew; dropped);
+- `unknown clicks`: no request with that id and instance was logged from one window before the interval to
+  one window after it.
+
+A request id logged twice (a retry) counts once (`duplicate requests`). Memory holds the requests and clicks
+of the interval widened by one window on each side, never more. The output is two Parquet files, the
+interval's training rows and its held-out rows (a hash of the request id picks ~`holdout` of the requests),
+which `python -m training --data DIR/train` and `python -m export --eval-data` read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
+from pipelines.clicks.events import Click, Counts, Request, read_clicks, read_requests
+
+CLICK_KINDS = ("clicks", "duplicate clicks", "late clicks", "clicks before their request", "unknown clicks")
+
+
+@dataclass
+class JoinReport:
+    """What one interval's join read, wrote and counted."""
+
+    interval: int
+    start: float
+    end: float
+    requests: int = 0
+    rows: int = 0
+    positives: int = 0
+    holdout_rows: int = 0
+    newest_row_time: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def partition_name(interval: int) -> str:
+    """The file name of an interval's partition: natural order is time order."""
+    return f"interval-{interval:09d}.parquet"
+
+
+def _number(v: Any) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _table(rows: list[tuple[Request, int, int]]) -> pa.Table:
+    """(request, instance, label) rows -> a Criteo Parquet table (+ request_id, instance, time columns)."""
+    cols: dict[str, pa.Array] = {LABEL: pa.array([y for _, _, y in rows], pa.int8())}
+    for f in NUMERIC_FIELDS:
+        cols[f] = pa.array([_number(r.rows[i].get(f)) for r, i, _ in rows], pa.float64())  # type: ignore[index]
+    for f in CATEGORICAL_FIELDS:
+        values = [r.rows[i].get(f) for r, i, _ in rows]  # type: ignore[index]
+        cols[f] = pa.array([None if v in (None, "") else str(v) for v in values], pa.string())
+    cols["request_id"] = pa.array([r.request_id for r, _, _ in rows], pa.string())
+    cols["instance"] = pa.array([i for _, i, _ in rows], pa.int32())
+    cols["time"] = pa.array([r.time for r, _, _ in rows], pa.float64())
+    return pa.table(cols)
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    """Write atomically: a partial file (full disk, kill) never takes the partition's name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def held_out(request_id: str, fraction: float) -> bool:
+    """Whether a request's rows are held out (deterministic in its id, so every run agrees)."""
+    return zlib.crc32(b"holdout:" + request_id.encode()) < fraction * 2**32
+
+
+def join_interval(
+    logs: Path,
+    clicks: Path,
+    out: Path,
+    interval: int,
+    start: float,
+    end: float,
+    window_s: float,
+    holdout: float,
+) -> JoinReport:
+    """Join requests logged in [start, end) with their clicks; write OUT/train and OUT/holdout partitions."""
+    report, counts = JoinReport(interval, start, end), Counts()
+    requests: dict[str, Request] = {}  # the interval's own requests
+    nearby: dict[str, Request] = {}  # one window either side: ids only matter, for counting clicks
+    for r in read_requests(logs, start - window_s, end + window_s, counts):
+        if not start <= r.time < end:
+            nearby.setdefault(r.request_id, r)
+            continue
+        if r.request_id in requests:
+            counts.add("duplicate requests")
+            continue
+        if r.rows is None:
+            counts.add("requests without raw fields")
+            continue
+        requests[r.request_id] = r
+    nearby.update(requests)
+    # Every click that could label one of the interval's rows, or that the interval owns, in time order.
+    events = sorted(
+        read_clicks(clicks, start - window_s, end + window_s, counts), key=lambda c: (c.time, c.order)
+    )
+    clicked: set[tuple[str, int]] = set()
+    for c in events:
+        req = nearby.get(c.request_id)
+        kind = _kind(c, req, window_s, clicked)
+        if kind == "clicks":
+            clicked.add((c.request_id, c.instance))
+        if start <= c.time < end:
+            counts.add(kind)
+    rows = [
+        (r, i, int((r.request_id, i) in clicked)) for r in requests.values() for i in range(len(r.rows or []))
+    ]
+    report.requests, report.rows = len(requests), len(rows)
+    report.positives = sum(y for _, _, y in rows)
+    report.newest_row_time = max((r.time for r in requests.values()), default=None)
+    report.counts = dict(sorted(counts.kinds.items()))
+    train = [row for row in rows if not held_out(row[0].request_id, holdout)]
+    test = [row for row in rows if held_out(row[0].request_id, holdout)]
+    report.holdout_rows = len(test)
+    for part, name in ((train, "train"), (test, "holdout")):
+        if part:
+            _write(_table(part), out / name / partition_name(interval))
+    return report
+
+
+def _kind(c: Click, req: Request | None, window_s: float, clicked: set[tuple[str, int]]) -> str:
+    """How one click counts (see the module docstring)."""
+    if req is None or req.rows is None or c.instance >= len(req.rows):
+        return "unknown clicks"
+    if c.time < req.time:
+        return "clicks before their request"
+    if c.time > req.time + window_s:
+        return "late clicks"
+    return "duplicate clicks" if (c.request_id, c.instance) in clicked else "clicks"
+
+
+def partition_rows(path: Path) -> int:
+    """Rows in a written partition (0 when there is none)."""
+    return pq.ParquetFile(path).metadata.num_rows if path.is_file() else 0

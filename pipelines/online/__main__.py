@@ -1,0 +1,123 @@
+"""`python -m pipelines.online`: the online trainer, a long-running loop over closed intervals (docs/online-learning.md).
+
+    python -m pipelines.online --logs LOGS --clicks CLICKS --repo artifacts/models/ctr --work artifacts/online
+
+Every --interval-s seconds of request time becomes one interval: once its attribution window has closed, the
+trainer joins it (requests x clicks), warm-starts from the newest published version on its rows plus the
+--replay intervals before it, exports through the quality gate (scored on the interval's held-out rows) and
+publishes; servers polling --repo hot-reload the new version. State lives in --work: a killed trainer
+restarts where it stopped, no interval trained twice or skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipelines.clicks.events import parse_time
+from pipelines.online.loop import Trainer, first_interval
+from pipelines.online.metrics import TrainerMetrics
+from pipelines.online.step import Settings, warm_imports
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.online", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--logs", type=Path, required=True, help="request log folder (the servers' --request_log_dir)"
+    )
+    p.add_argument("--clicks", type=Path, required=True, help="click events folder (JSON lines)")
+    p.add_argument(
+        "--repo", type=Path, default=Path("artifacts/models/ctr"), help="model base path to publish to"
+    )
+    p.add_argument("--work", type=Path, default=Path("artifacts/online"), help="state, joined data and runs")
+    p.add_argument(
+        "--interval-s", type=float, default=3600.0, help="seconds of request time per interval (default 3600)"
+    )
+    p.add_argument(
+        "--window-s", type=float, default=1800.0, help="attribution window in seconds (default 1800)"
+    )
+    p.add_argument(
+        "--holdout", type=float, default=0.2, help="share of requests held out for the gate (default 0.2)"
+    )
+    p.add_argument(
+        "--replay", type=int, default=2, help="earlier intervals replayed with the new one (default 2)"
+    )
+    p.add_argument(
+        "--replay-rows", type=int, default=50_000, help="at most this many replayed rows (default 50000)"
+    )
+    p.add_argument("--epochs", type=int, default=1, help="epochs per interval (default 1)")
+    p.add_argument(
+        "--max-auc-drop", type=float, default=0.002, help="quality gate: allowed AUC drop (default 0.002)"
+    )
+    p.add_argument(
+        "--max-ece-rise",
+        type=float,
+        default=0.01,
+        help="quality gate: allowed calibration error rise (default 0.01)",
+    )
+    p.add_argument(
+        "--train-args", default="", help="extra flags for python -m training, e.g. '--batch-size 512'"
+    )
+    p.add_argument(
+        "--start",
+        type=parse_time,
+        help="first interval of a fresh state: the first starting at or after this",
+    )
+    p.add_argument(
+        "--until", type=parse_time, help="stop once every interval starting before this time is finished"
+    )
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.getLogger("pipelines.online").setLevel(logging.INFO)  # ours; the libraries' INFO stays quiet
+    if args.interval_s <= 0 or args.window_s < 0 or args.window_s > args.interval_s:
+        print(
+            f"online: error: need 0 <= --window-s ({args.window_s:g}) <= --interval-s ({args.interval_s:g})",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= args.holdout < 1 or args.replay < 0:
+        print(
+            f"online: error: --holdout must be in [0, 1) and --replay >= 0, got {args.holdout:g} and {args.replay}",
+            file=sys.stderr,
+        )
+        return 2
+    s = Settings(
+        logs=args.logs,
+        clicks=args.clicks,
+        repo=args.repo,
+        work=args.work,
+        interval_s=args.interval_s,
+        window_s=args.window_s,
+        holdout=args.holdout,
+        replay=args.replay,
+        replay_rows=args.replay_rows,
+        epochs=args.epochs,
+        train_args=tuple(shlex.split(args.train_args)),
+        max_auc_drop=args.max_auc_drop,
+        max_ece_rise=args.max_ece_rise,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
+    metrics = TrainerMetrics()
+    try:
+        trainer = Trainer(s, metrics, first_interval(args.start, args.interval_s))
+        metrics.serve(args.metrics_port)
+        warm_imports()
+        trainer.run(args.until, time.sleep)
+    except (ValueError, OSError) as e:
+        print(f"online: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

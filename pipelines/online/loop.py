@@ -1,0 +1,160 @@
+"""The online trainer's loop: wait for an interval to close, run it, record it durably, repeat.
+
+Interval j covers request times [j*S, (j+1)*S) (S = --interval-s, aligned to the Unix epoch). It closes when
+the attribution window of its last request has closed too, at (j+1)*S + window + GRACE_S. Each interval ends
+in exactly one outcome, written to the state: `published` (a new version), `refused` (the quality gate kept
+the served version), `empty` (no rows: nothing trained), `failed` (training or export could not finish) or
+`dropped` (a write failed, e.g. a full disk: counted, the state untouched until the interval is recorded).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipelines.online import state as st
+from pipelines.online.metrics import TrainerMetrics
+from pipelines.online.ratelog import RateLimitedLog
+from pipelines.online.step import Settings, join, newest_version, train_and_publish
+
+log = logging.getLogger("pipelines.online")
+GRACE_S = 2.0  # the request log writer and the click tracker may lag this much behind the clock
+POLL_S = 0.5
+
+
+class Trainer:
+    """One trainer over one state folder (`--work`)."""
+
+    def __init__(self, s: Settings, metrics: TrainerMetrics, first: int | None = None) -> None:
+        self.s, self.metrics = s, metrics
+        self.ratelog = RateLimitedLog(log)
+        loaded = st.load(s.work)
+        if loaded is None:
+            start = first if first is not None else int(time.time() // s.interval_s)
+            loaded = st.State(interval_s=s.interval_s, window_s=s.window_s, next=start)
+            st.save(s.work, loaded)
+        elif (loaded.interval_s, loaded.window_s) != (s.interval_s, s.window_s):
+            raise ValueError(
+                f"{s.work} was trained with --interval-s {loaded.interval_s:g} --window-s {loaded.window_s:g}, "
+                f"not {s.interval_s:g} and {s.window_s:g}; use those or a new --work folder"
+            )
+        self.state = loaded
+        self._resume_pending()
+        self._update_freshness()
+
+    def closes_at(self, interval: int) -> float:
+        """When interval `interval` can be joined: its last request's window has closed."""
+        return (interval + 1) * self.s.interval_s + self.s.window_s + GRACE_S
+
+    def run(self, until: float | None, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Train each interval as it closes; return once every interval starting before `until` is finished."""
+        while True:
+            j = self.state.next
+            self.metrics.next_interval.set(j)
+            if until is not None and j * self.s.interval_s >= until:
+                return  # every interval with requests before `until` is finished
+            wait = self.closes_at(j) - time.time()
+            if wait > 0:
+                sleep(min(wait, POLL_S))
+                continue
+            self.run_interval(j)
+
+    def run_interval(self, j: int) -> dict[str, Any]:
+        """Join, train and publish interval `j`; record its outcome durably."""
+        t0 = time.perf_counter()
+        try:
+            outcome = self._interval(j)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+                raise
+            outcome = {"interval": j, "outcome": "dropped", "why": f"{e}"}
+            self.metrics.dropped.inc()
+            log.error("interval %d dropped: cannot write: %s", j, e)
+        outcome["seconds"] = round(time.perf_counter() - t0, 2)
+        self.metrics.duration.observe(outcome["seconds"])
+        self.metrics.intervals.labels(outcome["outcome"]).inc()
+        self.state.finish(outcome)
+        st.save(self.s.work, self.state)
+        self._update_freshness()
+        log.info("interval %d: %s", j, _describe(outcome))
+        return outcome
+
+    def _interval(self, j: int) -> dict[str, Any]:
+        report = join(self.s, j)
+        self._count(report.counts, report.rows)
+        base = {"interval": j, "rows": report.rows, "positives": report.positives, "counts": report.counts}
+        if report.rows - report.holdout_rows <= 0:
+            return {**base, "outcome": "empty", "why": "no rows to train on: nothing trained"}
+        version = (newest_version(self.s.repo) or 0) + 1
+        self.state.pending = {"interval": j, "version": version}
+        st.save(
+            self.s.work, self.state
+        )  # before the export: a restart then knows what may have been published
+        result = train_and_publish(self.s, j, version)
+        if result["outcome"] == "published":
+            self.state.newest_row_time[str(result["version"])] = report.newest_row_time or 0.0
+        elif result["outcome"] == "refused":
+            self.metrics.gate_refusals.inc()
+        return {**base, "newest_row_time": report.newest_row_time, **result}
+
+    def _resume_pending(self) -> None:
+        """A kill between publishing and recording: finish the interval from what the repository holds."""
+        p = self.state.pending
+        if p is None:
+            return
+        if (self.s.repo / str(p["version"])).is_dir():
+            log.info(
+                "interval %d was published as version %d before a restart: finished",
+                p["interval"],
+                p["version"],
+            )
+            report = join(self.s, p["interval"])  # re-read (idempotent) for the row time of the version
+            self.state.newest_row_time[str(p["version"])] = report.newest_row_time or 0.0
+            self.state.finish(
+                {
+                    "interval": p["interval"],
+                    "outcome": "published",
+                    "version": p["version"],
+                    "rows": report.rows,
+                    "newest_row_time": report.newest_row_time,
+                    "resumed": True,
+                }
+            )
+        else:
+            self.state.pending = None  # nothing was published: the interval is trained again
+        st.save(self.s.work, self.state)
+
+    def _count(self, counts: dict[str, int], rows: int) -> None:
+        self.metrics.rows_joined.inc(rows)
+        for kind, n in counts.items():
+            if kind.endswith("clicks") or kind == "clicks before their request":
+                self.metrics.clicks.labels(kind).inc(n)
+            if kind == "late clicks":
+                self.metrics.late_clicks.inc(n)
+            if kind.startswith("bad "):
+                self.metrics.bad_lines.labels(kind).inc(n)
+            if kind != "clicks":
+                self.ratelog.count(kind, n, "counted and dropped by the join")
+
+    def _update_freshness(self) -> None:
+        v = newest_version(self.s.repo)
+        self.metrics.served_row_time(None if v is None else self.state.newest_row_time.get(str(v)))
+
+
+def _describe(o: dict[str, Any]) -> str:
+    what = {
+        "published": lambda: f"published version {o.get('version')} from {o.get('rows')} rows",
+        "refused": lambda: f"quality gate refused the candidate: {o.get('why')}",
+        "empty": lambda: "no rows joined: nothing trained",
+        "failed": lambda: f"failed: {o.get('why')}",
+        "dropped": lambda: f"dropped: {o.get('why')}",
+    }[o["outcome"]]()
+    return f"{what} in {o['seconds']:.1f} s"
+
+
+def first_interval(start: float | None, interval_s: float) -> int | None:
+    """The first interval of a fresh state: the first one starting at or after `start` (None: the current one)."""
+    return None if start is None else int(-(-start // interval_s))

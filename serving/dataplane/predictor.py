@@ -1,0 +1,146 @@
+"""The predict path shared by REST and gRPC: resolve the version once, decode for it, validate, run, count."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from serving.dataplane.output_check import check_outputs
+from serving.dataplane.validation import Limits, check_request
+from serving.errors import ServingError, Unavailable
+from serving.observability.drift import DriftMonitor
+from serving.observability.metrics import ServingMetrics
+from serving.observability.request_log import RequestLog
+from serving.repository.manager import ModelManager
+from serving.requests import DecodedRequest
+from serving.runtime.servable import LoadedVersion
+from serving.signatures import Signature
+
+log = logging.getLogger(__name__)
+
+
+class Prediction(NamedTuple):
+    """One answered predict: the (N, K) scores, the version that made them, and the request it ran."""
+
+    scores: np.ndarray
+    servable: LoadedVersion
+    request: DecodedRequest
+
+
+class Predictor:
+    """Runs predict requests against the manager's versions and keeps the request metrics."""
+
+    def __init__(self, manager: ModelManager, limits: Limits, metrics: ServingMetrics) -> None:
+        self.manager, self.limits, self.metrics = manager, limits, metrics
+        self.draining = False
+        self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
+        metrics.inflight.track(lambda: float(self.inflight), manager.name)
+        self.drift: DriftMonitor | None = (
+            None  # the server sets these two (observability/drift.py, request_log.py)
+        )
+        self.request_log: RequestLog | None = None
+
+    async def predict(
+        self,
+        name: str,
+        version: int | None,
+        label: str | None,
+        decode: Callable[[Signature], Awaitable[DecodedRequest]],
+        entrypoint: str,
+        request_id: str | None = None,
+        inputs: Callable[[], Any] | None = None,
+    ) -> Prediction:
+        """Predict for one request.
+
+        Args:
+            name, version, label: the model spec of the request.
+            decode: turns the request into a DecodedRequest for the resolved version's signature.
+            entrypoint: "REST" or "GRPC" (metric label).
+            request_id: the request's id, for the request log; None: not logged.
+            inputs: the request's inputs as the client sent them, for the request log (default: the batch).
+        Returns:
+            the scores, the version that produced them and the decoded request.
+        """
+        started = time.perf_counter()
+        model_label = name if name == self.manager.name else "unknown"  # bounded label cardinality
+        status = "INTERNAL"
+        try:
+            if self.draining:
+                raise Unavailable("the server is shutting down; retry on another replica")
+            servable = self.manager.resolve(name, version, label)
+            # Held from here: a version retired while a large body decodes stays loaded until it answers.
+            self.manager.acquire(servable)
+            self.inflight += 1
+            try:
+                request = await decode(servable.backend.signature)
+                check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
+                scores = await servable.run(request)
+            finally:
+                self.inflight -= 1
+                self.manager.release(servable)
+            check_outputs(
+                scores, self.metrics, self.manager.name, _unit(entrypoint)
+            )  # no NaN leaves, nor is observed
+            self._observe_scores(scores)
+            status = "OK"
+            if self.drift is not None or self.request_log is not None:
+                self._watch(servable, request, scores, request_id, inputs)
+            return Prediction(scores, servable, request)
+        except ServingError as exc:
+            status = exc.code
+            raise
+        except asyncio.CancelledError:  # the gRPC client cancelled or its deadline passed: not a server error
+            status = "CANCELLED"
+            raise
+        finally:
+            self.metrics.request_count.inc(model_label, status)
+            elapsed_us = (time.perf_counter() - started) * 1e6
+            self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
+
+    def drift_text(self) -> str:
+        """The drift gauges (observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
+        return self.drift.render() if self.drift is not None else ""
+
+    def _observe_scores(self, scores: np.ndarray) -> None:
+        if len(scores) == 1:
+            self.metrics.predicted_ctr.observe(float(scores[0, 0]), self.manager.name)
+        else:
+            self.metrics.predicted_ctr.observe_many(scores, self.manager.name)
+
+    def _watch(
+        self,
+        servable: LoadedVersion,
+        request: DecodedRequest,
+        scores: np.ndarray,
+        request_id: str | None,
+        inputs: Callable[[], Any] | None,
+    ) -> None:
+        """Feed the drift window and the request log; a failure here is logged and never fails the predict."""
+        try:
+            if self.drift is not None:
+                self.drift.observe(request, scores)
+            if self.request_log is not None and request_id is not None:
+                self.request_log.record(
+                    request_id, self.manager.name, servable.version, inputs or request.logged_inputs, scores
+                )
+        except Exception:
+            log.exception("drift tracking and request logging are off from now on: they failed on a request")
+            self.drift = self.request_log = None
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new requests and wait up to `grace_s` for in-flight ones; True when all finished."""
+        self.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # polling keeps the request path free of Event bookkeeping
+        return self.inflight == 0
+
+
+def _unit(entrypoint: str) -> str:
+    """What one row is called in messages: a REST `instance`, a gRPC tensor's `row`."""
+    return "row" if entrypoint == "GRPC" else "instance"

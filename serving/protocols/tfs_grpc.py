@@ -1,0 +1,156 @@
+"""TF Serving's gRPC API (port 8500) on grpc.aio, with the protos of tensorflow-serving-api.
+
+Generic method handlers serve `/tensorflow.serving.PredictionService/{Predict,GetModelMetadata}` and
+`/tensorflow.serving.ModelService/GetModelStatus`, so the stock `PredictionServiceStub` works unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from serving import protos
+from serving.codecs.grpc_codec import to_request
+from serving.codecs.tensors import from_ndarray
+from serving.dataplane.model_set import ServedModels
+from serving.errors import InvalidArgument, ServingError
+from serving.observability.log_limits import RateLimitedLog
+from serving.observability.request_log import request_id_from
+from serving.protocols.model_info import metadata_response, status_response
+from serving.requests import DecodedRequest
+from serving.signatures import Signature
+
+log = logging.getLogger(__name__)
+limited = RateLimitedLog(log)
+
+
+def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:
+    """ModelSpec -> (name, version or None, label or None)."""
+    choice = model_spec.WhichOneof("version_choice")
+    version = model_spec.version.value if choice == "version" else None
+    label = model_spec.version_label if choice == "version_label" else None
+    return model_spec.name, version, label
+
+
+class PredictionServicer:
+    """Implements the three RPCs on top of the shared Predictor."""
+
+    def __init__(self, models: ServedModels) -> None:
+        self.models = models
+
+    async def predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        name, version, label = _spec(request.model_spec)
+
+        async def decode(sig: Signature) -> DecodedRequest:
+            return to_request(request, sig)
+
+        request_id = None
+        predictor = self.models.lookup(name)
+        if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+            metadata = dict(context.invocation_metadata() or ())
+            request_id = request_id_from(metadata.get("x-request-id"))
+            context.set_trailing_metadata((("x-request-id", request_id),))
+        scores, servable, decoded = await predictor.predict(name, version, label, decode, "GRPC", request_id)
+        response = protos.PredictResponse()
+        response.model_spec.name = name
+        response.model_spec.version.value = servable.version
+        response.model_spec.signature_name = decoded.signature
+        from_ndarray(scores, response.outputs[servable.backend.signature.output_name])
+        return response
+
+    async def get_model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        fields = set(request.metadata_field)
+        if fields != {"signature_def"}:
+            raise InvalidArgument(f"metadata_field must be ['signature_def'], got {sorted(fields)}")
+        name, version, label = _spec(request.model_spec)
+        servable = self.models.lookup(name).manager.resolve(name, version, label)
+        return metadata_response(name, servable.version, servable.backend.signature)
+
+    async def get_model_status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        name, version, label = _spec(request.model_spec)
+        manager = self.models.lookup(name).manager
+        if label is not None:
+            version = manager.resolve(name, None, label).version
+        return status_response(manager.status(name, version))
+
+
+def _unary(
+    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], request_class: Any
+) -> grpc.RpcMethodHandler:
+    # The handler gets the raw bytes and decodes them itself: a deserializer that raises would make grpcio
+    # answer UNKNOWN, while bytes that are not the request message are the client's error.
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = request_class.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode the request: {exc}")
+        try:
+            return await method(request, context)
+        except ServingError as exc:
+            await context.abort(exc.grpc_code, exc.message)
+        except Exception as exc:  # a bug: log it (rate-limited: clients can repeat it), answer INTERNAL
+            limited.log(
+                logging.ERROR, method.__name__, "unhandled error in %s", method.__name__, exc_info=True
+            )
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+    return grpc.unary_unary_rpc_method_handler(
+        handler, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
+    )
+
+
+def build_grpc_server(
+    models: ServedModels,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    reuse_port: bool = False,
+    extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
+    credentials: grpc.ServerCredentials | None = None,
+) -> grpc.aio.Server:
+    """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet).
+
+    `reuse_port`: share the port with the other workers of `--num_workers N` (SO_REUSEPORT); otherwise a port
+    already in use must fail, not be silently shared. `extra_handlers`: further services (the v2 protocol).
+    `credentials`: TLS (serving/app/tls.py); None: plaintext.
+    """
+    servicer = PredictionServicer(models)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", int(reuse_port)),
+        ]
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "tensorflow.serving.PredictionService",
+                {
+                    "Predict": _unary(servicer.predict, protos.PredictRequest),
+                    "GetModelMetadata": _unary(servicer.get_model_metadata, protos.GetModelMetadataRequest),
+                },
+            ),
+            grpc.method_handlers_generic_handler(
+                "tensorflow.serving.ModelService",
+                {"GetModelStatus": _unary(servicer.get_model_status, protos.GetModelStatusRequest)},
+            ),
+            *extra_handlers,
+        )
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
+    except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") on a busy port
+        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {address}")
+    return server

@@ -1,0 +1,139 @@
+"""Open Inference Protocol v2 over gRPC: `inference.GRPCInferenceService` on the gRPC port beside TF Serving's.
+
+Serves ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer (tensors in `contents`
+or `raw_input_contents`; scores always in `raw_output_contents`, as Triton answers). Other RPCs of the service
+(streaming, repository, shared memory) are UNIMPLEMENTED. Inference goes through the same Predictor as v1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import numpy as np
+
+from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
+from serving.errors import InvalidArgument, NotFound
+from serving.observability.request_log import request_id_from
+from serving.protocols.tfs_grpc import _unary
+from serving.protocols.v2_models import V2Models
+from serving.protos import v2 as protos
+from serving.requests import DecodedRequest
+from serving.signatures import RAW_SIGNATURE, Signature
+
+# InferTensorContents field of each datatype (the v2 gRPC spec's table).
+CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+class InferenceServicer:
+    """The v2 RPCs over the served models."""
+
+    def __init__(self, models: V2Models) -> None:
+        self.models = models
+
+    async def server_live(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return protos.RPCS["ServerLive"][1](live=True)
+
+    async def server_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return protos.RPCS["ServerReady"][1](ready=self.models.all_ready())
+
+    async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        ready = self.models.model_ready(request.name, self.models.parse_version(request.version or None))
+        return protos.RPCS["ModelReady"][1](ready=ready)
+
+    async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return protos.RPCS["ServerMetadata"][1](**self.models.server_metadata())
+
+    async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        meta = self.models.model_metadata(request.name, self.models.parse_version(request.version or None))
+        response = protos.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"]
+        )
+        for field in ("inputs", "outputs"):
+            for tensor in meta[field]:
+                getattr(response, field).add(**tensor)
+        return response
+
+    async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        predictor, signature = self.models.lookup(request.model_name)
+        version = self.models.parse_version(request.model_version or None)
+        tensors = decode_inputs(request)
+        wanted = [o.name for o in request.outputs]
+
+        async def decode(sig: Signature) -> DecodedRequest:
+            if signature == RAW_SIGNATURE and not sig.has_raw:
+                raise NotFound(
+                    f"model '{request.model_name}' is not served: this version has no raw signature"
+                )
+            unknown = set(wanted) - {sig.output_name}
+            if unknown:
+                raise InvalidArgument(
+                    f"outputs names {sorted(unknown)}; the only output is '{sig.output_name}'"
+                )
+            return to_request(tensors, sig, signature)
+
+        request_id = None
+        if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+            request_id = request_id_from(dict(context.invocation_metadata() or ()).get("x-request-id"))
+        scores, servable, _ = await predictor.predict(
+            predictor.manager.name, version, None, decode, "GRPC", request_id
+        )
+        response = protos.ModelInferResponse(
+            model_name=request.model_name, model_version=str(servable.version), id=request.id
+        )
+        # The output's header only: its values travel in raw_output_contents.
+        response.outputs.add(
+            name=servable.backend.signature.output_name, datatype="FP32", shape=list(scores.shape)
+        )
+        response.raw_output_contents.append(np.ascontiguousarray(scores, "<f4").tobytes())
+        return response
+
+
+def decode_inputs(request: Any) -> list[V2Tensor]:
+    """ModelInferRequest inputs -> tensors, from `raw_input_contents` (one per input, in order) or `contents`."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidArgument(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; send one per input"
+        )
+    tensors = []
+    for i, item in enumerate(request.inputs):
+        shape = check_shape(item.name, list(item.shape))
+        if raw:
+            tensors.append(from_bytes(item.name, item.datatype, shape, raw[i]))
+            continue
+        field = CONTENTS_FIELD.get(item.datatype)
+        if field is None:
+            raise InvalidArgument(f"input '{item.name}' has datatype {item.datatype!r}, not a v2 datatype")
+        values = getattr(item.contents, field)
+        tensors.append(from_values(item.name, item.datatype, shape, list(values)))
+    return tensors
+
+
+def v2_handler(models: V2Models) -> grpc.GenericRpcHandler:
+    """The generic handler of `inference.GRPCInferenceService` (register it on the gRPC server)."""
+    servicer = InferenceServicer(models)
+    methods = {
+        "ServerLive": servicer.server_live,
+        "ServerReady": servicer.server_ready,
+        "ModelReady": servicer.model_ready,
+        "ServerMetadata": servicer.server_metadata,
+        "ModelMetadata": servicer.model_metadata,
+        "ModelInfer": servicer.model_infer,
+    }
+    return grpc.method_handlers_generic_handler(
+        protos.SERVICE, {rpc: _unary(method, protos.RPCS[rpc][0]) for rpc, method in methods.items()}
+    )

@@ -1,0 +1,157 @@
+"""A loaded version and how it runs a request: one runner per signature, batched or one request at a time.
+
+The runner of a signature is a DynamicBatcher (`--enable_batching`) or a DirectRunner. Either way the
+predict path only looks the runner up by the request's signature key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from serving.errors import InvalidArgument
+from serving.observability.metrics import ServingMetrics
+from serving.requests import DecodedRequest, RawBatch
+from serving.runtime.backends import Backend
+from serving.runtime.batcher import INLINE_MAX_ROWS, DynamicBatcher
+from serving.runtime.spec_backend import SpecBackend
+from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
+
+
+class Runner(Protocol):
+    """Runs batches of one signature of one version."""
+
+    async def run(self, batch: Any) -> np.ndarray:
+        """One batch -> its (N, K) scores."""
+        ...
+
+    def close(self) -> None:
+        """The version is unloaded: stop."""
+        ...
+
+
+@dataclass(frozen=True)
+class SignatureCall:
+    """How one signature runs on a backend: the model call, how batches of it are joined, and the Python
+    work done before the model call on the event loop (None: none)."""
+
+    predict: Callable[[Any], np.ndarray]
+    concat: Callable[[list[Any]], Any]
+    prepare: Callable[[Any], Any] | None = None
+
+
+def signature_calls(backend: Backend) -> dict[str, SignatureCall]:
+    """The signatures `backend` serves, by signature key."""
+    calls = {DEFAULT_SIGNATURE: SignatureCall(backend.predict, np.concatenate)}
+    if isinstance(backend, SpecBackend):  # the FeatureSpec + the features model: no 39-input conversion
+        # The transform holds the GIL (numpy on small arrays): on the inference thread it would only take
+        # turns with the loop, each hand-over waiting on the other's Python code (up to the 5 ms switch
+        # interval), so it runs on the loop and the thread gets only the model call, which releases the GIL.
+        calls[RAW_SIGNATURE] = SignatureCall(backend.predict, RawBatch.concat, backend.transform)
+    elif backend.signature.has_raw:
+        calls[RAW_SIGNATURE] = SignatureCall(lambda b: backend.predict_raw(b.inputs), RawBatch.concat)
+    return calls
+
+
+class DirectRunner:
+    """Runs each request alone: a small one on the event loop, a large one on `executor`."""
+
+    def __init__(
+        self,
+        predict: Callable[[Any], np.ndarray],
+        executor: Executor | None,
+        metrics: ServingMetrics,
+        model_name: str,
+        runtime: str,
+        prepare: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """`prepare`: run on the loop before `predict` (SignatureCall.prepare)."""
+        self._predict, self._executor, self._metrics = predict, executor, metrics
+        self._model, self._runtime, self._prepare = model_name, runtime, prepare
+
+    async def run(self, batch: Any) -> np.ndarray:
+        """One batch -> its scores, timed as the runtime's latency."""
+        started = time.perf_counter()
+        if self._prepare is not None:
+            batch = self._prepare(batch)
+        if len(batch) <= INLINE_MAX_ROWS:
+            scores = self._predict(batch)
+        else:
+            loop = asyncio.get_running_loop()
+            scores = await loop.run_in_executor(self._executor, self._predict, batch)
+        elapsed_us = (time.perf_counter() - started) * 1e6
+        self._metrics.runtime_latency.observe(elapsed_us, self._model, "predict", self._runtime)
+        return scores
+
+    def close(self) -> None:
+        """Nothing is queued: nothing to stop."""
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """The `--enable_batching` settings a version's batchers get."""
+
+    max_batch_size: int
+    batch_timeout_s: float
+    max_enqueued_batches: int
+    timeout_s: float  # a request's deadline in the queue
+
+
+def build_runners(
+    backend: Backend,
+    batching: BatchingOptions | None,
+    executor: Executor | None,
+    metrics: ServingMetrics,
+    model_name: str,
+) -> dict[str, Runner]:
+    """One runner per signature of `backend`: batchers (each signature queues apart), or direct runners."""
+    runners: dict[str, Runner] = {}
+    for key, call in signature_calls(backend).items():
+        if batching is None:
+            runners[key] = DirectRunner(
+                call.predict, executor, metrics, model_name, backend.runtime, call.prepare
+            )
+        else:
+            runners[key] = DynamicBatcher(
+                call.predict,
+                concat=call.concat,
+                prepare=call.prepare,
+                max_batch_size=batching.max_batch_size,
+                batch_timeout_s=batching.batch_timeout_s,
+                max_enqueued_batches=batching.max_enqueued_batches,
+                timeout_s=batching.timeout_s,
+                executor=executor,
+                metrics=metrics,
+                model_name=model_name,
+                runtime=backend.runtime,
+            )
+    return runners
+
+
+@dataclass
+class LoadedVersion:
+    """One servable: a loaded backend, its runner per signature, and its in-flight request count."""
+
+    version: int
+    backend: Backend
+    runners: dict[str, Runner] = field(default_factory=dict)
+    inflight: int = 0
+    retired: bool = False
+
+    async def run(self, request: DecodedRequest) -> np.ndarray:
+        """The request's batch -> its (N, K) scores, on the runner of the signature it calls."""
+        runner = self.runners.get(request.signature)
+        if runner is None:  # the codecs refuse a signature the version lacks; this is the last guard
+            raise InvalidArgument(f'Serving signature name: "{request.signature}" not found in signature def')
+        return await runner.run(request.batch)
+
+    def close(self) -> None:
+        """Stop every runner (the version is unloaded; its queues are empty by then)."""
+        for runner in self.runners.values():
+            runner.close()
