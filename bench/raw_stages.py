@@ -26,12 +26,12 @@ import numpy as np
 import orjson
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from serving.app.curl_example import CRITEO_ROW
 from serving.codecs.rest_codec import encode_predictions, parse_body, to_request
 from serving.dataplane.validation import Limits, check_request
 from serving.observability.drift import FLUSH_REQUESTS, FLUSH_ROWS, DriftMonitor
 from serving.protocols.rest_body import decode_body
-from serving.requests import RawBatch
 from serving.runtime.backends import load_backend
 from serving.runtime.spec_backend import with_spec_transform
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
-from serving.requests import RawBatch
 
 N_NUM = len(NUMERIC_FIELDS)
 try:

@@ -23,8 +23,8 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.few_rows import OneRowTransform
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
-from serving.requests import RawBatch
 
 SPEC_VERSION = 2  # feature_spec.json's version this module reads (vocabularies, ctr_features/spec.py)
 N_NUM, N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
@@ -107,7 +107,7 @@ class RawTransform:
         """The batch's (26, N) values -> (26, N) entry indices (0 where the field's tables hold no such value):
         by dict up to DICT_ROWS rows, else with the batch's keys (RawBatch.keys)."""
         n = len(batch)
-        known = batch.__dict__.get("keys")
+        known = batch.known_keys()
         if n > DICT_ROWS or (known is not None and known.slow is None):  # keyed rows: their values unread
             keys = batch.keys
             if keys is not None and keys.slow is None:  # every value keyed: the strings are not read

@@ -30,9 +30,9 @@ import msgspec
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS
 from ctr_features.compiled.value_table import RawKeys
-from serving.requests import RawBatch
 from serving.signatures import RAW_SIGNATURE
 
 try:

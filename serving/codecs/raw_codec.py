@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from serving import protos
 from serving.codecs.raw_columns import fast_columns, fast_instances
 from serving.errors import InvalidArgument
-from serving.requests import RawBatch
 
 MAX_COUNT = 2**53  # the largest integer range float64 holds exactly
 _NUMERIC = {f: i for i, f in enumerate(NUMERIC_FIELDS)}

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import RawKeys, join
-from serving.requests import RawBatch
 
 _LIMIT = float(2**53)  # counts are within ±2**53, the integers float64 holds exactly
 # Below this many rows the per-value loop is as fast as the dozen numpy calls here (~1-2 µs each).

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from serving.codecs.raw_codec import category_value, count_value
 from serving.errors import InvalidArgument
-from serving.requests import DecodedRequest, RawBatch
+from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 RAW_SUFFIX = "_" + RAW_SIGNATURE

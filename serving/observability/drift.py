@@ -36,9 +36,10 @@ import numpy as np
 
 from ctr_contract.repository import DRIFT_REFERENCE_PATH
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
 from serving.observability.drift_window import RingBuffer, shared_windows
-from serving.requests import DecodedRequest, RawBatch
+from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
 
 log = logging.getLogger(__name__)

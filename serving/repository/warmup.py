@@ -16,13 +16,13 @@ import numpy as np
 import orjson
 
 from ctr_contract.repository import WARMUP_PATH
+from ctr_features.compiled.raw_batch import RawBatch
 from serving import protos
 from serving.codecs.raw_body import client_columns, client_rows, json_can_carry
 from serving.codecs.raw_codec import decode_tensors
 from serving.codecs.rest_codec import decode_predict
 from serving.codecs.tensors import to_ndarray
 from serving.errors import InvalidArgument, ModelLoadError
-from serving.requests import RawBatch
 from serving.runtime.backends import Backend
 from serving.runtime.spec_backend import SpecBackend
 from serving.signatures import OUTPUT_NAME, RAW_SIGNATURE

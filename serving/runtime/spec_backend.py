@@ -15,9 +15,9 @@ import numpy as np
 
 from ctr_contract.repository import FEATURE_SPEC_PATH
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import RawTransform
 from serving.errors import ModelLoadError
-from serving.requests import RawBatch
 from serving.runtime.backends import Backend
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
@@ -18,7 +19,7 @@ from serving.codecs.raw_body import client_rows, decode_raw_instances
 from serving.codecs.raw_codec import MAX_COUNT
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.errors import InvalidArgument
-from serving.requests import DecodedRequest, RawBatch
+from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE, Signature
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 
@@ -177,7 +178,7 @@ def test_decoded_batches_merge_as_their_object_arrays_do_and_transform_alike(spe
     for sizes in ((1, 1), (1, 3, 2), (DICT_ROWS + 1, 1), (40, 60, 100)):
         starts = np.cumsum((0, *sizes))
         parts = [decode_raw_instances(orjson.dumps({"instances": rows[a:b]})) for a, b in pairwise(starts)]
-        assert all(p is not None and "categorical" not in p.__dict__ for p in parts)  # no object array made
+        assert all(p is not None and not p.holds_array for p in parts)  # no object array made
         merged = RawBatch.concat(parts)  # type: ignore[arg-type]
         arrays = RawBatch(
             np.concatenate([p.numeric for p in parts], 1),  # type: ignore[union-attr]

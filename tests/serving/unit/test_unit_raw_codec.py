@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from serving import protos
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest, decode_tensors, looks_raw
 from serving.errors import InvalidArgument
-from serving.requests import RawBatch
 
 
 def error_of(rows: Any, columnar: bool = False) -> str:

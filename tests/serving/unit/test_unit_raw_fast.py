@@ -11,6 +11,7 @@ import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.few_rows import CACHED_COUNTS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
 from ctr_features.compiled.table import fnv1a_32 as serving_fnv1a_32
 from ctr_features.spec import FeatureSpec
@@ -19,7 +20,6 @@ from export.gates.raw_parity import build_raw_rows
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
 from serving.errors import InvalidArgument
-from serving.requests import RawBatch
 from training.synth import sample_rows
 
 # Every valid value form, one per row: plain ints, the bounds, missing as absent / null / "" / NaN, integral

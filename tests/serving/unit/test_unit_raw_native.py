@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from ctr_features.compiled import few_rows as raw_one_row
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
 from ctr_features.compiled.value_table import EMPTY_KEY
 from ctr_features.spec import FeatureSpec
@@ -23,7 +24,6 @@ from serving.codecs import raw_body
 from serving.codecs.raw_body import client_columns, client_rows, decode_raw_instances
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.errors import InvalidArgument
-from serving.requests import RawBatch
 from tests.serving.unit import test_unit_raw_body as body_tests
 from tests.serving.unit.test_unit_raw_body import ROW, SIG, old_path
 from tests.serving.unit.test_unit_raw_fast import fit_spec
@@ -36,7 +36,7 @@ def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
     """The same values bit for bit, and a scanned batch's keys are its values' (bytes as a little-endian
     uint64, eight 0x01 bytes for "": ctr_features/compiled/value_table.py), short values included."""
     assert got is not None
-    if "keys" not in got.__dict__ or got.keys is None or "_strings" in got.__dict__:
+    if not got.keys_known or got.keys is None or got.holds_strings:
         body_tests.assert_same_batch(got, want)
         return
     key = got.keys.key.copy()  # before the values are made from it
@@ -56,7 +56,7 @@ def scanned(body: bytes) -> RawBatch:
     """The batch decode_raw_instances gives for a body the scan takes (asserting that it does)."""
     assert scan(body) is not None, body[:200]
     batch = decode_raw_instances(body)
-    assert batch is not None and "keys" in batch.__dict__ and "_strings" not in batch.__dict__
+    assert batch is not None and batch.keys_known and not batch.holds_strings
     return batch
 
 
@@ -265,7 +265,7 @@ def test_scanned_batches_merge_keyed_and_transform_alike(spec: FeatureSpec) -> N
     starts = np.cumsum((0, MANY, 40, 100))
     parts = [scanned(orjson.dumps({"instances": rows[a:b]})) for a, b in pairwise(starts)]
     merged = RawBatch.concat(parts)  # type: ignore[arg-type]
-    assert "_strings" not in merged.__dict__ and merged.keys is not None and merged.keys.slow is None
+    assert not merged.holds_strings and merged.keys is not None and merged.keys.slow is None
     arrays = RawBatch(
         np.concatenate([p.numeric for p in parts], 1), np.concatenate([p.categorical for p in parts], 1)
     )

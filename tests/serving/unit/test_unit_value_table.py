@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from ctr_features.compiled import value_table
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import RawKeys, ValueTable
-from serving.requests import RawBatch
 
 TABLES = [
     {"68fd1e64": 1, "": 2, "ab": 3, "abcdefgh": 4, "abcdefghi": 5, "héllo!!": 6, "日本ab": 7, "\1" * 8: 8},
@@ -72,7 +72,7 @@ def test_merged_batches_carry_their_parts_keys_without_recomputing_them() -> Non
     parts = [RawBatch(np.zeros((13, 2)), a), RawBatch(np.zeros((13, 3)), b)]
     assert all(p.keys is not None for p in parts)
     merged = RawBatch.concat(parts)
-    assert "keys" in merged.__dict__  # joined, not computed
+    assert merged.keys_known  # joined, not computed
     fresh = RawKeys.of(merged.categorical)
     assert fresh is not None and merged.keys is not None
     assert np.array_equal(merged.keys.key, fresh.key)
@@ -95,7 +95,7 @@ def test_rest_rows_arrive_with_the_keys_of_their_categoricals_from_the_decoders_
 
     rows = [{"I1": i, "C1": "68fd1e64", "C2": None, "C26": "abcdefgh"} for i in range(12)] + [{}]
     decoded = decode_rest(rows, False)
-    assert "keys" in decoded.__dict__  # set by the decoder, not computed by the property
+    assert decoded.keys_known  # set by the decoder, not computed by the property
     fresh = RawKeys.of(decoded.categorical)
     assert decoded.keys is not None and fresh is not None
     assert np.array_equal(decoded.keys.key, fresh.key) and decoded.keys.slow is fresh.slow is None

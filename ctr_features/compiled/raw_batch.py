@@ -1,0 +1,174 @@
+"""RawBatch: the raw Criteo rows of one request (or of the batcher's merged requests), field-major.
+
+What every raw decoder makes (the REST scan and exact path in serving/codecs/, gRPC and v2 tensors) and what
+the compiled FeatureSpec (ctr_features/compiled/table.py) and drift binning read. A decoder hands the rows in
+the form it has them: object arrays, a field-major list of str, or only the values' 8-byte keys (the native
+scan's, ctr_features/compiled/value_table.py's `RawKeys`); every other form is made from it once, when first
+read, and kept.
+
+Not frozen: besides those forms made on demand, the transform leaves its entries on the batch for drift
+(`remember_entries`). The rows a batch holds never change: only what is derived from them is added.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import cast
+
+import numpy as np
+
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.value_table import RawKeys
+
+N_CAT = len(CATEGORICAL_FIELDS)
+
+
+class RawBatch:
+    """A decoded raw request: numeric float64 (13, N), NaN = missing; categorical object str (26, N), "" =
+    missing. `RawBatch(numeric, categorical)` from arrays; `of_strings` and `of_keys` from a decoder's forms."""
+
+    __slots__ = ("_categorical", "_entries", "_keyed", "_keys", "_parts", "_strings", "numeric")
+
+    def __init__(self, numeric: np.ndarray, categorical: np.ndarray) -> None:
+        self.numeric = numeric
+        self._categorical: np.ndarray | None = categorical
+        self._strings: list[str] | None = None  # the values field-major as a list, when held
+        self._keys: RawKeys | None = None
+        self._keyed = False  # whether `_keys` is known (None then: the values are looked up by dict)
+        self._parts: tuple[RawBatch, ...] = ()  # a merged batch's parts (`concat`)
+        self._entries: tuple[object, np.ndarray | list[int]] | None = None
+
+    def __len__(self) -> int:
+        return self.numeric.shape[1]
+
+    @staticmethod
+    def _of(numeric: np.ndarray, strings: list[str] | None, keys: RawKeys | None, keyed: bool) -> RawBatch:
+        """A batch without its object array (made from the list or the keys when first read)."""
+        batch = RawBatch(numeric, cast(np.ndarray, None))
+        batch._categorical, batch._strings, batch._keys, batch._keyed = None, strings, keys, keyed
+        return batch
+
+    @staticmethod
+    def from_rows(numeric: np.ndarray, categorical: np.ndarray, keys: RawKeys | None = None) -> RawBatch:
+        """Row-major (N, 13) and (N, 26) -> a field-major RawBatch; `keys`: its (26, N) keys when the decoder
+        has them already."""
+        batch = RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
+        if keys is not None:
+            batch._keys, batch._keyed = keys, True
+        return batch
+
+    @staticmethod
+    def of_strings(
+        numeric: np.ndarray, strings: list[str], keys: RawKeys | None = None, keys_made: bool = False
+    ) -> RawBatch:
+        """(13, N) counts and the 26 * N categorical values field-major as a list, as a decoder has them: the
+        object array `categorical` is only made if something reads it (the transform and drift read the
+        list, or the keys, instead). `keys_made`: `keys` are the values' keys as the decoder found them
+        (None: look them up by dict), not to be computed again."""
+        return RawBatch._of(numeric, strings, keys, keys_made or keys is not None)
+
+    @staticmethod
+    def of_keys(numeric: np.ndarray, keys: RawKeys) -> RawBatch:
+        """(13, N) counts and the (26, N) keys of the categorical values, every value keyed (`keys.slow` is
+        None), as the native scan has them (serving/codecs/raw_body.py): the values themselves are only made,
+        from the keys, if something reads them."""
+        if keys.slow is not None:
+            raise ValueError("of_keys needs every value keyed (keys.slow is None)")
+        return RawBatch._of(numeric, None, keys, True)
+
+    @property
+    def categorical(self) -> np.ndarray:
+        """The values as an object array (26, N), made from the list (or the keys) when first read."""
+        if self._categorical is None:
+            strings = self.strings()
+            self._categorical = np.fromiter(strings, object, len(strings)).reshape(N_CAT, len(self))
+        return self._categorical
+
+    def strings(self) -> list[str]:
+        """The categorical values field-major (26 * N), as a list."""
+        if self._strings is not None:
+            return self._strings
+        if self._categorical is not None:  # made from the arrays each time: the batch holds the arrays
+            return cast(list[str], self._categorical.ravel().tolist())
+        self._strings = cast(RawKeys, self._keys).strings()  # keys alone: every value keyed
+        return self._strings
+
+    @property
+    def keys(self) -> RawKeys | None:
+        """The categorical values' keys, computed once and shared by the transform and drift binning; None:
+        the values are looked up by dict."""
+        if not self._keyed:
+            if self._strings is not None:  # as decoded: from the list, not the object array
+                self._keys = RawKeys.of_list(self._strings, (N_CAT, len(self)))
+            else:
+                self._keys = RawKeys.of(self.categorical)
+            self._keyed = True
+        return self._keys
+
+    def known_keys(self) -> RawKeys | None:
+        """The keys if already known (from the decoder, or computed), without computing them."""
+        return self._keys
+
+    @property
+    def keys_known(self) -> bool:
+        """Whether the keys are known (`keys` does not compute them)."""
+        return self._keyed
+
+    @property
+    def holds_strings(self) -> bool:
+        """Whether the batch holds its values as a list (a decoder's, or made from the keys)."""
+        return self._strings is not None
+
+    @property
+    def holds_array(self) -> bool:
+        """Whether the batch holds its values as an object array (given, or made when read)."""
+        return self._categorical is not None
+
+    @property
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The `raw` signature's 39 inputs, each (N,) (views, no copy)."""
+        return {
+            **dict(zip(NUMERIC_FIELDS, self.numeric, strict=True)),
+            **dict(zip(CATEGORICAL_FIELDS, self.categorical, strict=True)),
+        }
+
+    @staticmethod
+    def concat(parts: list[RawBatch]) -> RawBatch:
+        """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
+        every part's keys are known: they are joined too, not computed again). The merged batch remembers
+        its parts, which get their share of its entries (`remember_entries`)."""
+        numeric = np.concatenate([p.numeric for p in parts], axis=1)
+        known = [p._keys if p._keyed else None for p in parts]
+        keys = RawKeys.concat(cast(list[RawKeys], known)) if all(k is not None for k in known) else None
+        if keys is not None and keys.slow is None:  # every value keyed: the values are made only if read
+            merged = RawBatch.of_keys(numeric, keys)
+        elif all(p._strings is not None for p in parts):  # as decoded: the lists joined field by field
+            lists = [(p.strings(), len(p)) for p in parts]
+            if all(n == 1 for _, n in lists):  # single rows (the batcher's usual parts): a transpose
+                strings = list(chain.from_iterable(zip(*(s for s, _ in lists), strict=True)))
+            else:
+                strings = list(
+                    chain.from_iterable(s[f * n : (f + 1) * n] for f in range(N_CAT) for s, n in lists)
+                )
+            merged = RawBatch.of_strings(numeric, strings, keys)
+        else:
+            merged = RawBatch(numeric, np.concatenate([p.categorical for p in parts], axis=1))
+            if keys is not None:
+                merged._keys, merged._keyed = keys, True
+        merged._parts = tuple(parts)
+        return merged
+
+    def remember_entries(self, owner: object, entries: np.ndarray | list[int]) -> None:
+        """Keep the transform's entries of this batch: (26, N) ints, or one row's 26 as a list. `owner`: the
+        RawTransform whose entries they are. Drift bins the categoricals from them instead of looking every
+        value up again (serving/observability/drift.py). A merged batch hands each part its columns."""
+        self._entries = (owner, entries)
+        start = 0
+        for part in self._parts:
+            end = start + len(part)
+            part._entries = (owner, cast(np.ndarray, entries)[:, start:end])
+            start = end
+
+    def entries(self) -> tuple[object, np.ndarray | list[int]] | None:
+        """(owner, entries) of `remember_entries`, or None: no transform looked this batch up."""
+        return self._entries
