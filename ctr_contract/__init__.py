@@ -10,6 +10,7 @@ those files. docs/design.md describes the same contract in prose.
 - `ctr_contract.manifest`: the format of a version's manifest, and the sha256 of its files.
 - `ctr_contract.signatures`: signature keys and tensor names of every served version.
 - `ctr_contract.tf_log`: every entrypoint's rule for TensorFlow's C++ log (quiet unless asked).
+- `ctr_contract.ratelog`: the rate-limited log (serving's client and fault lines, the click join's dropped lines).
 """
 
 from ctr_contract.manifest import FILES_KEY, MANIFEST_KEYS, file_hashes, sha256_file

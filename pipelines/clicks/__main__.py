@@ -13,9 +13,9 @@ import logging
 import sys
 from pathlib import Path
 
+from ctr_contract.ratelog import RateLimitedLog
 from pipelines.clicks.events import parse_time
 from pipelines.clicks.join import join_interval
-from pipelines.online.ratelog import RateLimitedLog
 
 
 def main(argv: list[str] | None = None) -> int:

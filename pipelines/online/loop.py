@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ctr_contract.ratelog import RateLimitedLog
 from pipelines.online import state as st
 from pipelines.online.metrics import TrainerMetrics
-from pipelines.online.ratelog import RateLimitedLog
 from pipelines.online.step import Settings, join, newest_version, train_and_publish
 
 log = logging.getLogger("pipelines.online")

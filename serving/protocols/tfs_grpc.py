@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from ctr_contract.ratelog import RateLimitedLog
 from serving import protos
 from serving.codecs.grpc_codec import to_request
 from serving.codecs.tensors import from_ndarray
 from serving.dataplane.model_set import ServedModels
 from serving.errors import InvalidArgument, ServingError
-from serving.observability.log_limits import RateLimitedLog
 from serving.observability.request_log import request_id_from
 from serving.protocols.model_info import metadata_response, status_response
 from serving.requests import DecodedRequest
@@ -78,79 +78,19 @@ class PredictionServicer:
         return status_response(manager.status(name, version))
 
 
-def _unary(
-    method: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], request_class: Any
-) -> grpc.RpcMethodHandler:
-    # The handler gets the raw bytes and decodes them itself: a deserializer that raises would make grpcio
-    # answer UNKNOWN, while bytes that are not the request message are the client's error.
-    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            request = request_class.FromString(raw)
-        except DecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode the request: {exc}")
-        try:
-            return await method(request, context)
-        except ServingError as exc:
-            await context.abort(exc.grpc_code, exc.message)
-        except Exception as exc:  # a bug: log it (rate-limited: clients can repeat it), answer INTERNAL
-            limited.log(
-                logging.ERROR, method.__name__, "unhandled error in %s", method.__name__, exc_info=True
-            )
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
-
-    return grpc.unary_unary_rpc_method_handler(
-        handler, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
-    )
-
-
-def build_grpc_server(
-    models: ServedModels,
-    host: str,
-    port: int,
-    max_message_bytes: int,
-    reuse_port: bool = False,
-    extra_handlers: Sequence[grpc.GenericRpcHandler] = (),
-    credentials: grpc.ServerCredentials | None = None,
-) -> grpc.aio.Server:
-    """A grpc.aio server bound to host:port with TF Serving's services registered (not started yet).
-
-    `reuse_port`: share the port with the other workers of `--num_workers N` (SO_REUSEPORT); otherwise a port
-    already in use must fail, not be silently shared. `extra_handlers`: further services (the v2 protocol).
-    `credentials`: TLS (serving/app/tls.py); None: plaintext.
-    """
+def tfs_handlers(models: ServedModels) -> tuple[grpc.GenericRpcHandler, ...]:
+    """The generic handlers of TF Serving's two services (serving/protocols/router.py registers them)."""
     servicer = PredictionServicer(models)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", int(reuse_port)),
-        ]
+    return (
+        grpc.method_handlers_generic_handler(
+            "tensorflow.serving.PredictionService",
+            {
+                "Predict": unary(servicer.predict, protos.PredictRequest),
+                "GetModelMetadata": unary(servicer.get_model_metadata, protos.GetModelMetadataRequest),
+            },
+        ),
+        grpc.method_handlers_generic_handler(
+            "tensorflow.serving.ModelService",
+            {"GetModelStatus": unary(servicer.get_model_status, protos.GetModelStatusRequest)},
+        ),
     )
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "tensorflow.serving.PredictionService",
-                {
-                    "Predict": _unary(servicer.predict, protos.PredictRequest),
-                    "GetModelMetadata": _unary(servicer.get_model_metadata, protos.GetModelMetadataRequest),
-                },
-            ),
-            grpc.method_handlers_generic_handler(
-                "tensorflow.serving.ModelService",
-                {"GetModelStatus": _unary(servicer.get_model_status, protos.GetModelStatusRequest)},
-            ),
-            *extra_handlers,
-        )
-    )
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        bound = (
-            server.add_insecure_port(address)
-            if credentials is None
-            else server.add_secure_port(address, credentials)
-        )
-    except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") on a busy port
-        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
-    if bound == 0:
-        raise OSError(f"cannot bind gRPC to {address}")
-    return server

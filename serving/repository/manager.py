@@ -20,8 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 
+from ctr_contract.ratelog import RateLimitedLog
 from serving.errors import InvalidArgument, NotFound, Unavailable
-from serving.observability.log_limits import RateLimitedLog
 from serving.observability.metrics import ServingMetrics
 from serving.repository.loading import load_in_thread
 from serving.repository.policy import VersionPolicy

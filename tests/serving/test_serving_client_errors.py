@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving.observability.log_limits import RateLimitedLog
+from ctr_contract.ratelog import RateLimitedLog
 from tests.serving.server_process import ServerProcess, http
 
 ROW = [0.25] * 128

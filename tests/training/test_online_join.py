@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from ctr_contract.ratelog import RateLimitedLog
 from pipelines.clicks.join import join_interval, partition_name
-from pipelines.online.ratelog import RateLimitedLog
 
 T = 1_800_000_000.0  # interval 0 of these tests starts here; intervals are 100 s, the window 30 s
 ROW = {"I1": 3, "I5": 1382, "C1": "68fd1e64", "C9": "a73ee510"}
