@@ -39,9 +39,8 @@ from serving.observability.metrics_shared import SharedServingMetrics
 from serving.observability.request_log import RequestLog
 from serving.protocols.grpc_health import HealthReporter
 from serving.protocols.rest_body import BodyDecoder
-from serving.protocols.tfs_grpc import build_grpc_server
-from serving.protocols.tfs_rest import RestApp
-from serving.protocols.v2_grpc import v2_handler
+from serving.protocols.router import RestRouter, build_grpc_server
+from serving.protocols.tfs_rest import TfsRestApp
 from serving.protocols.v2_models import V2Models
 from serving.protocols.v2_rest import V2RestApp
 from serving.repository.manager import ModelManager
@@ -111,11 +110,11 @@ async def _open_ports(
     tls = load_tls_config(cfg.ssl_config_file) if cfg.ssl_config_file is not None else None
     grpc_server = build_grpc_server(
         models,
+        v2,
         cfg.host,
         cfg.port,
         cfg.max_body_bytes,
         reuse_port,
-        (v2_handler(v2),),
         tls.grpc_credentials() if tls is not None else None,
     )
     health.register(grpc_server)
@@ -127,7 +126,11 @@ async def _open_ports(
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder.start()
-        app = RestApp(models, lambda: metrics.render() + models.drift_text(), decoder, V2RestApp(v2, decoder))
+        app = RestRouter(
+            TfsRestApp(models, decoder),
+            V2RestApp(v2, decoder),
+            lambda: metrics.render() + models.drift_text(),
+        )
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
         log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")

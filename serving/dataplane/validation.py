@@ -1,4 +1,4 @@
-"""Checks every decoded request passes before it reaches the model, whichever API it came from."""
+"""Checks every request passes before it reaches the model, whichever API it came from: its version, its batch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import cast
 
 import numpy as np
 
+from ctr_contract.repository import MAX_VERSION, parse_version_dir
 from serving.errors import InvalidArgument
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE, Signature
@@ -18,6 +19,24 @@ class Limits:
 
     max_instances: int
     allow_nonfinite: bool
+
+
+def parse_version(text: str | None) -> int | None:
+    """A version a client names (in a URL or a request field): None for none, else the version-folder rule.
+
+    InvalidArgument (400) for anything but 1..2**63-1 without leading zeros; no int() of 5,000 digits is tried.
+    """
+    if text is None:
+        return None
+    version = parse_version_dir(text)
+    if version is None:
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        if not (text.isascii() and text.isdigit()):  # int() rejects some Unicode digits, e.g. '²'
+            raise InvalidArgument(f"version must be a positive integer, got '{shown}'")
+        raise InvalidArgument(
+            f"version must be an integer from 1 to {MAX_VERSION} without leading zeros, got '{shown}'"
+        )
+    return version
 
 
 def check_request(request: DecodedRequest, sig: Signature, limits: Limits, unit: str = "instance") -> None:

@@ -1,8 +1,13 @@
-"""What travels on one connection: a parsed request waiting for its answer, a refusal, a rendered response."""
+"""What travels on one connection: a parsed request waiting for its answer, a refusal, a rendered response.
+
+`require_method` is the method check of every REST route (405 naming the method to use).
+"""
 
 from __future__ import annotations
 
 from http import HTTPStatus
+
+from serving.errors import MethodNotAllowed
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -24,11 +29,19 @@ class PendingRequest:
         header_length: int | None = None,
     ) -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
-        self.header_length = header_length  # the v2 binary extension's JSON header length (api/v2_rest.py)
+        self.header_length = (
+            header_length  # the v2 binary extension's JSON header length (serving/protocols/v2_rest.py)
+        )
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
         self.request_id = (
-            request_id  # the client's x-request-id, or a fresh one (observability/request_log.py)
+            request_id  # the client's x-request-id, or a fresh one (serving/observability/request_log.py)
         )
+
+
+def require_method(method: str, expected: str) -> None:
+    """MethodNotAllowed (405) unless a route is called with the method it serves."""
+    if method != expected:
+        raise MethodNotAllowed(f"method {method} is not allowed here; use {expected}")
 
 
 class Rejected(Exception):

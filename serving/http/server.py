@@ -4,8 +4,8 @@ Why not uvicorn or granian: bench/sections/http_layer.py ran all three with the 
 (docs/serving-http.md). Only this one dropped slow clients, body holders and non-readers and gave the memory
 back: uvicorn has no header or body read timeout, granian no body read timeout and no output limit.
 
-Here a request is parsed by httptools' C parser, handed to `RestApp.handle(method, path, body)`, and answered
-with one `transport.write`. serving/http/connection.py is one connection and serving/http/shared.py what the
+Here a request is parsed by httptools' C parser, handed to the router's `handle(method, path, body)`
+(serving/protocols/router.py), and answered with one `transport.write`. serving/http/connection.py is one connection and serving/http/shared.py what the
 connections share; this module owns the listening socket, the timeouts (one sweep a `SWEEP_S`, not a timer
 per request) and memory hand-back.
 """

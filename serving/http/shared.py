@@ -32,7 +32,7 @@ class HttpLimits:
 
 
 class RequestHandler(Protocol):
-    """The application behind the HTTP layer (serving/protocols/tfs_rest.py's RestApp)."""
+    """The application behind the HTTP layer (serving/protocols/router.py's RestRouter)."""
 
     async def handle(
         self,

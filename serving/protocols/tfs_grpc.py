@@ -1,31 +1,26 @@
 """TF Serving's gRPC API (port 8500) on grpc.aio, with the protos of tensorflow-serving-api.
 
 Generic method handlers serve `/tensorflow.serving.PredictionService/{Predict,GetModelMetadata}` and
-`/tensorflow.serving.ModelService/GetModelStatus`, so the stock `PredictionServiceStub` works unchanged.
+`/tensorflow.serving.ModelService/GetModelStatus`, so the stock `PredictionServiceStub` works unchanged; the
+router (serving/protocols/router.py) registers them on the gRPC server beside the v2 service.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
-from ctr_contract.ratelog import RateLimitedLog
 from serving import protos
 from serving.codecs.grpc_codec import to_request
 from serving.codecs.tensors import from_ndarray
 from serving.dataplane.model_set import ServedModels
-from serving.errors import InvalidArgument, ServingError
+from serving.errors import InvalidArgument
 from serving.observability.request_log import request_id_from
+from serving.protocols.grpc_calls import unary
 from serving.protocols.model_info import metadata_response, status_response
 from serving.requests import DecodedRequest
 from serving.signatures import Signature
-
-log = logging.getLogger(__name__)
-limited = RateLimitedLog(log)
 
 
 def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:

@@ -13,9 +13,10 @@ import grpc
 import numpy as np
 
 from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
+from serving.dataplane.validation import parse_version
 from serving.errors import InvalidArgument, NotFound
 from serving.observability.request_log import request_id_from
-from serving.protocols.tfs_grpc import _unary
+from serving.protocols.grpc_calls import unary
 from serving.protocols.v2_models import V2Models
 from serving.protos import v2 as protos
 from serving.requests import DecodedRequest
@@ -51,14 +52,14 @@ class InferenceServicer:
         return protos.RPCS["ServerReady"][1](ready=self.models.all_ready())
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        ready = self.models.model_ready(request.name, self.models.parse_version(request.version or None))
+        ready = self.models.model_ready(request.name, parse_version(request.version or None))
         return protos.RPCS["ModelReady"][1](ready=ready)
 
     async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return protos.RPCS["ServerMetadata"][1](**self.models.server_metadata())
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        meta = self.models.model_metadata(request.name, self.models.parse_version(request.version or None))
+        meta = self.models.model_metadata(request.name, parse_version(request.version or None))
         response = protos.ModelMetadataResponse(
             name=meta["name"], versions=meta["versions"], platform=meta["platform"]
         )
@@ -69,7 +70,7 @@ class InferenceServicer:
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         predictor, signature = self.models.lookup(request.model_name)
-        version = self.models.parse_version(request.model_version or None)
+        version = parse_version(request.model_version or None)
         tensors = decode_inputs(request)
         wanted = [o.name for o in request.outputs]
 
@@ -124,7 +125,7 @@ def decode_inputs(request: Any) -> list[V2Tensor]:
 
 
 def v2_handler(models: V2Models) -> grpc.GenericRpcHandler:
-    """The generic handler of `inference.GRPCInferenceService` (register it on the gRPC server)."""
+    """The generic handler of `inference.GRPCInferenceService` (serving/protocols/router.py registers it)."""
     servicer = InferenceServicer(models)
     methods = {
         "ServerLive": servicer.server_live,
@@ -135,5 +136,5 @@ def v2_handler(models: V2Models) -> grpc.GenericRpcHandler:
         "ModelInfer": servicer.model_infer,
     }
     return grpc.method_handlers_generic_handler(
-        protos.SERVICE, {rpc: _unary(method, protos.RPCS[rpc][0]) for rpc, method in methods.items()}
+        protos.SERVICE, {rpc: unary(method, protos.RPCS[rpc][0]) for rpc, method in methods.items()}
     )

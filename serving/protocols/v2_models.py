@@ -8,7 +8,6 @@ from typing import Any
 from serving.codecs.v2_codec import PLATFORMS, io_spec, split_model_name
 from serving.dataplane.predictor import Predictor
 from serving.errors import NotFound, ServingError
-from serving.protocols.tfs_rest import parse_version
 from serving.runtime.servable import LoadedVersion
 from serving.signatures import RAW_SIGNATURE
 
@@ -22,11 +21,6 @@ class V2Models:
 
     def __init__(self, predictors: Callable[[], dict[str, Predictor]]) -> None:
         self.predictors = predictors
-
-    @staticmethod
-    def parse_version(text: str | None) -> int | None:
-        """A version in a URL: the version-folder rule, 400 otherwise."""
-        return parse_version(text)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}

@@ -6,8 +6,9 @@ Routes:
     GET  /v2/models/{m}[/versions/{v}]                model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready          model readiness (200 or 503)
     POST /v2/models/{m}[/versions/{v}]/infer          inference: JSON, or the binary tensor extension
-Errors are `{"error": "..."}` with the status of the ServingError (serving/errors.py), as on v1. Inference goes
-through the same Predictor as v1 (batching, limits, metrics, request log, drift).
+The router (serving/protocols/router.py) sends /v2 paths here; errors are `{"error": "..."}` with the status of
+the ServingError (serving/errors.py), as on v1. Inference goes through the same Predictor as v1 (batching,
+limits, metrics, request log, drift).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import numpy as np
 import orjson
 
 from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
-from serving.errors import InvalidArgument, MethodNotAllowed, NotFound
+from serving.dataplane.validation import parse_version
+from serving.errors import InvalidArgument, NotFound
+from serving.http.messages import require_method
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.v2_models import V2Models
 from serving.requests import DecodedRequest
@@ -49,9 +52,9 @@ class V2RestApp:
         header_length: int | None,
         request_id: str | None,
     ) -> tuple[int, bytes, bytes]:
-        """Answer one /v2 request; raises ServingError (the v1 app renders it)."""
+        """Answer one /v2 request; raises ServingError (the router renders it)."""
         if path in ("/v2", "/v2/health/live", "/v2/health/ready"):
-            _require(method, "GET")
+            require_method(method, "GET")
             if path == "/v2":
                 return 200, orjson.dumps(self.models.server_metadata()), JSON
             if path == "/v2/health/live":
@@ -62,11 +65,11 @@ class V2RestApp:
         if route is None:
             raise NotFound(f"Malformed request: {method} {path}")
         name, action = route["name"], route["action"]
-        version = self.models.parse_version(route["version"])
+        version = parse_version(route["version"])
         if action == "/infer":
-            _require(method, "POST")
+            require_method(method, "POST")
             return await self._infer(name, version, body, header_length, request_id)
-        _require(method, "GET")
+        require_method(method, "GET")
         if action == "/ready":
             ready = self.models.model_ready(name, version)
             return (200 if ready else 503), orjson.dumps({"name": name, "ready": ready}), JSON
@@ -215,8 +218,3 @@ def encode_response(
         return 200, head, JSON
     # The connection writes the content type as a header line: the header length rides along as the next one.
     return 200, head + raw, BINARY + b"\r\n%s: %d" % (HEADER_LENGTH.encode(), len(head))
-
-
-def _require(method: str, expected: str) -> None:
-    if method != expected:
-        raise MethodNotAllowed(f"method {method} is not allowed here; use {expected}")

@@ -1,0 +1,109 @@
+"""The one router: each REST path to its protocol's handlers, and every gRPC service onto one server.
+
+REST (the HTTP layer hands each request to `RestRouter.handle`):
+    /v2, /v2/...                                   Open Inference Protocol v2 (serving/protocols/v2_rest.py)
+    /v1/models/...                                 TF Serving's REST API (serving/protocols/tfs_rest.py)
+    GET  /monitoring/prometheus/metrics, /metrics  Prometheus text
+    GET  /healthz                                  liveness (200 while the process serves)
+Every error is `{"error": "..."}` with the status of its ServingError subclass (serving/errors.py).
+
+gRPC: TF Serving's PredictionService and ModelService (serving/protocols/tfs_grpc.py) and v2's
+GRPCInferenceService (serving/protocols/v2_grpc.py), on one grpc.aio server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from ctr_contract.ratelog import RateLimitedLog
+from serving.dataplane.model_set import ServedModels
+from serving.errors import JSON, ServingError, error_body
+from serving.http.messages import require_method
+from serving.protocols.tfs_grpc import tfs_handlers
+from serving.protocols.tfs_rest import TfsRestApp
+from serving.protocols.v2_grpc import v2_handler
+from serving.protocols.v2_models import V2Models
+from serving.protocols.v2_rest import V2RestApp
+
+log = logging.getLogger(__name__)
+client_log = RateLimitedLog(log)  # lines a client can cause at will: at most a few a minute
+
+METRICS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
+METRICS_PATHS = ("/monitoring/prometheus/metrics", "/metrics")
+
+
+class RestRouter:
+    """The application behind the HTTP layer (serving/http/shared.py's RequestHandler)."""
+
+    def __init__(self, v1: TfsRestApp, v2: V2RestApp | None, metrics_text: Callable[[], str]) -> None:
+        """`v2`: the /v2 routes; None: no /v2 routes. `metrics_text` renders the Prometheus exposition."""
+        self.v1, self.v2, self._metrics_text = v1, v2, metrics_text
+
+    async def handle(
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray,
+        request_id: str | None = None,
+        header_length: int | None = None,
+    ) -> tuple[int, bytes, bytes]:
+        """Answer one request; never raises. Returns (status, body, content type).
+
+        `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
+        `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
+        """
+        try:
+            if self.v2 is not None and (path == "/v2" or path.startswith("/v2/")):
+                return await self.v2.dispatch(method, path, body, header_length, request_id)
+            if path in METRICS_PATHS or path == "/healthz":
+                require_method(method, "GET")
+                if path == "/healthz":
+                    return 200, b'{"status": "alive"}', JSON
+                return 200, self._metrics_text().encode(), METRICS_TEXT
+            return await self.v1.dispatch(method, path, body, request_id)
+        except ServingError as exc:
+            return exc.http_status, error_body(exc.message), JSON
+        except Exception as exc:  # a bug, not a client mistake: log it with its traceback, answer 500
+            client_log.log(
+                logging.ERROR, "rest-500", "unhandled error on %s %.200s", method, path, exc_info=True
+            )
+            return 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), JSON
+
+
+def build_grpc_server(
+    models: ServedModels,
+    v2: V2Models,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    reuse_port: bool = False,
+    credentials: grpc.ServerCredentials | None = None,
+) -> grpc.aio.Server:
+    """A grpc.aio server bound to host:port with TF Serving's and v2's services registered (not started yet).
+
+    `reuse_port`: share the port with the other workers of `--num_workers N` (SO_REUSEPORT); otherwise a port
+    already in use must fail, not be silently shared. `credentials`: TLS (serving/app/tls.py); None: plaintext.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", int(reuse_port)),
+        ]
+    )
+    server.add_generic_rpc_handlers((*tfs_handlers(models), v2_handler(v2)))
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = (
+            server.add_insecure_port(address)
+            if credentials is None
+            else server.add_secure_port(address, credentials)
+        )
+    except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind ...") on a busy port
+        raise OSError(f"cannot bind gRPC to {address}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC to {address}")
+    return server
