@@ -270,7 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=False,
         help="print a ready-to-paste curl predict command once a version is loaded",
     )
-    ours.add_argument("--log_level", default="info", choices=("debug", "info", "warning", "error"))
+    ours.add_argument(
+        "--log_level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="the least severe log lines written; debug also keeps TensorFlow's C++ log (--backend tf)",
+    )
     watch = p.add_argument_group("drift metrics and request logs (the daily loop: docs/daily-loop.md)")
     watch.add_argument(
         "--drift_window",
@@ -347,12 +352,15 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     args.num_workers, args.intra_op_threads = cpu_plan(args.num_workers, args.intra_op_threads)
     try:
         cfg = ServerConfig(**vars(args))
+    except ValueError as exc:  # ServerConfig checks its flags' bounds: the usage, then what is wrong
+        parser.error(str(exc))
+    try:
         if cfg.ssl_config_file is not None:
-            load_tls_config(cfg.ssl_config_file)  # a bad file fails here with one line, before any port opens
+            load_tls_config(cfg.ssl_config_file)  # a bad file stops the start here, before any port opens
         if cfg.model_config_file is not None:
             read_model_config(cfg.model_config_file)  # likewise: the first config must be good
-    except ValueError as exc:  # ServerConfig checks its own bounds; the file errors are ValueErrors
-        parser.error(str(exc))
+    except ValueError as exc:  # the file is wrong, not the command line: one line naming it, no usage
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     if cfg.backend == "tf":  # before any worker imports TensorFlow; `--log_level debug` keeps its C++ log
         quiet_tensorflow_log(verbose=cfg.log_level == "debug")
     return cfg

@@ -98,7 +98,8 @@ def test_bad_config_file_at_start_exits_with_one_line(tmp_path: Path, text: str,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert error in proc.stderr.splitlines()[-1]
+    (line,) = proc.stderr.splitlines()  # the error alone: no usage block before it
+    assert line.startswith("python -m serving: error: ") and error in line
 
 
 def test_edit_adds_and_removes_models_while_the_staying_one_serves_under_load(

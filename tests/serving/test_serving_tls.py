@@ -233,4 +233,5 @@ def test_bad_ssl_config_file_exits_with_one_line(tmp_path: Path, base: Path, tex
         timeout=60,
     )
     assert proc.returncode == 2
-    assert error in proc.stderr.splitlines()[-1]
+    (line,) = proc.stderr.splitlines()  # the error alone: no usage block before it
+    assert line.startswith("python -m serving: error: ") and error in line
