@@ -40,9 +40,8 @@ class Predictor:
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
-        self.drift: DriftMonitor | None = (
-            None  # the server sets these two (observability/drift.py, request_log.py)
-        )
+        # The server sets these two (serving/observability/drift.py and request_log.py).
+        self.drift: DriftMonitor | None = None
         self.request_log: RequestLog | None = None
 
     async def predict(
@@ -103,7 +102,7 @@ class Predictor:
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
 
     def drift_text(self) -> str:
-        """The drift gauges (observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
+        """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
         return self.drift.render() if self.drift is not None else ""
 
     def _observe_scores(self, scores: np.ndarray) -> None:

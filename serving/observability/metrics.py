@@ -16,7 +16,7 @@ import numpy as np
 # TF Serving's request/runtime latency buckets: ExponentialBuckets(10 µs, 1.8, 33).
 LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
-# Labels of ctr_serving_versions_rejected_total (serving/version_states.py).
+# Labels of ctr_serving_versions_rejected_total (serving/repository/states.py).
 REJECT_REASONS = ("hash_mismatch", "not_ready", "load_timeout", "os_error", "bad_manifest", "load_error")
 CTR_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 

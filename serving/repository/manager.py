@@ -224,7 +224,8 @@ class ModelManager:
         return True
 
     def _load_and_warm(self, path: Path) -> tuple[Backend, int]:
-        # `raw` through the FeatureSpec compiled from the version's spec when it has one (versions/spec_backend.py).
+        # `raw` through the FeatureSpec compiled from the version's spec, when it has one
+        # (serving/runtime/spec_backend.py).
         backend = with_spec_transform(load_backend(self.backend_kind, path, self.intra_op_threads), path)
         return backend, warm_up(backend, path)
 
