@@ -50,7 +50,8 @@ class RateLimitedLog:
         return True
 
     def count(self, kind: str, n: int, what: str) -> bool:
-        """Add `n` events of `kind`; log '<count> <kind> <what>' once the kind's period is up. Returns whether it logged."""
+        """Add `n` events of `kind`; log '<count> <kind> <what>' once the kind's period is up; returns whether
+        it logged."""
         if n <= 0:
             return False
         since = self._admit(self._counted, kind, 1, n)

@@ -15,7 +15,7 @@ REPO="${REPO:-artifacts/models/ctr}"      # the model base path the servers poll
 WORK="${WORK:-artifacts/daily}"           # data and run directories, one per day
 ROWS="${ROWS:-500000}"                    # rows generated per day (~500k new log rows a day)
 EPOCHS="${EPOCHS:-1}"                     # warm-start epochs
-DATA="${DATA:-}"                          # a day's Criteo file (e.g. from pipelines.clicks.request_log_rows)
+DATA="${DATA:-}"                          # a day's Criteo file (e.g. from python -m pipelines.clicks --format criteo)
 TRAIN_ARGS="${TRAIN_ARGS:-}"              # extra flags for python -m training (split into words)
 EXPORT_ARGS="${EXPORT_ARGS:-}"            # extra flags for python -m export, e.g. --force
 

@@ -1,13 +1,21 @@
-"""Reading the two event streams the join needs: sampled request logs and click events, by time range.
+"""Reading the two event streams the join needs: sampled request logs, and clicks.
 
-Both are folders of append-only JSON-lines files: the request log (`serving/observability/request_log.py`,
-`requests-<pid>-<n>.jsonl`, one line per request with its `time`) and the clicks (`*.jsonl`, one line
-`{"request_id": "...", "instance": 0, "time": 1764489600.25}` per click, `time` in Unix seconds). A file
-whose mtime is before a range's start holds nothing of it (lines are appended in time order), so a reader
-skips it unopened: what a join reads is bounded by the recent files, not by history.
+The request log (`serving/observability/request_log.py`) is a folder of append-only JSON-lines files,
+`requests-<pid>-<n>.jsonl` (in subfolders too: one per pod on Kubernetes), one line per request with its
+`time`; only requests that carry the raw Criteo fields (the `raw` signature: I1..I13, C1..C26 by name, in
+row or columnar form) can become rows. Clicks come in one of two forms:
 
-A line that cannot be read counts as bad in the range of the last good line before it in its file (the
-file's mtime when there is none), so every bad line is counted exactly once over consecutive ranges.
+- by interval (`read_requests`, `read_clicks`): a folder of click events (`*.jsonl`, one line
+  `{"request_id": "...", "instance": 0, "time": 1764489600.25}` per click, `time` in Unix seconds). A file
+  whose mtime is before a range's start holds nothing of it (lines are appended in time order), so a reader
+  skips it unopened: what a join reads is bounded by the recent files, not by history. A line that cannot
+  be read counts as bad in the range of the last good line before it in its file (the file's mtime when
+  there is none), so every bad line is counted exactly once over consecutive ranges; a last line without
+  its newline is being written and is left for later.
+- whole logs (`log_files`, `read_logged`, `read_click_list`): a day's closed logs and a click list, one
+  click per line, `REQUEST_ID` (the first instance) or `REQUEST_ID<TAB>INSTANCE` (0-based), e.g. from the
+  click tracker that received the `x-request-id` the server returned. A last line without its newline was
+  cut (a disk that filled up) and counts as unreadable.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipelines.clicks.request_log_rows import raw_rows
+from ctr_contract.schema import RAW_FIELDS
 
 MTIME_SLACK_S = 2.0  # a line stamped just before its file's mtime was set is still found
 
@@ -69,12 +77,35 @@ def _recent_files(folder: Path, pattern: str, start: float) -> list[Path]:
     return out
 
 
-def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of a file; a last line without its newline (being written) is left for later."""
+def _lines(path: Path, closed: bool = False) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a file; a last line without its newline is left for later (being written)
+    unless the file is `closed` (then it was cut short, and is read to be counted)."""
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
-            if line.endswith(b"\n"):
+            if closed or line.endswith(b"\n"):
                 yield number, line
+
+
+def raw_rows(inputs: Any) -> list[dict[str, Any]] | None:
+    """A logged request's inputs as one dict per instance, or None when they are not raw Criteo fields."""
+    if isinstance(inputs, dict) and isinstance(inputs.get("instances"), list):
+        rows = inputs["instances"]
+        return rows if rows and all(isinstance(r, dict) and set(r) <= set(RAW_FIELDS) for r in rows) else None
+    columns = inputs.get("inputs") if isinstance(inputs, dict) else None
+    if isinstance(columns, dict) and columns and set(columns) <= set(RAW_FIELDS):
+        lengths = {len(v) for v in columns.values() if isinstance(v, list)}
+        if len(lengths) == 1 and len(columns) == sum(isinstance(v, list) for v in columns.values()):
+            return [{k: v[i] for k, v in columns.items()} for i in range(lengths.pop())]
+    return None
+
+
+def _request_entry(line: bytes) -> tuple[str, dict[str, Any]]:
+    """A request log line's request id and entry; raises ValueError, KeyError or TypeError when unreadable."""
+    entry = json.loads(line)
+    request_id = entry["request_id"]
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError("no request id")
+    return request_id, entry
 
 
 def _stamp(value: Any) -> float:
@@ -93,10 +124,8 @@ def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Ite
         last = path.stat().st_mtime
         for _, line in _lines(path):
             try:
-                entry = json.loads(line)
-                request_id, stamp = entry["request_id"], _stamp(entry["time"])
-                if not isinstance(request_id, str) or not request_id:
-                    raise ValueError("no request id")
+                request_id, entry = _request_entry(line)
+                stamp = _stamp(entry["time"])
             except (ValueError, KeyError, TypeError):
                 if start <= last < end:
                     counts.add("bad request lines")
@@ -123,6 +152,39 @@ def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Itera
             last = stamp
             if start <= stamp < end:
                 yield Click(request_id, instance, stamp, (path.name, number))
+
+
+def log_files(paths: list[Path]) -> list[Path]:
+    """The request log files of each path: a folder's (its subfolders' too), or the file itself."""
+    out: list[Path] = []
+    for p in paths:
+        out += sorted(p.glob("**/requests-*.jsonl")) if p.is_dir() else [p]
+    return out
+
+
+def read_logged(path: Path, counts: Counts) -> Iterator[tuple[str, list[dict[str, Any]] | None]]:
+    """(request id, raw rows or None) of every request of a closed log file; an unreadable line (a cut last
+    line too) counts as 'unreadable line'."""
+    for _, line in _lines(path, closed=True):
+        try:
+            request_id, entry = _request_entry(line)
+        except (ValueError, KeyError, TypeError):
+            counts.add("unreadable line")
+            continue
+        yield request_id, raw_rows(entry.get("inputs"))
+
+
+def read_click_list(path: Path) -> set[tuple[str, int]]:
+    """(request id, instance) of every click of a click list; raises ValueError on a line of another form."""
+    clicks = set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        parts = line.strip().split("\t")
+        if not parts[0]:
+            continue
+        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise ValueError(f"{path}:{number}: expected REQUEST_ID or REQUEST_ID<TAB>INSTANCE, got {line!r}")
+        clicks.add((parts[0], int(parts[1]) if len(parts) == 2 else 0))
+    return clicks
 
 
 def parse_time(value: str) -> float:

@@ -1,8 +1,14 @@
-"""The click join of one interval: its logged requests, labelled by the clicks within the attribution window.
+"""The click join: logged requests labelled by their clicks, in one of two modes.
 
-A request's instance logged at time t is a positive when a click on (request id, instance) arrives in
-[t, t + window], else a negative: the join runs once the window of the interval's last request has closed.
-Each click is counted once, by the interval its own time falls in ("owned" clicks):
+- By interval (`join_interval`, the online loop's and `python -m pipelines.clicks`'s default): one
+  interval's requests, labelled by the clicks within the attribution window, as Parquet partitions.
+- Whole logs (`join_logs`, `python -m pipelines.clicks --format criteo`, the daily loop's data): every
+  request of a day's closed logs, labelled by a click list (no times, no window), as one Kaggle train.txt
+  file.
+
+By interval: a request's instance logged at time t is a positive when a click on (request id, instance)
+arrives in [t, t + window], else a negative: the join runs once the window of the interval's last request
+has closed. Each click is counted once, by the interval its own time falls in ("owned" clicks):
 
 - `clicks`: attributed to a request's instance, the first in its window;
 - `duplicate clicks`: a second click on an instance already clicked (it changes no label);
@@ -15,6 +21,10 @@ A request id logged twice (a retry) counts once (`duplicate requests`). Memory h
 of the interval widened by one window on each side, never more. The output is two Parquet files, the
 interval's training rows and its held-out rows (a hash of the request id picks ~`holdout` of the requests),
 which `python -m training --data DIR/train` and `python -m export --eval-data` read.
+
+Whole logs: every instance of every logged request becomes one row, label 1 when the click list names it,
+else 0; a request id logged twice (a retry) counts once, requests logged as engineered feature vectors are
+counted and skipped. The output is the input of `python -m training --data FILE` (docs/daily-loop.md).
 """
 
 from __future__ import annotations
@@ -31,7 +41,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from pipelines.clicks.events import Click, Counts, Request, read_clicks, read_requests
+from pipelines.clicks.events import (
+    Click,
+    Counts,
+    Request,
+    log_files,
+    read_click_list,
+    read_clicks,
+    read_logged,
+    read_requests,
+)
 
 CLICK_KINDS = ("clicks", "duplicate clicks", "late clicks", "clicks before their request", "unknown clicks")
 
@@ -169,3 +188,51 @@ def _kind(c: Click, req: Request | None, window_s: float, clicked: set[tuple[str
 def partition_rows(path: Path) -> int:
     """Rows in a written partition (0 when there is none)."""
     return pq.ParquetFile(path).metadata.num_rows if path.is_file() else 0
+
+
+@dataclass
+class LogsReport:
+    """What a whole-log join read, wrote and skipped."""
+
+    files: int = 0
+    requests: int = 0
+    rows: int = 0
+    clicks: int = 0
+    skipped: Counts = field(default_factory=Counts)
+
+
+def criteo_line(label: int, row: dict[str, Any]) -> str:
+    """One Kaggle train.txt line; missing cells (absent, null, NaN, "") are empty."""
+    cells = [str(label)]
+    for f in NUMERIC_FIELDS:
+        v = row.get(f)
+        cells.append("" if v is None or v == "" or (isinstance(v, float) and math.isnan(v)) else str(int(v)))
+    cells += ["" if row.get(f) is None else str(row[f]) for f in CATEGORICAL_FIELDS]
+    return "\t".join(cells)
+
+
+def join_logs(logs: list[Path], click_list: Path, out: Path) -> LogsReport:
+    """Join whole request logs (folders or files) with a click list; write the Criteo file `out`."""
+    clicks = read_click_list(click_list)
+    report, seen = LogsReport(), set()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w") as sink:
+        for path in log_files(logs):
+            report.files += 1
+            for request_id, rows in read_logged(path, report.skipped):
+                if request_id in seen:
+                    report.skipped.add("repeated request id")
+                    continue
+                seen.add(request_id)
+                if rows is None:
+                    report.skipped.add("request without raw fields")
+                    continue
+                report.requests += 1
+                for i, row in enumerate(rows):
+                    label = int((request_id, i) in clicks)
+                    sink.write(criteo_line(label, row) + "\n")
+                    report.rows += 1
+                    report.clicks += label
+    tmp.replace(out)
+    return report
