@@ -1,86 +1,63 @@
-"""The packages have rooms: few top-level modules, sub-packages, short modules and no import cycles.
+"""Every package has rooms: few modules to a folder, short modules, no cycles, no packing tricks.
 
-An import cycle is counted between modules of one package: `import a.b`, `from a import b` (b a module) and
-relative imports, wherever they stand in the module (a lazy import inside a function still ties two modules),
-except under `if TYPE_CHECKING:`. Importing `a.b.c` also runs the `__init__` files above it; those implicit
-edges are left out, so a package's `__init__` re-exporting its modules is not called a cycle.
+The rules, for every package of ours (`tests.ast_imports.OURS`) and every room in it:
+- at most 12 modules in any folder (a package's top level and each sub-package), `__init__`/`__main__` counted;
+- no module over 400 lines (the lint runs `ruff format --check`, so a line is ruff's default line);
+- a package of more than 12 modules in all has at least 2 sub-packages;
+- no import cycle between a package's modules: `import a.b`, `from a import b` (b a module), relative imports,
+  lazy imports inside a function (they still tie two modules) and type-only imports under `if TYPE_CHECKING:`
+  (a cycle hidden from the interpreter is still a cycle in the design). Importing `a.b.c` also runs the
+  `__init__` files above it; those implicit edges are left out, so an `__init__` naming its modules is no cycle;
+- at most 10 `# fmt: skip`/`# fmt: off` comments in the whole repository, tests included (tables of data only);
+- no shim module (`is_shim` says exactly what one is);
+- no write into a frozen dataclass (`object.__setattr__`, `x.__dict__[k] = v`, `vars(x)[k] = v`,
+  `x.__dict__.update(...)`): a type that changes is not frozen, or the change makes a new value.
 """
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
 
+from tests.ast_imports import OURS, imports, modules, resolve
 from tests.helpers import REPO_ROOT
 
-PACKAGES = ("serving", "training", "bench")
-MAX_TOP_LEVEL_MODULES = 12
+MAX_MODULES_PER_FOLDER = 12
 MIN_SUB_PACKAGES = 2
 MAX_LINES = 400
+MAX_FMT_SKIPS = 10
+# Where the repository's Python lives (the virtual environment and generated folders are not ours).
+SOURCE_ROOTS = (*OURS, "tests", "docker", "scripts")
 
 
-def modules(root: Path, package: str) -> dict[str, Path]:
-    """Every module of `package` under `root`, by dotted name (a package's `__init__.py` by the package's name)."""
-    found = {}
-    for path in sorted((root / package).rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        parts = path.relative_to(root).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+def python_files(root: Path) -> list[Path]:
+    """The repository's own .py files: our packages, tests/, docker/, scripts/ and the top level."""
+    found = sorted(root.glob("*.py"))
+    for folder in SOURCE_ROOTS:
+        found += sorted(p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts)
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _imports(node: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements under `node`, leaving out the bodies of `if TYPE_CHECKING:`."""
-    found: list[ast.Import | ast.ImportFrom] = []
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
-            for branch in child.orelse:
-                found += _imports(ast.Module(body=[branch], type_ignores=[]))
-            continue
-        if isinstance(child, ast.Import | ast.ImportFrom):
-            found.append(child)
-        found += _imports(child)
+def folders(root: Path, package: str) -> dict[str, list[str]]:
+    """Each folder of `package` that holds modules -> the names of the modules directly in it."""
+    found: dict[str, list[str]] = {}
+    for path in modules(root, package).values():
+        found.setdefault(path.parent.relative_to(root).as_posix(), []).append(path.name)
     return found
-
-
-def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
-    """The modules among `known` that module `name` (at `path`) imports."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    targets: set[str] = set()
-    for node in _imports(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            candidates = [alias.name for alias in node.names]
-        else:
-            base = node.module or ""
-            if node.level:  # `from . import x`, `from ..y import z`
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, *([base] if base else [])])
-            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
-            candidates = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
-        for candidate in candidates:
-            # `import a.b.c` where only `a.b` is ours (c a name in it) ties to the longest known prefix.
-            while candidate and candidate not in known:
-                candidate = candidate.rpartition(".")[0]
-            if candidate and candidate != name:
-                targets.add(candidate)
-    return targets
 
 
 def import_cycle(root: Path, package: str) -> list[str] | None:
     """One import cycle between the modules of `package` (first module repeated at the end), or None."""
     found = modules(root, package)
-    graph = {name: imported_modules(name, path, set(found)) for name, path in found.items()}
+    graph: dict[str, set[str]] = {}
+    for name, path in found.items():
+        targets = {resolve(i.target, found) for i in imports(name, path)}
+        graph[name] = {t for t in targets if t is not None and t != name}
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as e:
@@ -88,19 +65,143 @@ def import_cycle(root: Path, package: str) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_package_keeps_at_most_twelve_modules_at_its_top_level(package: str) -> None:
-    top = sorted(p.name for p in (REPO_ROOT / package).glob("*.py"))
-    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{package}/ holds {len(top)} modules at its top level: {top}"
+def fmt_skips(path: Path) -> list[int]:
+    """The lines of `path` that carry a `# fmt: skip` or `# fmt: off` comment (comments only, not strings)."""
+    tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return [
+        t.start[0]
+        for t in tokens
+        if t.type == tokenize.COMMENT and t.string.lstrip("#").strip().startswith(("fmt: skip", "fmt: off"))
+    ]
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_package_has_at_least_two_sub_packages(package: str) -> None:
+def _is_main_guard(node: ast.stmt) -> bool:
+    """`if __name__ == "__main__":`"""
+    if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+        return False
+    left, right = node.test.left, node.test.comparators[0]
+    return (
+        isinstance(left, ast.Name)
+        and left.id == "__name__"
+        and isinstance(right, ast.Constant)
+        and right.value == "__main__"
+        and not node.orelse
+    )
+
+
+def _is_entry_call(node: ast.expr | None, mains: set[str]) -> bool:
+    """`main()`, `main(argv)`, `sys.exit(main())` or `SystemExit(main())`, `main` being an imported `main`."""
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Name) and func.id in mains:
+        return True
+    wraps = (isinstance(func, ast.Attribute) and func.attr == "exit") or (
+        isinstance(func, ast.Name) and func.id in ("exit", "SystemExit")
+    )
+    return wraps and len(node.args) == 1 and _is_entry_call(node.args[0], mains)
+
+
+def _only_forwards(body: list[ast.stmt], mains: set[str]) -> bool:
+    """Whether `body` holds nothing but imports, `__all__`, and calls of an imported `main`."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            names = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if all(isinstance(t, ast.Name) and t.id == "__all__" for t in names):
+                continue
+        if isinstance(node, ast.Expr) and _is_entry_call(node.value, mains):
+            continue
+        if isinstance(node, ast.Raise) and _is_entry_call(node.exc, mains):
+            continue
+        if isinstance(node, ast.If) and _is_main_guard(node) and _only_forwards(node.body, mains):
+            continue
+        return False
+    return True
+
+
+def is_shim(root: Path, path: Path, ours: tuple[str, ...] = OURS) -> bool:
+    """Whether the module at `path` is a shim: it defines nothing and only passes on names of ours.
+
+    Its body (after the docstring) is only imports, an `__all__`, and calls of an imported `main` (bare,
+    in `sys.exit(...)`, or under `if __name__ == "__main__":`), and it imports at least one module of ours.
+    Two forms are a package's own and not shims: an `__init__.py` whose imports of ours all come from its own
+    package (the package's face), and a `__main__.py` whose imports of ours all come from its own package (the
+    package's entrypoint, `python -m pkg`). Anything else that only forwards (`old.py` re-exporting `new.py`,
+    a `cli.py` calling another module's `main`) is a shim: the code belongs where its name is.
+    """
+    tree = ast.parse(path.read_text(), str(path))
+    body = list(tree.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    mains = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name == "main"
+    }
+    if not body or not _only_forwards(body, mains):
+        return False
+    parts = path.relative_to(root).with_suffix("").parts
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    passed = [i.target for i in imports(name, path) if i.top in ours]
+    if not passed:
+        return False
+    if path.name in ("__init__.py", "__main__.py"):
+        own = ".".join(parts[:-1])
+        return not all(t.startswith(f"{own}.") for t in passed)
+    return True
+
+
+def frozen_writes(path: Path) -> list[int]:
+    """The lines of `path` that write around a dataclass's `__setattr__`."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "__setattr__"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "object"
+        ):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            value = node.value
+            if (isinstance(value, ast.Attribute) and value.attr == "__dict__") or (
+                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "vars"
+            ):
+                lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "update"
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "__dict__"
+        ):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+@pytest.mark.parametrize("package", OURS)
+def test_no_folder_holds_more_than_twelve_modules(package: str) -> None:
+    crowded = {
+        f: sorted(m) for f, m in folders(REPO_ROOT, package).items() if len(m) > MAX_MODULES_PER_FOLDER
+    }
+    assert crowded == {}, f"folders of over {MAX_MODULES_PER_FOLDER} modules: {crowded}"
+
+
+@pytest.mark.parametrize("package", OURS)
+def test_a_package_of_more_than_twelve_modules_has_rooms(package: str) -> None:
+    found = folders(REPO_ROOT, package)
+    total = sum(len(m) for m in found.values())
     rooms = sorted(p.parent.name for p in (REPO_ROOT / package).glob("*/__init__.py"))
-    assert len(rooms) >= MIN_SUB_PACKAGES, f"{package}/ has {len(rooms)} sub-packages: {rooms}"
+    if total > MAX_MODULES_PER_FOLDER:
+        assert len(rooms) >= MIN_SUB_PACKAGES, (
+            f"{package}/ has {total} modules and {len(rooms)} sub-packages: {rooms}"
+        )
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("package", OURS)
 def test_no_module_is_over_400_lines(package: str) -> None:
     long = {
         name: n
@@ -110,10 +211,35 @@ def test_no_module_is_over_400_lines(package: str) -> None:
     assert long == {}, f"modules over {MAX_LINES} lines: {long}"
 
 
-@pytest.mark.parametrize("package", PACKAGES)
+@pytest.mark.parametrize("package", OURS)
 def test_no_import_cycle_between_modules(package: str) -> None:
     cycle = import_cycle(REPO_ROOT, package)
     assert cycle is None, f"import cycle: {' -> '.join(cycle or [])}"
+
+
+def test_at_most_ten_fmt_skips_in_the_repository() -> None:
+    skips = {f"{p.relative_to(REPO_ROOT)}:{line}" for p in python_files(REPO_ROOT) for line in fmt_skips(p)}
+    assert len(skips) <= MAX_FMT_SKIPS, f"{len(skips)} `# fmt: skip`/`off` comments: {sorted(skips)}"
+
+
+@pytest.mark.parametrize("package", OURS)
+def test_no_shim_modules(package: str) -> None:
+    shims = [p.relative_to(REPO_ROOT).as_posix() for p in modules(REPO_ROOT, package).values()]
+    shims = [s for s in shims if is_shim(REPO_ROOT, REPO_ROOT / s)]
+    assert shims == [], f"modules that only pass on names from elsewhere: {shims}"
+
+
+@pytest.mark.parametrize("package", OURS)
+def test_no_writes_into_frozen_dataclasses(package: str) -> None:
+    writes = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for path in modules(REPO_ROOT, package).values()
+        for line in frozen_writes(path)
+    ]
+    assert writes == [], f"writes around __setattr__ (a type that changes is not frozen): {writes}"
+
+
+# The checks' own tests, on small trees under tmp_path.
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -137,15 +263,82 @@ def test_cycle_check_follows_relative_lazy_and_from_package_imports(tmp_path: Pa
     assert import_cycle(tmp_path, "pkg") == ["pkg.a", "pkg.c", "pkg.sub.b", "pkg.a"]
 
 
-def test_cycle_check_skips_type_checking_imports_and_parent_packages(tmp_path: Path) -> None:
+def test_cycle_check_counts_type_checking_imports(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "import pkg.b\nA = 1\n",
+            "pkg/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import A\n",
+        },
+    )
+
+    assert import_cycle(tmp_path, "pkg") == ["pkg.a", "pkg.b", "pkg.a"]
+
+
+def test_cycle_check_leaves_out_parent_packages_and_else_branches_count(tmp_path: Path) -> None:
     _write(
         tmp_path,
         {
             "pkg/__init__.py": "from pkg.a import A\n",
-            "pkg/a.py": "from typing import TYPE_CHECKING\nimport pkg.b\nA = 1\n",
-            "pkg/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import A\nelse:\n    import json\n",
+            "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.b\nA = 1\n",
+            "pkg/b.py": "import json\n",
         },
     )
 
     assert import_cycle(tmp_path, "pkg") is None
-    assert imported_modules("pkg.a", tmp_path / "pkg" / "a.py", set(modules(tmp_path, "pkg"))) == {"pkg.b"}
+    found = modules(tmp_path, "pkg")
+    assert {resolve(i.target, found) for i in imports("pkg.a", found["pkg.a"])} == {"pkg.b", None}
+
+
+def test_fmt_skip_counts_comments_not_strings(tmp_path: Path) -> None:
+    _write(tmp_path, {"m.py": 'x = [1,  2]  # fmt: skip\ny = "# fmt: skip"\n# fmt: off\nz = 1\n# fmt: on\n'})
+
+    assert fmt_skips(tmp_path / "m.py") == [1, 3]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "shim"),
+    [
+        ("pkg/old.py", "from pkg.new import f\n\n__all__ = ['f']\n", True),
+        ("pkg/star.py", '"""Doc."""\nfrom other.thing import *\n', True),
+        (
+            "pkg/cli.py",
+            "import sys\nfrom pkg.sub.cli import main\nif __name__ == '__main__':\n    sys.exit(main())\n",
+            True,
+        ),
+        ("pkg/run.py", "from other.cli import main as run\nraise SystemExit(run())\n", True),
+        ("pkg/sub/__main__.py", "from other.cli import main\nmain()\n", True),
+        ("pkg/__init__.py", "from other.a import A\n", True),
+        ("pkg/__main__.py", "import sys\nfrom pkg.cli import main\nsys.exit(main())\n", False),
+        ("pkg/sub/__main__.py", "from pkg.sub.search import main\nmain()\n", False),
+        (
+            "pkg/__init__.py",
+            '"""Face."""\nfrom pkg.a import A\nfrom pkg.b import B\n__all__ = ["A", "B"]\n',
+            False,
+        ),
+        ("pkg/__init__.py", '"""Only a docstring."""\n', False),
+        ("pkg/side.py", "from other.offline import disable\ndisable()\n", False),
+        ("pkg/real.py", "from pkg.new import f\n\ndef g():\n    return f()\n", False),
+        ("pkg/consts.py", "from other import BASE\nLIMIT = BASE * 2\n", False),
+        ("pkg/stdlib.py", "import sys\n", False),
+    ],
+)
+def test_shim_check(tmp_path: Path, name: str, text: str, shim: bool) -> None:
+    _write(tmp_path, {name: text})
+
+    assert is_shim(tmp_path, tmp_path / name, ours=("pkg", "other")) is shim
+
+
+def test_frozen_write_check(tmp_path: Path) -> None:
+    text = (
+        "object.__setattr__(self, 'a', 1)\n"
+        "self.__dict__['b'] = 2\n"
+        "vars(self)['c'] = 3\n"
+        "self.__dict__.update(d=4)\n"
+        "x = self.__dict__['e']\n"
+        "setattr(other, 'f', 5)\n"
+    )
+    _write(tmp_path, {"m.py": text})
+
+    assert frozen_writes(tmp_path / "m.py") == [1, 2, 3, 4]
