@@ -203,7 +203,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
 
     await _first_scan(cfg, models)
     # Objects alive now (modules, the model) live as long as the process: keep the cyclic GC from
-    # rescanning them on every collection, which showed as multi-ms p99 spikes under load.
+    # rescanning them on every collection, which showed as p99 latency spikes under load.
     gc.collect()
     gc.freeze()
     chores = None

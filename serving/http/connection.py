@@ -206,8 +206,8 @@ class HttpConnection(asyncio.Protocol):
                 "(--max_buffered_bytes); retry later",
                 "buffered_bytes",
             )
-        # Joined once at the end: growing one buffer instead copies ~8x the body (realloc after realloc),
-        # which with 40 bodies arriving at once stalled the loop for hundreds of ms.
+        # Joined once at the end: growing one buffer instead copies the body again at each realloc, which
+        # with many large bodies arriving at once stalled the event loop.
         self._chunks.append(chunk)
 
     def on_message_complete(self) -> None:

@@ -25,6 +25,7 @@ _malloc_trim = _libc_function("malloc_trim", [ctypes.c_size_t])
 
 
 def release_freed_memory() -> None:
-    """Give free heap pages back to the OS (glibc `malloc_trim`); takes ~1 ms per 100 MiB of heap."""
+    """Give free heap pages back to the OS (glibc `malloc_trim`); it walks the whole heap, so it runs after
+    large bodies are dropped, never once per request."""
     if _malloc_trim is not None:
         _malloc_trim(0)

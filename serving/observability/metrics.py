@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-# TF Serving's request/runtime latency buckets: ExponentialBuckets(10 µs, 1.8, 33).
+# TF Serving's request/runtime latency buckets, in microseconds: ExponentialBuckets(10, 1.8, 33).
 LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
 # Labels of ctr_serving_versions_rejected_total (serving/repository/states.py).

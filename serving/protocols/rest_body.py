@@ -1,9 +1,9 @@
 """REST predict bodies -> float32 features: cheap bounds first, and large bodies decoded in a child process.
 
-Parsing JSON and building the numpy array are single C calls that hold the GIL (orjson.loads of 1 MiB of
-numbers ~9 ms, np.asarray of 1024x128 values ~10 ms), so a thread would stall the event loop, which serves
-REST and gRPC, just as much. Bodies up to INLINE_MAX_BYTES (~400 instances) cost at most ~3 ms and are
-decoded inline; larger ones go to a one-process pool, and the loop only pays for copying the bytes to it.
+Parsing JSON and building the numpy array are single C calls that hold the GIL for a time that grows with the
+body, so a thread would stall the event loop, which serves REST and gRPC, just as much. Bodies up to
+INLINE_MAX_BYTES hold the loop briefly and are decoded inline; larger ones go to a one-process pool, and the
+loop only pays for copying the bytes to it.
 Before any parse, byte counts bound how many arrays, objects and values the body can hold, so a body of
 `[[],[],...]` or of 4M zeros is refused without being parsed.
 """
@@ -31,7 +31,7 @@ from serving.signatures import Signature
 T = TypeVar("T")
 
 INLINE_MAX_BYTES = 256 << 10
-BOUNDS_MIN_BYTES = 64 << 10  # smaller bodies parse in under 1 ms: no need to bound them first
+BOUNDS_MIN_BYTES = 64 << 10  # a smaller body holds too few values to be costly to parse: no bounds needed
 _OPEN_ARRAY, _OPEN_OBJECT, _COMMA = ord("["), ord("{"), ord(",")
 
 
@@ -46,7 +46,7 @@ def check_body_bounds(body: bytes | bytearray, width: int, max_instances: int) -
     named instance) and N*F+1 ',' (values, rows, `signature_name`); strings in it are keys and names only.
     The bounds allow twice that, so a batch a little over the limit still gets validation's exact message.
     """
-    data = np.frombuffer(body, np.uint8)  # numpy's SIMD compare counts a byte ~3x faster than bytes.count
+    data = np.frombuffer(body, np.uint8)  # numpy's vectorised compare counts faster than bytes.count
     arrays, objects = int(np.count_nonzero(data == _OPEN_ARRAY)), int(np.count_nonzero(data == _OPEN_OBJECT))
     if arrays > 2 * max_instances + 8 or objects > 2 * max_instances + 8:
         raise BodyOverLimits(

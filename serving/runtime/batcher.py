@@ -24,8 +24,8 @@ from serving.errors import DeadlineExceeded, Overloaded, ServingError
 from serving.observability.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
-# Model calls up to this many rows run on the event loop: ORT takes ~20 µs for one row of this MLP, less
-# than a hop to a worker thread. Bigger ones go to the thread so the loop keeps serving other requests.
+# Model calls up to this many rows run on the event loop: a call of a few rows of this MLP costs less than
+# the hand-over to a worker thread and back. Bigger ones go to the thread so the loop keeps serving others.
 INLINE_MAX_ROWS = 16
 
 
@@ -164,7 +164,7 @@ class DynamicBatcher:
             if self._prepare is not None:
                 features = self._prepare(features)
             if len(features) <= INLINE_MAX_ROWS:
-                # ~20 µs on the loop is cheaper than a thread hop; requests keep queueing meanwhile anyway.
+                # A few rows on the loop cost less than a thread hop; requests keep queueing meanwhile anyway.
                 scores = self._run(features)
             else:
                 scores = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, features)

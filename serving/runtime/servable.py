@@ -15,9 +15,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ctr_features.compiled.raw_batch import RawBatch
 from serving.errors import InvalidArgument
 from serving.observability.metrics import ServingMetrics
-from serving.requests import DecodedRequest, RawBatch
+from serving.requests import DecodedRequest
 from serving.runtime.backends import Backend
 from serving.runtime.batcher import INLINE_MAX_ROWS, DynamicBatcher
 from serving.runtime.spec_backend import SpecBackend
@@ -51,8 +52,9 @@ def signature_calls(backend: Backend) -> dict[str, SignatureCall]:
     calls = {DEFAULT_SIGNATURE: SignatureCall(backend.predict, np.concatenate)}
     if isinstance(backend, SpecBackend):  # the FeatureSpec + the features model: no 39-input conversion
         # The transform holds the GIL (numpy on small arrays): on the inference thread it would only take
-        # turns with the loop, each hand-over waiting on the other's Python code (up to the 5 ms switch
-        # interval), so it runs on the loop and the thread gets only the model call, which releases the GIL.
+        # turns with the loop, each hand-over waiting on the other's Python code (up to the interpreter's
+        # switch interval, sys.getswitchinterval()), so it runs on the loop and the thread gets only the
+        # model call, which releases the GIL.
         calls[RAW_SIGNATURE] = SignatureCall(backend.predict, RawBatch.concat, backend.transform)
     elif backend.signature.has_raw:
         calls[RAW_SIGNATURE] = SignatureCall(lambda b: backend.predict_raw(b.inputs), RawBatch.concat)
