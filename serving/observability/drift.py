@@ -16,9 +16,10 @@ Requests of engineered features feed the feature series; raw requests (whose fea
 model graph) feed the raw:* series. Both feed the score.
 
 The hot path (`observe`) only keeps a reference to the batch; every FLUSH_ROWS rows (and at each scrape) the
-pending batches are copied into ring buffers at once (serving/observability/drift_window.py). Binning happens at scrape
-time: about 20 ms for 10,000 rows of 128 features. Under `--num_workers N` each worker keeps window/N rows
-in a shared file, and the worker answering a scrape reads all of them: the figure covers every worker.
+pending batches are copied into ring buffers at once (serving/observability/drift_window.py). Binning happens
+at scrape time, off the predict path, its cost growing with the window. Under `--num_workers N` each worker
+keeps window/N rows in a shared file, and the worker answering a scrape reads all of them: the figure covers
+every worker.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ log = logging.getLogger(__name__)
 PSI_FLOOR = 1e-4
 MIN_ROWS = 200
 FLUSH_ROWS = 256  # pending rows copied into the ring buffer at once
-# ... or fewer, once this many requests are pending: a flush's pause grows with the requests it joins, and
-# 256 single-row requests paused the event loop ~0.4 ms served, the single-row p99 (2026-12-01).
+# ... or fewer, once this many requests are pending: a flush pauses the event loop for a time that grows with
+# the requests it joins, and joining 256 single-row requests paused it as long as a single-row request takes.
 FLUSH_REQUESTS = 64
 N_NUMERIC, N_CATEGORICAL = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 FLUSH_S = 0.25  # with --num_workers: the longest a row waits before other workers' scrapes see it
@@ -121,7 +122,7 @@ class Reference:
         return np.concatenate([self._numeric_codes(numeric), np.where(codes < 0, self._other, codes)]).T
 
     def _numeric_codes(self, numeric: np.ndarray) -> np.ndarray:
-        # No np.errstate (~3 µs a flush): log1p of |x| >= 0, inf or NaN warns of nothing.
+        # No np.errstate (a cost at every flush) is needed: log1p of |x| >= 0, inf or NaN warns of nothing.
         x = numeric if self._numeric_rows == list(range(len(NUMERIC_FIELDS))) else numeric[self._numeric_rows]
         return np.where(np.isfinite(x), np.copysign(np.log1p(np.abs(x)), x), -np.inf).astype(np.float32)
 
@@ -164,8 +165,8 @@ class DriftMonitor:
         self._entry_owner: object = None  # the transform whose entries these are
         self._entry_rows: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         # Single rows' (the usual requests) counts (13, 1) float64, entries (26, 1) int32 and score (1, 1)
-        # float32, contiguous: joined as bytes at the flush, ~4x faster than concatenating 256 small arrays
-        # (the flush pauses the event loop: 0.5 ms served, the single-row p99, 2026-12-01).
+        # float32, contiguous: joined as bytes at the flush, faster than concatenating many small arrays (the
+        # flush pauses the event loop).
         self._entry_singles: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
         self._raw: list[tuple[Any, np.ndarray]] = []
         self._pending_rows = self._pending_requests = 0
@@ -241,15 +242,15 @@ class DriftMonitor:
         if ref is None or not ref.raw_numeric:
             return
         if numeric:
-            # One gather for every pending request: looking 256 one-row requests' values up again paused the
-            # event loop for 1.8 ms served (2026-12-01). A version swapped in since these rows were kept may
+            # One gather for every pending request: looking each one-row request's values up apart paused the
+            # event loop for longer than the requests took. A version swapped in since these rows were kept may
             # have a bin of a value their transform lacks: they are then left out of the window.
             codes = ref.entry_codes(self._entry_owner, _joined(numeric, 1), _joined(entries, 1))
             if codes is not None:
                 self.raw.append(np.hstack([codes, _joined(raw_scores, 0)]))
         if raw:
             # One RawBatch of every pending request, binned at once: binning each request's 39 columns apart
-            # paused the event loop at every flush (raw p99 55 ms at 1 connection, 2026-11-30).
+            # paused the event loop at every flush, and raw requests' p99 with it.
             merged = RawBatch.concat([b for b, _ in raw])
             self.raw.append(np.hstack([ref.raw_codes(merged), np.concatenate([s for _, s in raw])]))
 
@@ -265,7 +266,8 @@ class DriftMonitor:
         path = version_dir / DRIFT_REFERENCE_PATH
         now = time.monotonic()
         if self._reference is not None and self._reference[0] == path and now < self._recheck_at:
-            return self._reference[2]  # a stat costs ~80 µs served, and a flush comes every few requests
+            # A stat at every flush would cost the predict path: a flush comes every few requests.
+            return self._reference[2]
         self._recheck_at = now + REFERENCE_CHECK_S
         try:
             stamp = path.stat().st_mtime_ns
@@ -335,7 +337,7 @@ class DriftMonitor:
 
 def _rows_of(columns: list[np.ndarray], dtype: type, height: int) -> np.ndarray:
     """(height, 1) columns side by side, (height, N) of `dtype`: their bytes joined when every column is
-    contiguous and of `dtype` (the usual case, ~4x faster than np.concatenate of 256 small arrays), else
+    contiguous and of `dtype` (the usual case, faster than np.concatenate of many small arrays), else
     concatenated."""
     try:
         data = b"".join(columns)  # type: ignore[arg-type]  # numpy arrays are bytes-like

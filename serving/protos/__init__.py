@@ -41,7 +41,7 @@ def enum_value(enum_full_name: str, value_name: str) -> int:
     return int(pool().FindEnumTypeByName(enum_full_name).values_by_name[value_name].number)
 
 
-# The messages the server uses, resolved once at import (cheap: the pool holds ~56 small files).
+# The messages the server uses, resolved once at import (cheap: the pool holds a few dozen small files).
 PredictRequest = message_class("tensorflow.serving.PredictRequest")
 PredictResponse = message_class("tensorflow.serving.PredictResponse")
 GetModelMetadataRequest = message_class("tensorflow.serving.GetModelMetadataRequest")
