@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from ctr_model.errors import CheckpointError
 from ctr_model.net import CTRNet, ModelConfig
-from training.errors import CheckpointError
 
 NET_PREFIX = "net."
 

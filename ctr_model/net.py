@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ctr_contract.signatures import DEFAULT_WIDTH
-from training.runtime.fast_dropout import FastDropout
+from ctr_model.dropout import MaskedDropout, MaskSource
 
 ACTIVATIONS = ("relu", "hardtanh")
 
@@ -49,15 +49,19 @@ class CTRNet(nn.Module):
     """Linear(128,256) → act → Dropout(0.3) → Linear(256,128) → act → Dropout(0.2) → Linear(128,1).
 
     `forward` returns logits (train with BCE-with-logits); `predict_proba` applies the sigmoid.
-    `fast_dropout` swaps in `FastDropout` (an `nn.Dropout` subclass, no parameters, same positions): the
-    state_dict and the eval-mode graph export traces are the same either way.
+    `mask_source` (installed by training) makes each dropout a `MaskedDropout` drawing its CPU masks from it
+    (an `nn.Dropout` subclass, no parameters, same positions): the state_dict and the eval-mode graph export
+    traces are the same either way.
     """
 
-    def __init__(self, cfg: ModelConfig | None = None, fast_dropout: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig | None = None, mask_source: MaskSource | None = None) -> None:
         super().__init__()
         self.cfg = cfg or ModelConfig()
         c = self.cfg
-        dropout = FastDropout if fast_dropout else nn.Dropout
+
+        def dropout(p: float) -> nn.Dropout:
+            return nn.Dropout(p) if mask_source is None else MaskedDropout(p, mask_source)
+
         self.layers = nn.Sequential(
             nn.Linear(c.width, c.hidden1),
             _activation(c.activation),

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--run",
         type=Path,
         help=f"training run dir: uses its {run_dir.BEST_CHECKPOINT}, {run_dir.FEATURE_SPEC}, "
-        f"{run_dir.VAL_FEATURES}, {run_dir.METRICS}",
+        f"{run_dir.VAL_FEATURES}, {run_dir.METRICS} (default: none; then give --checkpoint and --feature-spec)",
     )
     src.add_argument(
         "--checkpoint", type=Path, help=f"checkpoint to export (default: RUN/{run_dir.BEST_CHECKPOINT})"
@@ -55,14 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     dst.add_argument(
         "--version", type=int, help="version number to publish (default: highest + 1); never overwrites"
     )
-    dst.add_argument("--keep", type=int, help="after publishing, keep only the newest K versions")
+    dst.add_argument(
+        "--keep", type=int, help="after publishing, keep only the newest K versions (default: keep all)"
+    )
     fmt = p.add_argument_group("format")
     which = fmt.add_mutually_exclusive_group()
     which.add_argument(
         "--target", choices=sorted(PROFILES), help=f"target op-set profile (default: {DEFAULT_PROFILE})"
     )
     which.add_argument(
-        "--target-ops", help="explicit comma-separated ONNX op set, e.g. Gemm,Relu,Add,Sub,Sigmoid"
+        "--target-ops",
+        help=f"explicit comma-separated ONNX op set, e.g. Gemm,Relu,Add,Sub,Sigmoid (default: the --target "
+        f"profile, {DEFAULT_PROFILE})",
     )
     fmt.add_argument(
         "--opset",
@@ -74,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--torchscript",
         action=argparse.BooleanOptionalAction,
         default=d["torchscript"],
-        help="also write a traced model.pt",
+        help="also write a traced model.pt (default: %(default)s)",
     )
     gate = p.add_argument_group("parity gate")
     gate.add_argument(
@@ -112,10 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
     quality.add_argument(
         "--force",
         action="store_true",
-        help="publish even when the gate refuses, or cannot run for want of --eval-data; the manifest records it",
+        help="publish even when the gate refuses, or cannot run for want of --eval-data; the manifest records it "
+        "(default: off)",
     )
     p.add_argument(
-        "-v", "--verbose", action="store_true", help="log each step, and TensorFlow's C++ start-up log"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log each step, and TensorFlow's C++ start-up log (default: off, warnings only)",
     )
     return p
 

@@ -28,7 +28,8 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 from ctr_features.compiled.onnx_graph import build_raw_model, raw_ops
 from ctr_features.spec import FeatureSpec
-from ctr_model.checkpoint import CheckpointError, load_net
+from ctr_model.checkpoint import load_net
+from ctr_model.errors import CheckpointError
 from ctr_model.net import CTRNet
 from export.errors import InputError
 from export.gates.gate import gate_export

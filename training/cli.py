@@ -48,9 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--skip-bad-rows",
         action="store_true",
-        help="count and skip malformed rows instead of failing on the first",
+        help="count and skip malformed rows instead of failing on the first (default: off)",
     )
-    g.add_argument("--max-rows", type=int, default=None, help="use only the first N rows of the file")
+    g.add_argument(
+        "--max-rows", type=int, default=None, help="use only the first N rows of the file (default: all rows)"
+    )
     g.add_argument(
         "--val-fraction",
         type=float,
@@ -71,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--shuffle-buffer",
         type=int,
         default=d.shuffle_buffer,
-        help=f"rows in each process's shuffle buffer when streaming (default {d.shuffle_buffer}, {d.shuffle_buffer * 512 // 2**20} MiB at width 128)",
+        help=f"rows each process's shuffle buffer mixes when streaming (default {d.shuffle_buffer}): it holds "
+        "their record numbers (16 bytes a row) and reads the records from the mapped cache file, so it takes "
+        f"{d.shuffle_buffer * 16 // 2**20} MiB at any width",
     )
     g = p.add_argument_group("model and optimiser")
     g.add_argument(
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         default=None,
-        help="tuned hyperparameters: the best.json of `make tune` (options given here still win)",
+        help="tuned hyperparameters: the best.json of `make tune` (options given here still win; default: none)",
     )
     g.add_argument(
         "--max-epochs", type=int, default=d.max_epochs, help=f"epoch limit (default {d.max_epochs})"
@@ -162,21 +166,29 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds ranks wait for each other (default {d.ddp_timeout:g})",
     )
     g = p.add_argument_group("run control")
-    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoints/last.ckpt")
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoints/last.ckpt (default: off, a fresh run)",
+    )
     g.add_argument(
         "--init-from",
         type=Path,
         default=None,
         help="warm start: weights and frozen feature spec from a checkpoint, run dir, published version "
-        "folder or model base path (its newest version); see training/model/warm_start.py",
+        "folder or model base path (its newest version); see training/model/warm_start.py (default: none, "
+        "random weights and a spec fitted on --data)",
     )
     g.add_argument(
-        "--no-progress-bar", dest="progress_bar", action="store_false", help="disable the progress bar"
+        "--no-progress-bar",
+        dest="progress_bar",
+        action="store_false",
+        help="disable the progress bar (default: shown)",
     )
     g.add_argument(
         "--sample-audit",
         action="store_true",
-        help="write the row indices each rank trained on per epoch to OUT/sample_audit/",
+        help="write the row indices each rank trained on per epoch to OUT/sample_audit/ (default: off)",
     )
     return p
 

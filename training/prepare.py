@@ -12,14 +12,19 @@ import sys
 import time
 from pathlib import Path
 
+from ctr_contract.cli_help import DefaultsHelpFormatter
 from training.config import TrainConfig
 from training.errors import TrainingError
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = argparse.ArgumentParser(prog="python -m training.prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=d.data, help=f"as for training (default {d.data})")
+    p = argparse.ArgumentParser(
+        prog="python -m training.prepare",
+        description=__doc__.splitlines()[0],
+        formatter_class=DefaultsHelpFormatter,
+    )
+    p.add_argument("--data", type=Path, default=d.data, help=f"as for training (default: {d.data})")
     p.add_argument(
         "--cache-dir",
         type=Path,
@@ -27,8 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder for caches and prepared records (default: beside the data when writable, "
         "else $XDG_CACHE_HOME/ctr-pipeline or ~/.cache/ctr-pipeline)",
     )
-    p.add_argument("--skip-bad-rows", action="store_true", help="count and skip malformed rows")
-    p.add_argument("--max-rows", type=int, default=None, help="use only the first N rows")
+    p.add_argument(
+        "--skip-bad-rows", action="store_true", help="count and skip malformed rows (default: off)"
+    )
+    p.add_argument("--max-rows", type=int, default=None, help="use only the first N rows (default: all rows)")
     p.add_argument("--val-fraction", type=float, default=d.val_fraction, help="validation share")
     p.add_argument("--width", type=int, default=d.width, help="feature vector width")
     return p

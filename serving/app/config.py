@@ -163,13 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument("--rest_api_port", type=int, default=8501, help="REST port; 0 disables REST")
     tf.add_argument("--model_name", default="default", help="name in /v1/models/NAME and ModelSpec.name")
     tf.add_argument(
-        "--model_base_path", type=Path, default=None, help="folder holding numeric version folders"
+        "--model_base_path",
+        type=Path,
+        default=None,
+        help="folder holding numeric version folders (default: none; give it or --model_config_file)",
     )
     tf.add_argument(
         "--model_config_file",
         type=Path,
         default=None,
-        help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path",
+        help="ModelServerConfig text proto (model_config_list): several models instead of --model_base_path "
+        "(default: none, one model from --model_base_path)",
     )
     tf.add_argument(
         "--model_config_file_poll_wait_seconds",
@@ -198,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ssl_config_file",
         type=Path,
         default=None,
-        help="SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): TLS on gRPC and REST",
+        help="SSLConfig text proto (server_key, server_cert, custom_ca, client_verify): TLS on gRPC and REST "
+        "(default: none, plaintext)",
     )
     ours = p.add_argument_group("ctr-pipeline flags")
     ours.add_argument("--host", default="0.0.0.0", help="bind address (0.0.0.0 in containers)")
@@ -287,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--request_log_dir",
         type=Path,
         default=None,
-        help="write sampled requests and responses here as JSON lines",
+        help="write sampled requests and responses here as JSON lines (default: none, no request log)",
     )
     watch.add_argument(
         "--request_log_sample_rate",

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ctr_model.checkpoint import load_net, read_checkpoint
+from ctr_model.dropout import MaskedDropout
 from export.onnx.onnx_export import export_onnx
 from training.model.lightning_module import CTRModule
-from training.runtime.fast_dropout import FastDropout
 from training.runtime.malloc import policy
 from training.runtime.speed import SpeedSettings
 from training.synth import generate
@@ -27,7 +27,7 @@ OLD_CHECKPOINT = Path(__file__).parent / "fixtures" / "checkpoint_before_issue17
 def test_checkpoint_from_before_the_fast_defaults_loads_and_exports_with_parity(tmp_path: Path) -> None:
     assert "fast_dropout" not in read_checkpoint(OLD_CHECKPOINT)["hyper_parameters"]
     net, _ = load_net(OLD_CHECKPOINT)
-    assert not any(isinstance(m, FastDropout) for m in net.modules())  # export sees plain nn.Dropout
+    assert not any(isinstance(m, MaskedDropout) for m in net.modules())  # export sees plain nn.Dropout
     proto = export_onnx(net, 8, tmp_path / "model.onnx", opset=17)
     assert sorted({n.op_type for n in proto.graph.node}) == ["Gemm", "Relu", "Sigmoid"]
     x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
@@ -42,10 +42,10 @@ def test_old_checkpoint_resumes_into_a_fast_dropout_module_with_the_same_weights
     assert [type(m).__name__ for m in module.net.layers] == [
         "Linear",
         "ReLU",
-        "FastDropout",
+        "MaskedDropout",
         "Linear",
         "ReLU",
-        "FastDropout",
+        "MaskedDropout",
         "Linear",
     ]
     old = read_checkpoint(OLD_CHECKPOINT)["state_dict"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from training.runtime import threads
-from training.runtime.fast_dropout import FastDropout, mask_array
+from training.runtime.fast_dropout import fast_dropout, mask_array
 from training.runtime.speed import SPIN_COUNT, SpeedSettings, set_omp_wait_policy
 from training.runtime.threads import ThreadGovernor
 
@@ -97,7 +97,7 @@ def test_bf16_mask_holds_the_bf16_rounded_scale_as_torch_dropout_does_on_bf16() 
 
 def test_float64_activation_gets_a_float64_mask_scaled_exactly() -> None:
     x = torch.randn(256, 32, dtype=torch.float64)
-    out = FastDropout(0.2).train()(x)
+    out = fast_dropout(0.2).train()(x)
     kept = out != 0
     assert out.dtype == torch.float64
     assert torch.equal(out[kept], x[kept] * np.float64(1 / 0.8))

@@ -32,13 +32,13 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ctr_contract.schema import LABEL
+from ctr_features.compiled.records import RECORD, expand, transform_chunk
 from ctr_features.spec import FeatureSpec
 from training.data.batches import Batch, shard_bounds
-from training.data.feature_cache import RECORD, expand, transform_chunk
 from training.data.parquet import ParquetData, Piece, Split
 from training.errors import DataError
 
-DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group: 64 MiB of float32 features at width 128
+DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group's rows; on the mapped path 16 bytes a row (two int64 ids)
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)
 _READAHEAD = 2  # encoded slices the kernel is asked to read ahead
 _MOVE_ROWS = 1 << 12  # rows per chunk when the buffer fills its holes
@@ -259,7 +259,7 @@ class _MappedBuffer(_Buffer):
     """Row ids into the encoded split, which is mapped: a batch gathers and expands its records from the page cache.
 
     Copying each slice into a buffer of records, then moving 272-byte records to fill the holes a drain leaves,
-    cost 0.27 ms of the training thread per batch; here a slice costs no copy and a refill moves 8-byte ids. A
+    cost the training thread time on every batch; here a slice costs no copy and a refill moves 8-byte ids. A
     slice's pages are dropped from the process (MADV_DONTNEED) once its last row is drawn, so the mapped pages
     are those of the slices that still have rows in the buffer (~32 at the default sizes), not the file.
     """

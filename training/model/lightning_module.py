@@ -13,6 +13,7 @@ from torchmetrics.classification import BinaryAUROC
 from ctr_model.net import CTRNet, ModelConfig
 from training.data.batches import Batch
 from training.errors import NonFiniteLossError
+from training.runtime.fast_dropout import numpy_mask
 
 ADAM_IMPLS = (
     "default",
@@ -29,7 +30,8 @@ class CTRModule(L.LightningModule):
         lr: Adam learning rate.
         weight_decay: Adam L2 penalty.
         adam_impl: "default", "foreach" or "fused" (torch's Adam implementations; same maths).
-        fast_dropout: numpy-drawn CPU dropout masks (`training.runtime.fast_dropout`); same keep probabilities.
+        fast_dropout: installs the numpy-drawn CPU dropout masks (`training.runtime.fast_dropout.numpy_mask`) in
+            the network; same keep probabilities, same state_dict.
     """
 
     def __init__(
@@ -44,7 +46,7 @@ class CTRModule(L.LightningModule):
         if adam_impl not in ADAM_IMPLS:
             raise ValueError(f"adam_impl must be one of {ADAM_IMPLS}, got {adam_impl!r}")
         self.save_hyperparameters()
-        self.net = CTRNet(ModelConfig.from_dict(model), fast_dropout=fast_dropout)
+        self.net = CTRNet(ModelConfig.from_dict(model), mask_source=numpy_mask if fast_dropout else None)
         # torchmetrics states are gathered from every rank before compute(), so AUC is over the whole val set.
         self.val_auc = BinaryAUROC()
         self.val_loss_sum = SumMetric()

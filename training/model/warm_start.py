@@ -28,8 +28,8 @@ from onnx import numpy_helper
 from ctr_contract import repository, run_dir
 from ctr_features.spec import FeatureSpec
 from ctr_model.checkpoint import NET_PREFIX, read_checkpoint
+from ctr_model.errors import CheckpointError
 from ctr_model.net import CTRNet, ModelConfig
-from training.errors import CheckpointError
 
 
 @dataclass(frozen=True)

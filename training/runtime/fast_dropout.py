@@ -1,17 +1,18 @@
-"""Dropout whose CPU mask comes from numpy's bulk bit generator: same maths as `nn.Dropout`, ~7x less time.
+"""The fast dropout's mask source: CPU masks from numpy's bulk bit generator, same maths as `nn.Dropout`.
 
-On CPU, `torch.bernoulli_` draws one Mersenne-Twister double per element: 5–7 ms for a (2048, 256) batch on a
-2-core box, which was most of a training step. numpy's SFC64 fills the same mask's 16-bit draws in ~0.25 ms.
-Each draw is an integer u in [0, 65536); an element is kept when u >= round(p * 65536), so the keep probability
-is 1 - p to within 2^-17 (far below the sampling error of any batch), and kept values are scaled by 1 / (1 - p)
-(in bf16 that scale is rounded to bf16, as torch's own dropout does on a bf16 tensor).
+On CPU, `torch.bernoulli_` draws one Mersenne-Twister double per mask element, which made up most of a
+training step; numpy's SFC64 fills the same mask from 16-bit draws several times faster. Each draw is an
+integer u in [0, 65536); an element is kept when u >= round(p * 65536), so the keep probability is 1 - p to
+within 2^-17 (far below the sampling error of any batch), and kept values are scaled by 1 / (1 - p) (in
+bf16 that scale is rounded to bf16, as torch's own dropout does on a bf16 tensor).
 
+`numpy_mask` is the source training installs in the network (`CTRNet(mask_source=...)`, which makes each
+dropout a `ctr_model.dropout.MaskedDropout`); `fast_dropout(p)` builds one such module.
 The per-call seed is drawn from torch's default generator (so `L.seed_everything` / `torch.manual_seed` fix the
 masks, and every call gets a fresh one) and mixed with the process group rank (so DDP ranks differ).
 numpy writes the scaled mask in the activation's dtype (bf16 as its bits), so torch runs one multiply forward and
-one backward. Drawing the next mask on a thread while the step ran was slower (7.6 vs 6.2 ms a step): the thread
-takes the core of torch's second OpenMP thread.
-Off CPU the module is plain `F.dropout`: CUDA's fused Philox dropout is already fast.
+one backward. The next mask is not drawn on a thread while the step runs: that thread takes the core of
+torch's second OpenMP thread, and the step got slower.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+
+from ctr_model.dropout import MaskedDropout
 
 DRAW_LEVELS = 1 << 16  # each mask element is one uint16 draw
 SEED_RANGE = 2**62
@@ -66,14 +67,12 @@ def scaled_mask(seed: int, rank: int, shape: tuple[int, ...], p: float, dtype: t
     return t.to(dtype).mul_(1.0 / (1.0 - p))
 
 
-class FastDropout(nn.Dropout):
-    """`nn.Dropout` (same class for isinstance checks, no parameters) with the numpy-drawn mask on CPU."""
+def numpy_mask(shape: tuple[int, ...], p: float, dtype: torch.dtype) -> torch.Tensor:
+    """The mask source (`ctr_model.dropout.MaskSource`): a fresh seed per call, mixed with this process's rank."""
+    seed = int(torch.randint(0, SEED_RANGE, (1,)).item())
+    return scaled_mask(seed, _rank(), shape, p, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return x  # eval: the identity, exactly what export traces
-        if x.device.type != "cpu" or self.inplace:
-            return F.dropout(x, self.p, True, self.inplace)
-        # (B, H) * (B, H): the scaled mask is a constant to autograd, so backward is one multiply too.
-        seed = int(torch.randint(0, SEED_RANGE, (1,)).item())
-        return x * scaled_mask(seed, _rank(), tuple(x.shape), self.p, x.dtype)
+
+def fast_dropout(p: float) -> MaskedDropout:
+    """A dropout module drawing its CPU masks from `numpy_mask`."""
+    return MaskedDropout(p, numpy_mask)

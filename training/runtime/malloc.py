@@ -2,8 +2,8 @@
 
 glibc's defaults cost a CPU step twice over: freed blocks above a moving mmap threshold go back to the kernel, and
 the heap's top is trimmed above 128 KiB, so a step's activations, masks and gradients (0.5-2 MB each at batch
-2048) were faulted in again on the next step: 300-600 minor page faults per step took a 5-6 ms step to 8-9 ms on
-a 2-core VM (docs/training.md, "Memory allocator"). JAX and TensorFlow keep their own buffer pools; torch's CPU
+2048) were faulted in again on the next step: hundreds of minor page faults per step, a large share of its time
+(docs/training.md, "Memory allocator"). JAX and TensorFlow keep their own buffer pools; torch's CPU
 allocator is malloc. So the mmap threshold is fixed just above the step's largest tensor (at least 4 MiB, at
 most glibc's 32 MiB) and the heap is trimmed only above 512 MiB free: a step's tensors come from pages the heap
 keeps, while larger blocks (a validation batch's activations, the transforming stream's 16 MB slices) are still

@@ -1,9 +1,10 @@
 """Which speed-ups a run uses, and why: chosen once from the accelerator and the flags, printed as `speed:`.
 
-Measured on a 2-core AVX-512 CPU (docs/training.md, "Step time"): torch's CPU dropout draws its mask with a
-per-element Mersenne Twister (5–7 ms of a ~15 ms step); bf16 autocast runs the matmuls on AVX512_BF16 at the same
-val AUC; fused Adam updates each parameter in one pass; OpenMP threads that spin briefly between ops, with one
-thread when another process takes a core (`training.runtime.threads`).
+On CPU (measurements: docs/training.md, "Step time"): torch's dropout draws its mask with a per-element
+Mersenne Twister, a large share of a step, so training installs numpy-drawn masks
+(`training.runtime.fast_dropout`); bf16 autocast runs the matmuls on AVX512_BF16/AMX at the same val AUC; fused
+Adam updates each parameter in one pass; OpenMP threads spin briefly between ops, with one thread when another
+process takes a core (`training.runtime.threads`).
 On CUDA torch's own dropout (fused Philox), fused Adam and AMP are the fast path; nothing CPU-only applies.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ADAM_IMPLS = ("auto", "default", "foreach", "fused")
-SPIN_COUNT = 30_000  # libgomp's default is 300,000: ~7 ms of spinning under contention
+SPIN_COUNT = 30_000  # a tenth of libgomp's default (300,000), which spins long against a busy core
 
 
 def on_cpu(accelerator: str) -> bool:

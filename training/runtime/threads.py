@@ -2,14 +2,14 @@
 
 A training step is ~40 parallel ops (matmuls, then elementwise work on (2048, 256) activations). Between two ops
 torch's OpenMP worker threads wait for the next one:
-- sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) costs a futex wake-up per op, 40–70 µs on this VM: a bf16 step
-  took 7.2–8.7 ms, about what one thread does alone (7.5–8.0 ms);
-- spinning up to `SPIN_COUNT` pause loops (≈0.7 ms on a 2.9 GHz Zen 4) first: 5.5–5.7 ms on the idle box;
-- but when another process takes a core, a spinning worker holds its core while its peer waits for one: with
-  one busy loop beside it the same step took 48 ms (passive waits: 8.2 ms).
-So a run spins (`training.runtime.speed.set_omp_wait_policy`), and `ThreadGovernor` times a few steps with one thread and with all of them every
-`PERIOD` steps and keeps the faster count: on an idle box two threads, beside a busy process one.
-Measurements: docs/training.md, "Threads".
+- sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) costs a futex wake-up per op, enough that a step with all
+  threads takes about as long as one thread alone;
+- spinning up to `SPIN_COUNT` pause loops first keeps the wake-ups off the step, when the cores are idle;
+- but when another process takes a core, a spinning worker holds its core while its peer waits for one, and
+  the step gets several times slower than with passive waits.
+So a run spins (`training.runtime.speed.set_omp_wait_policy`), and `ThreadGovernor` times a few steps with one
+thread and with all of them every `PERIOD` steps and keeps the faster count: all threads while the cores are
+idle, one beside a busy process. Measurements: docs/training.md, "Threads".
 """
 
 from __future__ import annotations
