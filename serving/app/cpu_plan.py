@@ -2,8 +2,8 @@
 
 In a container the CPU limit (cgroup `cpu.max`, or v1's CFS quota) is the budget, not the node's cores: a
 pod limited to 2 CPUs runs 2 workers of 1 thread each, so no more threads are runnable than the quota pays
-for. Without a limit (a laptop, a test) the defaults stay 1 worker and 1 thread, the quietest choice on a
-shared machine.
+for. Without a limit nothing tells the process its share, so the defaults stay 1 worker and 1 thread, the
+quietest choice where the cores are shared.
 """
 
 from __future__ import annotations

@@ -327,7 +327,7 @@ def run_server(cfg: ServerConfig, worker: WorkerRole | None = None) -> int:
     except ImportError:  # uvloop is not built for Windows; asyncio's loop works, only slower
         log.warning("uvloop not installed; using the default asyncio loop")
         loop_factory = None
-    if not raw_body.NATIVE:  # serves alike, ranking requests at about half the rows/s
+    if not raw_body.NATIVE:  # serves alike, only raw ranking requests decode slower
         log.warning(
             "the native raw-body scan is not built (pip install -e . builds it): raw rows decode via msgspec"
         )
