@@ -5,7 +5,7 @@ checkout of the project (the code before a change), all interleaved in the same 
 
 Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
 connections (rows/s, p99): the points of issue 19's goals, with the server process's CPU time per request (the
-median of the rounds), which this machine's noise moves less than QPS. One worker, `--intra_op_threads=1`; wrk
+median of the rounds), which noise moves less than QPS. One worker, `--intra_op_threads=1`; wrk
 bodies from `write_lua` and `write_raw_lua` (the serving section's). Each point is the median of `--rounds`
 runs.
 """

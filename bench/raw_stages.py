@@ -3,7 +3,7 @@
     python -m bench.raw_stages VERSION_DIR [--rows CRITEO.csv] [--batches 1 100 256] [--repeat 5]
 
 Each stage is the server's own function on a real body: body -> request (`decode_body` + `check_request`, what
-the server runs), and the old path's two steps apart (orjson `parse_body`; `to_request` + `check_request`),
+the server runs), and the exact path's two steps apart (orjson `parse_body`; `to_request` + `check_request`),
 transform + model (what a servable runs), body -> scores (decode, transform and model of a fresh batch: the
 decoder's keys feed the transform), drift (`DriftMonitor.observe` of one flush's worth of distinct scored
 requests, then one `flush`), encode (`encode_predictions`). Prints µs per row, the min of `--repeat` timeit

@@ -2,13 +2,13 @@
 
 Keyed rows of up to DICT_ROWS (every value up to 8 ASCII characters, whichever decoder made them: their keys
 come from the native scan or `RawKeys.of_list`) go through the native few-row transform
-(serving/codecs/_raw_native.c, `rows`): the 26 lookups in the same table as the numpy path, the lifts and the
-bucket counts, in C, with the counts' z-scores taken from the cache below. A single row with other values
-(longer, or not ASCII) is done in Python:
+(ctr_features/compiled/_table_native.c, `rows`): the 26 lookups in the same table as the numpy path, the
+lifts and the bucket counts, in C, with the counts' z-scores taken from the cache below. A single row with
+other values (longer, or not ASCII) is done in Python:
 
-On one row the numpy transform (ctr_features/compiled/table.py) is ~20 calls on tiny arrays, ~12 µs, and
-more once the model has run in between (its temporaries evict the model's data). Here the 26 lookups are dict
-gets and the row is one list turned into one float32 array. The counts' z-scores must stay numpy's bits
+On one row the numpy transform (ctr_features/compiled/table.py) is ~20 calls on tiny arrays, each with its
+fixed cost, and slower once the model has run in between (its temporaries evict the model's data). Here the
+26 lookups are dict gets and the row is one list turned into one float32 array. The counts' z-scores must stay numpy's bits
 (numpy's log1p is not Python's), so they come from a bounded cache of what the numpy transform gave for each
 (field, count) before: a count not seen yet (or a spec whose bucket columns are not all after the lifts)
 sends the row to the numpy transform, whose results then fill the cache. Checked bit for bit against
@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
+from ctr_features.layout import LIFT_START, N_NUM
 
-N_NUM = len(NUMERIC_FIELDS)
 try:
-    from serving.codecs._raw_native import rows as _native_rows
-    from serving.codecs._raw_native import table as _native_table
+    from ctr_features.compiled._table_native import rows as _native_rows
+    from ctr_features.compiled._table_native import table as _native_table
 except ImportError:  # not built (pip install -e . builds it): the Python one-row path and numpy serve alone
     _native_rows = _native_table = None
 CACHED_COUNTS = 4096  # per field: the small counts most rows carry; rarer ones take the numpy path
@@ -69,7 +69,7 @@ class OneRowTransform:
         self._lookups, self._width, self._full, self._owner = lookups, width, full, owner
         self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
         self._column: list[int] = column.tolist()
-        self._lifts_at = 2 * N_NUM  # the layout: z-scores, missing flags, lifts, then bucket counts
+        self._lifts_at = LIFT_START  # the layout: z-scores, missing flags, lifts, then bucket counts
         self._counts_at = self._lifts_at + len(lookups)
         self._z: list[dict[float, float]] = [{} for _ in range(N_NUM)]  # count -> its float32 z-score
 
@@ -96,10 +96,10 @@ class OneRowTransform:
 
     def takes(self, batch: RawBatch) -> bool:
         """Whether `keyed` can transform the batch: every value keyed (any batch whose values are all up to 8
-        ASCII characters: the scan's, msgspec's, gRPC's), and the native transform built."""
+        ASCII characters: the scan's, the exact path's, gRPC's), and the native transform built."""
         if self._native is None:
             return False
-        keys = batch.keys  # the decoder's, or made now (in C: ~0.3 µs a row)
+        keys = batch.keys  # the decoder's, or made now (in C)
         return keys is not None and keys.slow is None
 
     def keyed(self, batch: RawBatch) -> np.ndarray:

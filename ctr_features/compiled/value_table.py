@@ -1,6 +1,6 @@
 """(field, value) -> int lookups over a whole field-major batch of strings at once, in numpy.
 
-A dict lookup per value costs ~40-80 ns of interpreter work (26 per Criteo row); this module does the 26N
+A dict lookup per value is interpreter work for each of a Criteo row's 26 values; this module does the 26N
 lookups of a batch in ~25 numpy passes. Every Criteo categorical is 8 hex characters or "" (missing), so a
 value is keyed by its 8 bytes as one uint64; the keys of a batch are cut out of one join of all its values
 (`RawKeys`), salted with the field and found in a cuckoo hash table built once (`ValueTable`), comparing
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 try:
-    from serving.codecs._raw_native import keys as _native_keys
+    from ctr_features.compiled._table_native import keys as _native_keys
 except ImportError:  # not built: the numpy join below keys batches of 0- and 8-byte values
     _native_keys = None
 
@@ -194,7 +194,7 @@ class ValueTable:
         )
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-        """The table as arrays, for the native few-row transform (serving/codecs/_raw_native.c): the slots'
+        """The table as arrays, for the native few-row transform (ctr_features/compiled/_table_native.c): the slots'
         salted keys (uint64, 0 = empty) and codes (int32), the fields' salts (uint64), the shift of the
         multiply-shift hashing and the default code."""
         return self._key, self._code, self._salts.ravel(), int(self._shift), self.default

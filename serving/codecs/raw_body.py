@@ -1,73 +1,39 @@
-"""The fast paths of raw REST bodies: JSON bytes -> a field-major RawBatch, natively or through msgspec.
+"""The fast path of raw REST bodies: JSON bytes -> a field-major RawBatch, scanned natively.
 
 Every body, in row format or columnar (`inputs`), is first scanned by a small C extension
-(serving/codecs/_raw_native.c) straight into the counts and the categorical values' keys, with no Python
+(serving/codecs/_scan_native.c) straight into the counts and the categorical values' keys, with no Python
 object per value (ctr_features/compiled/few_rows.py transforms a few keyed rows natively too). It takes a strict
 subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up to 8 ASCII characters or
 null; no escapes, no repeated or unknown keys; at most MAX_SCAN_ROWS rows) and declines anything else, which
-then goes the msgspec way below (row format) or the exact path (columnar). The values themselves are made from
-the keys only if something reads them (`RawBatch.of_keys`). Without the extension (a source checkout not
-installed) the msgspec path serves alone.
+then goes the one other way: orjson, then the exact path (serving/codecs/raw_codec.py), which serves the body
+or names the instance and field of its error. The values themselves are made from the keys only if something
+reads them (`RawBatch.of_keys`). Without the extension (a source checkout not installed) the exact path serves
+alone. So this module never raises for a client's mistake, and decides nothing alone.
 
-`{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}` is decoded by msgspec
-straight into one small struct per row (no dict per row, no key lookups in Python), checked as it is read:
-a count is a JSON integer or an integral float strictly within ±2**53, "" or null; a categorical is a string
-or null; no other field, no other key in the envelope. The rows are then turned into columns with C-level
-calls (`astuple`, `zip`, one numpy conversion per kind) and the join that gives the categorical keys
-(ctr_features/compiled/value_table.py). Any body this does not take (a numeric string, a boolean, an unknown
-field, columnar `inputs`, malformed JSON, no rows...) returns None and goes the way it always went
-(serving/codecs/rest_codec.py: orjson, then serving/codecs/raw_codec.py), which serves or names the
-instance and field with the same message as before. So this module never raises for a client's mistake.
+`client_rows` and `client_columns` write rows as REST clients send them, for the gates that send rows through
+the server's decoder (serving/repository/warmup.py) and for the tests that compare the two paths.
 """
 
 from __future__ import annotations
 
 import math
-from itertools import chain
-from typing import Annotated, Any, Literal
+from typing import Any
 
-import msgspec
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
-from ctr_features.compiled.table import DICT_ROWS
 from ctr_features.compiled.value_table import RawKeys
-from serving.signatures import RAW_SIGNATURE
 
 try:
-    from serving.codecs._raw_native import scan as _scan
+    from serving.codecs._scan_native import scan as _scan
 except ImportError:  # not built: `pip install -e .` (make install) builds it
     _scan = None
 NATIVE = _scan is not None  # the server logs which decoder it runs (serving/app/server.py)
-# The scan's bound on rows (and so on its memory, 39 * 8 bytes a row); a larger body goes the other ways,
+# The scan's bound on rows (and so on its memory, 39 * 8 bytes a row); a larger body goes the exact way,
 # whose --max_instances check answers it.
 MAX_SCAN_ROWS = 65536
-
-_LIMIT = 2**53  # counts within ±2**53 exclusive: the bounds themselves go to the exact path, which names them
-Count = (
-    Annotated[int, msgspec.Meta(gt=-_LIMIT, lt=_LIMIT)]
-    | Annotated[float, msgspec.Meta(gt=-_LIMIT, lt=_LIMIT, multiple_of=1)]  # integral floats (3.0, 1e3)
-    | Annotated[str, msgspec.Meta(max_length=0)]  # "", a missing count
-    | None
-)
-# An absent count is None (NaN) and an absent categorical "" (the missing value): nothing to replace after.
-RawRow = msgspec.defstruct(
-    "RawRow",
-    [(f, Count, None) for f in NUMERIC_FIELDS] + [(f, str | None, "") for f in CATEGORICAL_FIELDS],
-    forbid_unknown_fields=True,
-    gc=False,  # rows hold no containers: no cycle tracking for thousands of small objects
-)
-RawInstances = msgspec.defstruct(
-    "RawInstances",
-    [("instances", list[RawRow]), ("signature_name", Literal[RAW_SIGNATURE], RAW_SIGNATURE)],  # type: ignore[valid-type]
-    forbid_unknown_fields=True,
-    gc=False,
-)
-_DECODER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(RawInstances)
-_N_NUM = len(NUMERIC_FIELDS)
-_BLANK_IS_MISSING = {"": None}  # dict.get(v, v): "" -> None (NaN), any other value itself
-_NULL_IS_BLANK = {None: ""}
+_N_NUM, _N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 
 
 def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, Any]]:
@@ -116,62 +82,12 @@ def client_columns(numeric: np.ndarray, categorical: np.ndarray) -> dict[str, li
 
 def decode_raw_body(body: bytes | bytearray) -> tuple[bool, RawBatch] | None:
     """A raw REST body -> (columnar format?, its RawBatch), or None: the exact path's to decode. The native scan
-    takes row and columnar bodies of its JSON subset; msgspec, the other row bodies it can."""
-    if _scan is not None:
-        found = _scan(body, 1, MAX_SCAN_ROWS)
-        if found is not None:
-            n, counts, keys, columnar = found
-            key = np.frombuffer(keys, np.uint64).reshape(len(CATEGORICAL_FIELDS), n)
-            return columnar, RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))
-    batch = _decode_typed(body)
-    return None if batch is None else (False, batch)
-
-
-def decode_raw_instances(body: bytes | bytearray) -> RawBatch | None:
-    """A raw REST body in row format -> a RawBatch (with its keys), or None: the exact path's to decode."""
-    found = decode_raw_body(body)
-    return found[1] if found is not None and not found[0] else None
-
-
-def _decode_typed(body: bytes | bytearray) -> RawBatch | None:
-    """msgspec's typed decode of a row-format body, or None."""
-    try:
-        rows = _DECODER.decode(body).instances
-    except msgspec.DecodeError:  # malformed JSON, or a value the types above do not take (ValidationError)
+    takes row and columnar bodies of its JSON subset."""
+    if _scan is None:
         return None
-    n = len(rows)
-    if not n:
-        return None  # no rows: which message (raw or features) depends on the exact path's rules
-    if n == 1:  # one row is already field-major: no transpose
-        row = msgspec.structs.astuple(rows[0])
-        numeric, strings = _few_counts(list(row[:_N_NUM]), 1), list(row[_N_NUM:])
-    else:
-        columns = list(zip(*map(msgspec.structs.astuple, rows), strict=True))  # 39 tuples of N values
-        numeric = _counts(columns[:_N_NUM], n)
-        strings = list(chain.from_iterable(columns[_N_NUM:]))  # field-major, as the batch holds them
-    if None in strings:
-        strings = list(map(_NULL_IS_BLANK.get, strings, strings))
-    if n <= DICT_ROWS:  # keyed when the transform asks (RawBatch.keys, in C)
-        return RawBatch.of_strings(numeric, strings)
-    # in C, or by the numpy join; None: by dict (a lone surrogate: msgspec refuses them first)
-    return RawBatch.of_strings(numeric, strings, RawKeys.of_list(strings, (len(CATEGORICAL_FIELDS), n)), True)
-
-
-def _counts(columns: list[tuple[Any, ...]], n: int) -> np.ndarray:
-    """13 tuples of N counts (int, integral float, None or "") -> float64 (13, N), NaN = missing."""
-    if n <= DICT_ROWS:  # one numpy call (~1 µs each)
-        return _few_counts(list(chain.from_iterable(columns)), n)
-    numeric = np.empty((_N_NUM, n))
-    for j, values in enumerate(columns):  # by field: a "" costs a second pass over its own field only
-        try:
-            numeric[j] = values  # None -> NaN
-        except ValueError:
-            numeric[j] = list(map(_BLANK_IS_MISSING.get, values, values))
-    return numeric
-
-
-def _few_counts(values: list[Any], n: int) -> np.ndarray:
-    """13 * N counts, field-major -> float64 (13, N), in one numpy call."""
-    if "" in values:
-        values = list(map(_BLANK_IS_MISSING.get, values, values))
-    return np.array(values, np.float64).reshape(_N_NUM, n)  # None -> NaN
+    found = _scan(body, 1, MAX_SCAN_ROWS)
+    if found is None:
+        return None
+    n, counts, keys, columnar = found
+    key = np.frombuffer(keys, np.uint64).reshape(_N_CAT, n)
+    return columnar, RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))

@@ -1,4 +1,9 @@
-"""Raw Criteo rows -> the `raw` signature's inputs: REST instances or columnar inputs, and gRPC tensors.
+"""The exact path of raw Criteo rows -> the `raw` signature's RawBatch: REST instances or columnar inputs (after
+orjson), and gRPC tensors.
+
+A REST body reaches it when the native scan (serving/codecs/raw_body.py, the one fast path) declined it, or
+when the scan is not built: it checks every value, serves what is valid and names the first bad instance and
+field of anything else.
 
 The raw signature takes I1..I13 as float64 (N,) with NaN = missing and C1..C26 as strings (N,) with "" =
 missing (see ctr_features/compiled/onnx_graph.py). A field that is absent, `null` or `""` is missing, exactly like an empty
@@ -20,7 +25,6 @@ import numpy as np
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from serving import protos
-from serving.codecs.raw_columns import fast_columns, fast_instances
 from serving.errors import InvalidArgument
 
 MAX_COUNT = 2**53  # the largest integer range float64 holds exactly
@@ -127,10 +131,6 @@ def decode_instances(rows: Any) -> RawBatch:
         raise InvalidArgument(
             f"'instances' must be a list of objects of raw Criteo fields, got {type(rows).__name__}"
         )
-    fast = fast_instances(rows)
-    if fast is not None:
-        return fast
-    # The exact path: a body the fast path declined (an error to name, numeric strings, no rows).
     # Python lists, one numpy conversion at the end: item assignment into arrays costs more than the lookups.
     numeric_rows, categorical_rows = [], []
     numeric_index, categorical_index, nan = _NUMERIC, _CATEGORICAL, math.nan
@@ -187,9 +187,6 @@ def decode_columns(columns: Any) -> RawBatch:
             f"'inputs' fields have different lengths {lengths}; send one value per instance"
         )
     n = next(iter(lengths.values()), 0)  # 0: an empty batch, named by validation
-    fast = fast_columns(columns, n) if n else None
-    if fast is not None:
-        return fast
     numeric = np.full((n, len(NUMERIC_FIELDS)), np.nan)
     categorical = np.full((n, len(CATEGORICAL_FIELDS)), "", dtype=object)
     for key, values in columns.items():

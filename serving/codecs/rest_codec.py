@@ -1,7 +1,8 @@
 """TF Serving's REST predict body ⇄ numpy: row (`instances`) and columnar (`inputs`) formats.
 
-The happy path is one `orjson.loads` (~10x faster than `json` for 128 floats) and one `np.asarray` (raw rows:
-one typed msgspec decode, serving/codecs/raw_body.py); the per-value Python walk in `_diagnose` runs only to
+The happy path is one `orjson.loads` (much faster than `json` on lists of floats) and one `np.asarray`; raw rows
+are scanned natively first (serving/codecs/raw_body.py), and a body the scan declines is parsed by orjson and
+decoded by the exact path (serving/codecs/raw_codec.py). The per-value Python walk in `_diagnose` runs only to
 explain an error (which instance, which feature, what was expected).
 """
 
@@ -35,8 +36,8 @@ class PredictBody:
 def decode_predict(body: bytes | bytearray, sig: Signature) -> tuple[bool, DecodedRequest]:
     """A predict body for `sig` -> (columnar format?, the decoded request); raises InvalidArgument naming the
     bad instance. Raw rows go straight to columns (serving/codecs/raw_body.py) when they can."""
-    # Raw rows are objects: a body with no '{' after its first byte near the start is vectors (a failed
-    # typed decode would cost them ~1 µs); a body that only looks raw is declined by the decoder itself.
+    # Raw rows are objects: a body with no '{' after its first byte near the start is vectors (not worth a
+    # scan); a body that only looks raw is declined by the scan itself.
     if sig.has_raw and body.find(b"{", 1, 256) > 0:
         found = decode_raw_body(body)
         if found is not None:

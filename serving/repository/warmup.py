@@ -20,7 +20,7 @@ from ctr_features.compiled.raw_batch import RawBatch
 from serving import protos
 from serving.codecs.raw_body import client_columns, client_rows, json_can_carry
 from serving.codecs.raw_codec import decode_tensors
-from serving.codecs.rest_codec import decode_predict
+from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.codecs.tensors import to_ndarray
 from serving.errors import InvalidArgument, ModelLoadError
 from serving.runtime.backends import Backend
@@ -37,8 +37,8 @@ RAW_WARMUP_TOLERANCE = 1e-4
 def masked_crc32c(data: bytes) -> int:
     """TFRecord's checksum: CRC-32C (Castagnoli), rotated right by 15 and offset by 0xa282ead8.
 
-    google-crc32c's C (SSE4.2) code: about 0.1-0.6 ms per MiB here, where a pure-Python table loop took 100-500 ms
-    per MiB holding the GIL (docs/serving-versions.md).
+    google-crc32c's C (SSE4.2) code: a pure-Python table loop is hundreds of times slower, and holds the GIL
+    meanwhile (docs/serving-versions.md).
     """
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
@@ -140,26 +140,31 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
 
 def _check_rest_route(backend: SpecBackend, i: int, rows: RawBatch, expected: np.ndarray) -> None:
     """The same gate on the route REST clients take: the record's rows as JSON bodies (row format, then
-    columnar), decoded by the server's REST decoder (the native scan, msgspec or the exact path) and
-    transformed twice (the native few-row transform runs once the first pass has cached the counts'
-    z-scores). Rows JSON cannot carry (a count that is infinite or not integral) are checked by the tensor
-    route only."""
+    columnar), decoded by both of the server's REST decoders (the native scan where it takes the body, as
+    served, and the exact path alone) and transformed twice each (the native few-row transform runs once the
+    first pass has cached the counts' z-scores). Rows JSON cannot carry (a count that is infinite or not
+    integral) are checked by the tensor route only."""
     numeric, categorical = rows.numeric.T, rows.categorical.T
     if not json_can_carry(numeric):
         return
+    signature = backend.signature
     for body in (
         orjson.dumps({"instances": client_rows(numeric, categorical)}),
         orjson.dumps({"inputs": client_columns(numeric, categorical)}),
     ):
-        try:
-            batch = decode_predict(body, backend.signature)[1].batch
-        except InvalidArgument as exc:
-            raise ModelLoadError(
-                f"raw warm-up record {i}: the REST decoder refuses its rows: {exc.message}"
-            ) from exc
-        for _ in range(2):
-            out = backend.predict_batch(batch)  # type: ignore[arg-type]
-            _check_expected(backend, i, {}, out, expected, " sent as a REST body")
+        for decode in (
+            lambda data: decode_predict(data, signature)[1],
+            lambda data: to_request(parse_body(data), signature),
+        ):
+            try:
+                batch = decode(body).batch
+            except InvalidArgument as exc:
+                raise ModelLoadError(
+                    f"raw warm-up record {i}: the REST decoder refuses its rows: {exc.message}"
+                ) from exc
+            for _ in range(2):
+                out = backend.predict_batch(batch)  # type: ignore[arg-type]
+                _check_expected(backend, i, {}, out, expected, " sent as a REST body")
 
 
 def _check_expected(

@@ -2,8 +2,8 @@
 
 A version with a raw graph (`model_raw.onnx`, the SavedModel's `raw` signature) and a `feature_spec.json`
 serves raw rows as RawTransform (ctr_features/compiled/table.py) then the backend's `serving_default`
-model: one float32 input instead of 39 per-field inputs, which costs ONNX Runtime ~3-10 µs each per call and
-TF a `tf.constant` each. The raw graph stays loaded: stock TF Serving and Triton use it, and a load whose
+model: one float32 input instead of 39 per-field inputs, each of which costs ONNX Runtime a conversion per
+call and TF a `tf.constant`. The raw graph stays loaded: stock TF Serving and Triton use it, and a load whose
 warm-up records carry no expected scores checks the transform against it (serving/repository/warmup.py).
 """
 

@@ -417,11 +417,11 @@ def test_concurrent_raw_requests_through_the_batcher_each_get_their_own_rows(
         )
 
 
-def test_typed_fast_path_rows_alone_again_and_in_a_body_for_the_child_match_the_features_path(
+def test_fast_path_rows_alone_again_and_in_a_body_for_the_child_match_the_features_path(
     onnx_server: ServerProcess, raw_repo
 ) -> None:
     _, spec, seen = raw_repo
-    rows = [raw_rows(seen)[i] for i in (0, 2, 3, 4, 5, 6)]  # no numeric strings, no ±2**53: msgspec's forms
+    rows = [raw_rows(seen)[i] for i in (0, 2, 3, 4, 5, 6)]  # no numeric strings, no ±2**53: scan forms
     want = features_path(onnx_server, spec, rows)
     for _ in range(2):  # a single row: numpy's z-scores first, the one-row cache's the second time
         for row, expected in zip(rows, want, strict=True):

@@ -1,5 +1,5 @@
-"""The raw fast path: vectorised REST decoding (codecs/raw_columns.py) and the compiled FeatureSpec
-(codecs/raw_transform.py), each against its one definition: the per-value decoder and `FeatureSpec.transform`."""
+"""The exact path of raw REST rows (serving/codecs/raw_codec.py: every value form, every 400 message) and the
+compiled FeatureSpec (ctr_features/compiled/table.py) against its one definition, `FeatureSpec.transform`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
 from export.gates.raw_parity import build_raw_rows
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
-from serving.codecs.raw_columns import FAST_MIN_ROWS, fast_columns, fast_instances
 from serving.errors import InvalidArgument
 from training.synth import sample_rows
 
@@ -44,25 +43,14 @@ def same(a: RawBatch, b: RawBatch) -> bool:
     )
 
 
-def test_fast_rows_decode_exactly_as_the_per_value_path() -> None:
-    fast = decode_rest(VALID_ROWS, False)
-    assert len(fast) == len(VALID_ROWS) >= FAST_MIN_ROWS
-    one_by_one = RawBatch.concat([decode_rest([row], False) for row in VALID_ROWS])  # < FAST_MIN_ROWS: exact
-    assert same(fast, one_by_one)
-    assert fast.numeric[0, 1] == MAX_COUNT - 1 and fast.numeric[0, 2] == MAX_COUNT
+def test_rows_decode_alike_in_one_batch_and_one_by_one() -> None:
+    batch = decode_rest(VALID_ROWS, False)
+    one_by_one = RawBatch.concat([decode_rest([row], False) for row in VALID_ROWS])
+    assert same(batch, one_by_one)
+    assert batch.numeric[0, 1] == MAX_COUNT - 1 and batch.numeric[0, 2] == MAX_COUNT
 
 
-def test_plain_rows_and_columns_take_the_fast_path() -> None:
-    # No numeric strings and no ±2**53 (an int there may have rounded onto it): nothing for the exact path.
-    plain = [r for r in VALID_ROWS if "I9" not in r and r.get("I1") != MAX_COUNT] * 2
-    batch = fast_instances(plain)
-    assert batch is not None and same(batch, decode_rest(plain, False))
-    columns = {f: [r.get(f) for r in plain] for f in ("I1", "I6", "C1", "C26")}
-    fast = fast_columns(columns, len(plain))
-    assert fast is not None and same(fast, decode_rest(columns, True))
-
-
-def test_fast_columns_decode_exactly_as_the_rows() -> None:
+def test_columns_decode_exactly_as_the_rows() -> None:
     fields = NUMERIC_FIELDS + CATEGORICAL_FIELDS
     columns = {f: [r.get(f) for r in VALID_ROWS] for f in fields}
     assert same(decode_rest(columns, True), decode_rest(VALID_ROWS, False))
@@ -74,7 +62,7 @@ def _bad(value_field: str, value: Any) -> list[dict[str, Any]]:
     return rows
 
 
-# Each 400 kind at instance 9 of 12 rows (a batch the fast path takes): the exact message of the per-value path.
+# Each 400 kind at instance 9 of 12 rows: the exact message, in row and in columnar format.
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
@@ -212,11 +200,13 @@ def test_serving_bucket_hash_is_trainings_fnv1a() -> None:
         assert serving_fnv1a_32(text) == training_fnv1a_32(text)
 
 
-def test_a_lone_surrogate_goes_to_the_per_value_path_which_judges_strings() -> None:
+def test_a_lone_surrogate_is_named_in_rows_and_columns() -> None:
     rows: list[dict[str, Any]] = [{"C1": "ok"}] * 12
     rows[4] = {"C2": "\ud800"}  # not UTF-8 encodable: valid JSON, but no string a Criteo file holds
-    assert fast_instances(rows) is None
-    assert fast_columns({"C2": [r.get("C2") for r in rows]}, 12) is None
+    for body, columnar in ((rows, False), ({"C2": [r.get("C2") for r in rows]}, True)):
+        with pytest.raises(InvalidArgument) as caught:
+            decode_rest(body, columnar)
+        assert caught.value.message.startswith("instance 4 field 'C2' holds \\ud800 at character 0")
 
 
 def test_one_row_transform_equals_feature_spec_transform_before_and_after_its_cache_fills(

@@ -1,5 +1,5 @@
-"""The native scan of raw REST bodies (serving/codecs/_raw_native.c) against the exact path (orjson, then the
-per-value decoder), bit for bit: what it takes decodes the same, what it declines goes the other ways, and no
+"""The native scan of raw REST bodies (serving/codecs/_scan_native.c) against the exact path (orjson, then the
+per-value decoder), bit for bit: what it takes decodes the same, what it declines goes the exact path, and no
 body that is not valid JSON, or that the exact path refuses, is ever taken."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
 from export.gates.raw_parity import build_raw_rows
 from serving.codecs import raw_body
-from serving.codecs.raw_body import client_columns, client_rows, decode_raw_instances
+from serving.codecs.raw_body import client_columns, client_rows, decode_raw_body
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
 from serving.errors import InvalidArgument
-from tests.serving.unit import test_unit_raw_body as body_tests
-from tests.serving.unit.test_unit_raw_body import ROW, SIG, old_path
+from tests.serving.unit import test_unit_raw_decoders as body_tests
+from tests.serving.unit.test_unit_raw_decoders import ROW, SIG, old_path
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 
 MANY = DICT_ROWS + 1  # the numpy transform's batches; up to DICT_ROWS keyed rows are transformed natively
@@ -53,9 +53,11 @@ def scan(body: bytes) -> Any:
 
 
 def scanned(body: bytes) -> RawBatch:
-    """The batch decode_raw_instances gives for a body the scan takes (asserting that it does)."""
+    """The batch decode_raw_body gives for a body the scan takes (asserting that it does)."""
     assert scan(body) is not None, body[:200]
-    batch = decode_raw_instances(body)
+    found = decode_raw_body(body)
+    assert found is not None
+    batch = found[1]
     assert batch is not None and batch.keys_known and not batch.holds_strings
     return batch
 
@@ -66,7 +68,7 @@ def spec() -> FeatureSpec:
 
 
 def test_the_extension_is_built() -> None:
-    """`pip install -e .` (make install) compiles it: a server without it serves at the msgspec path's speed."""
+    """`pip install -e .` (make install) compiles it: a server without it serves through the exact path alone."""
     assert raw_body.NATIVE
 
 
@@ -91,7 +93,7 @@ def test_gate_rows_scan_as_the_exact_path_decodes_them_and_transform_as_the_feat
             )
             assert np.array_equal(transform(got), expected), (name, n)
     # Criteo's own values are scanned; 16-digit counts and other strings (the gate's unseen values are over
-    # 8 characters) go the msgspec way
+    # 8 characters) go the exact path
     assert "vocabulary" in taken
 
 
@@ -149,7 +151,7 @@ def test_spacing_order_signature_and_empty_rows_scan_as_the_exact_path() -> None
 
 
 BASE = b'{"I1": 3, "I2": -1, "I12": "", "C1": "68fd1e64", "C22": ""}'
-DECLINED = [  # each is one row among MANY - 1 plain ones: valid bodies msgspec or the exact path answers
+DECLINED = [  # each is one row among MANY - 1 plain ones: valid bodies the exact path answers
     b'{"I1": 1e3}',
     b'{"I1": 3.5}',
     b'{"I1": 3.0000000000000001}',

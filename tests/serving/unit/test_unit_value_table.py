@@ -90,12 +90,16 @@ def test_a_table_too_crowded_for_its_slots_grows_until_every_entry_has_one() -> 
     assert np.array_equal(table.lookup(values, RawKeys.of(values)), expected)
 
 
-def test_rest_rows_arrive_with_the_keys_of_their_categoricals_from_the_decoders_join() -> None:
-    from serving.codecs.raw_codec import decode_rest
+def test_scanned_rest_rows_arrive_with_the_keys_of_their_categoricals() -> None:
+    import orjson
+
+    from serving.codecs.raw_body import decode_raw_body
 
     rows = [{"I1": i, "C1": "68fd1e64", "C2": None, "C26": "abcdefgh"} for i in range(12)] + [{}]
-    decoded = decode_rest(rows, False)
-    assert decoded.keys_known  # set by the decoder, not computed by the property
+    found = decode_raw_body(orjson.dumps({"instances": rows}))
+    assert found is not None
+    decoded = found[1]
+    assert decoded.keys_known and not decoded.holds_array  # set by the scan, not computed by the property
     fresh = RawKeys.of(decoded.categorical)
     assert decoded.keys is not None and fresh is not None
     assert np.array_equal(decoded.keys.key, fresh.key) and decoded.keys.slow is fresh.slow is None

@@ -1,15 +1,15 @@
-/* The raw path's native parts: a body scanned straight into columns, and the few-row transform.
+/* The native scan of raw REST bodies: JSON bytes straight into columns, a wire-format decoder.
  *
- * 1. `scan(body, min_rows, max_rows)` (serving/codecs/raw_body.py) reads a raw REST body, in row format
+ * `scan(body, min_rows, max_rows)` (serving/codecs/raw_body.py) reads a raw REST body, in row format
  * `{"instances": [{"I1": 3, "C1": "68fd1e64", ...}, ...], "signature_name"?: "raw"}` or columnar
  * `{"inputs": {"I1": [3, ...], "C1": ["68fd1e64", ...], ...}, "signature_name"?: "raw"}`, in one pass over its
  * bytes and returns (n, counts, keys, columnar): n rows, the counts as float64 (13, n) field-major
- * (NaN = missing) and the categorical values' keys as uint64 (26, n) field-major, in two bytearrays. A key is a
- * value's bytes (up to 8) as a little-endian uint64, zero-padded, and "" is eight 0x01 bytes: the keys of
- * ctr_features/compiled/value_table.py (`RawKeys`).
+ * (NaN = missing) and the categorical values' keys as uint64 (26, n) field-major, in two bytearrays. The keys
+ * are the compiled table's (ctr_features/compiled/raw_key.h), so the transform looks them up as they are.
  *
- * It takes a strict subset of JSON and returns None for anything else, which then goes the way it always went
- * (msgspec, then the exact path that names the instance and field of an error). The subset:
+ * It takes a strict subset of JSON and returns None for anything else, which then goes to the exact path
+ * (serving/codecs/raw_codec.py, after orjson), which serves it or names the instance and field of its error.
+ * The subset:
  *   - the envelope holds "instances" or "inputs", and optionally "signature_name": "raw", each once, and
  *     nothing else;
  *   - a row, or `inputs`, holds only the 39 field names, each at most once, written without escapes; every
@@ -19,18 +19,10 @@
  *   - a categorical is a string of at most 8 ASCII characters from 0x20 to 0x7F without a backslash, or null;
  *   - at least `min_rows` rows and at most `max_rows` (its memory's bound: 39 * 8 bytes a row).
  * So it never accepts a body that is not JSON, and every body it takes decodes to the same values as the
- * other paths (tests/serving/unit/test_unit_raw_native.py compares them).
+ * exact path (tests/serving/unit/test_unit_raw_native.py and test_unit_raw_decoders.py compare them).
  *
  * Memory: two arrays of n rows (13 doubles and 26 keys each), grown by doubling, then one transposed copy in
  * the bytearrays; nothing else. Time: one pass over the body, without the GIL.
- *
- * 2. `table(...)` and `rows(table, z, counts, keys, n)` (serving/codecs/raw_rows.py): the compiled FeatureSpec
- * of ctr_features/compiled/table.py on a few keyed rows, with the z-scores of their counts given (numpy's
- * own, cached): the categorical lookups in the same cuckoo table as `ValueTable.lookup_keys`, the lifts and
- * the bucket counts, into float32 features. No arithmetic but a float32 += 1.0: the same bits as numpy's.
- *
- * 3. `keys(values)` (ctr_features/compiled/value_table.py): the same keys for values already decoded (gRPC tensors,
- * msgspec's rows), so those batches take the few-row transform and the batch-wide lookup too.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,10 +30,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "raw_key.h"
+
 #define N_NUM 13
 #define N_CAT 26
 #define MAX_DIGITS 15 /* below 10**15 < 2**53: every such integer is exact in a double */
-static const uint64_t EMPTY_KEY = 0x0101010101010101ULL;
 
 typedef struct {
     const unsigned char *p, *end;
@@ -153,27 +146,26 @@ static int count(Scan *s, double *out) {
     return 1;
 }
 
-/* A categorical: a string of at most 8 plain ASCII characters (its key), or null ("", the missing value). */
+/* A categorical: a string of at most RAW_KEY_BYTES plain ASCII characters (its key), or null ("", the missing value). */
 static int categorical(Scan *s, uint64_t *out) {
     const unsigned char *p = s->p, *end = s->end;
     if (p >= end) return 0;
     if (*p == 'n') {
         if (!word(s, "null", 4)) return 0;
-        *out = EMPTY_KEY;
+        *out = RAW_EMPTY_KEY;
         return 1;
     }
     if (*p != '"') return 0;
-    p++;
-    uint64_t key = 0;
-    int len = 0;
+    const unsigned char *start = ++p;
     while (p < end && *p != '"') {
-        unsigned char c = *p++;
-        if (c < 0x20 || c > 0x7F || c == '\\' || len == 8) return 0;
-        key |= (uint64_t)c << (8 * len++);
+        unsigned char c = *p;
+        /* JSON's plain characters (no control character, no escape) that a key holds */
+        if (c < 0x20 || c == '\\' || !raw_key_byte(c) || p - start == RAW_KEY_BYTES) return 0;
+        p++;
     }
     if (p >= end) return 0;
     s->p = p + 1;
-    *out = len ? key : EMPTY_KEY;
+    *out = raw_key(start, (size_t)(p - start));
     return 1;
 }
 
@@ -199,7 +191,7 @@ static int row(Scan *s) {
     double *num = s->num + s->n * N_NUM;
     uint64_t *key = s->key + s->n * N_CAT;
     for (int j = 0; j < N_NUM; j++) num[j] = NAN;
-    for (int j = 0; j < N_CAT; j++) key[j] = EMPTY_KEY;
+    for (int j = 0; j < N_CAT; j++) key[j] = RAW_EMPTY_KEY;
     s->n++;
     if (eat(s, '}')) return 1;
     uint64_t seen = 0;
@@ -278,7 +270,7 @@ static int inputs(Scan *s) {
                 goto done;
             }
             for (Py_ssize_t i = 0; i < n * N_NUM; i++) s->num[i] = NAN;
-            for (Py_ssize_t i = 0; i < n * N_CAT; i++) s->key[i] = EMPTY_KEY;
+            for (Py_ssize_t i = 0; i < n * N_CAT; i++) s->key[i] = RAW_EMPTY_KEY;
         }
         if (f < N_NUM) memcpy(s->num + (Py_ssize_t)f * n, tmp, (size_t)n * 8);
         else memcpy(s->key + (Py_ssize_t)(f - N_NUM) * n, tmp, (size_t)n * 8);
@@ -358,211 +350,12 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* ---- 2. the few-row transform ---- */
-
-#define MIX 0x9E3779B97F4A7C15ULL /* ctr_features/compiled/value_table.py's multiply-shift constants */
-#define MIX2 0xC2B2AE3D27D4EB4FULL
-
-/* A slot and an entry each in one place: a lookup misses the cache about twice (a slot, its entry) instead of
- * four or five times in the numpy layout's separate arrays (a 118k-entry table is ~4 MB). */
-typedef struct {
-    uint64_t key; /* the salted key (0: empty) */
-    int32_t code; /* its entry */
-    int32_t pad;
-} Slot;
-
-typedef struct {
-    float lift;     /* the entry's lift */
-    int32_t column; /* the bucket column its value counts in */
-} Entry;
-
-typedef struct {
-    Slot *slot;      /* the cuckoo table */
-    unsigned shift;  /* 64 - log2(slots) */
-    int32_t missing; /* the entry of a value no slot names */
-    uint64_t salt[N_CAT];
-    Entry *entry;
-    Py_ssize_t entries, width;
-} Table;
-
-static void table_free(PyObject *capsule) {
-    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
-    if (!t) return;
-    PyMem_Free(t->slot);
-    PyMem_Free(t->entry);
-    PyMem_Free(t);
-}
-
-/* table(key, code, salts, shift, default, lift, column, width) -> a capsule: the arrays checked and copied. */
-static PyObject *table(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer key, code, salts, lift, column;
-    unsigned shift;
-    int missing;
-    Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "y*y*y*Iiy*y*n", &key, &code, &salts, &shift, &missing, &lift, &column, &width))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t slots = key.len / 8, entries = lift.len / 4;
-    const char *bad = NULL;
-    if (shift < 2 || shift > 63 || slots != (Py_ssize_t)1 << (64 - shift) || key.len != slots * 8)
-        bad = "the key table must hold 2**(64 - shift) uint64";
-    else if (code.len != slots * 4) bad = "one int32 code per slot";
-    else if (salts.len != N_CAT * 8) bad = "one uint64 salt per categorical field";
-    else if (column.len != lift.len || entries < 1) bad = "one float32 lift and one int32 column per entry";
-    if (!bad) {
-        const int32_t *c = code.buf, *col = column.buf;
-        for (Py_ssize_t i = 0; i < slots && !bad; i++)
-            if (c[i] < 0 || c[i] >= entries) bad = "a code is not an entry";
-        for (Py_ssize_t i = 0; i < entries && !bad; i++)
-            if (col[i] < 2 * N_NUM + N_CAT || col[i] >= width) bad = "a column is not a bucket column";
-        if (missing < 0 || missing >= entries) bad = "the default is not an entry";
-    }
-    Table *t = NULL;
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, bad);
-    } else if (!(t = PyMem_Calloc(1, sizeof(Table))) || !(t->slot = PyMem_Malloc((size_t)slots * sizeof(Slot))) ||
-               !(t->entry = PyMem_Malloc((size_t)entries * sizeof(Entry)))) {
-        PyErr_NoMemory();
-    } else {
-        const uint64_t *k = key.buf;
-        const int32_t *c = code.buf, *col = column.buf;
-        const float *l = lift.buf;
-        for (Py_ssize_t i = 0; i < slots; i++) t->slot[i] = (Slot){k[i], c[i], 0};
-        for (Py_ssize_t i = 0; i < entries; i++) t->entry[i] = (Entry){l[i], col[i]};
-        memcpy(t->salt, salts.buf, sizeof t->salt);
-        t->shift = shift;
-        t->missing = missing;
-        t->entries = entries;
-        t->width = width;
-        result = PyCapsule_New(t, "ctr.raw_table", table_free);
-        if (result) t = NULL;
-    }
-    if (t) {
-        PyMem_Free(t->slot);
-        PyMem_Free(t->entry);
-        PyMem_Free(t);
-    }
-    PyBuffer_Release(&key);
-    PyBuffer_Release(&code);
-    PyBuffer_Release(&salts);
-    PyBuffer_Release(&lift);
-    PyBuffer_Release(&column);
-    return result;
-}
-
-static inline int32_t lookup(const Table *t, uint64_t key, int field) {
-    uint64_t salted = key ^ t->salt[field];
-    uint64_t first = (salted * MIX) >> t->shift, second = (salted * MIX2) >> t->shift;
-    if (t->slot[first].key == salted) return t->slot[first].code;
-    if (t->slot[second].key == salted) return t->slot[second].code;
-    return t->missing;
-}
-
-/* rows(table, z, counts, keys, n) -> (features, entries), or None when a present count has no z-score.
- *
- * z: 13 * n floats or None, field-major (the cached z-score of each count; None: not cached);
- * counts: float64 (13, n); keys: uint64 (26, n), every value keyed. A count without a z-score is missing when
- * it is NaN (z 0, missing flag 1), else the caller's numpy transform must run (None). Returns the float32
- * (n, width) features and the int32 (n, 26) entries (row-major: each row's contiguous, for drift) in bytearrays. */
-static PyObject *rows(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *capsule, *z;
-    Py_buffer counts, keys;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "OO!y*y*n", &capsule, &PyList_Type, &z, &counts, &keys, &n)) return NULL;
-    PyObject *result = NULL, *features = NULL, *entries = NULL;
-    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
-    if (!t) goto done;
-    if (n < 1 || PyList_GET_SIZE(z) != N_NUM * n || counts.len != N_NUM * n * 8 || keys.len != N_CAT * n * 8) {
-        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
-        goto done;
-    }
-    features = PyByteArray_FromStringAndSize(NULL, n * t->width * 4);
-    entries = PyByteArray_FromStringAndSize(NULL, N_CAT * n * 4);
-    if (!features || !entries) goto done;
-    float *out = (float *)PyByteArray_AS_STRING(features);
-    int32_t *found = (int32_t *)PyByteArray_AS_STRING(entries);
-    const double *x = counts.buf;
-    const uint64_t *k = keys.buf;
-    memset(out, 0, (size_t)(n * t->width) * 4);
-    for (Py_ssize_t j = 0; j < N_NUM; j++) {
-        for (Py_ssize_t r = 0; r < n; r++) {
-            PyObject *v = PyList_GET_ITEM(z, j * n + r);
-            float *row = out + r * t->width;
-            if (v == Py_None) {
-                if (x[j * n + r] == x[j * n + r]) { /* present, not cached: numpy's turn */
-                    result = Py_NewRef(Py_None);
-                    goto done;
-                }
-                row[N_NUM + j] = 1.0f; /* missing: z 0, flag 1 */
-            } else {
-                double d = PyFloat_AsDouble(v);
-                if (d == -1.0 && PyErr_Occurred()) goto done;
-                row[j] = (float)d;
-            }
-        }
-    }
-    for (int f = 0; f < N_CAT; f++) {
-        for (Py_ssize_t r = 0; r < n; r++) {
-            int32_t e = lookup(t, k[f * n + r], f);
-            float *row = out + r * t->width;
-            found[r * N_CAT + f] = e; /* row-major: a row's 26 are contiguous */
-            row[2 * N_NUM + f] = t->entry[e].lift;
-            row[t->entry[e].column] += 1.0f; /* two fields may share a bucket */
-        }
-    }
-    result = Py_BuildValue("OO", features, entries);
-done:
-    Py_XDECREF(features);
-    Py_XDECREF(entries);
-    PyBuffer_Release(&counts);
-    PyBuffer_Release(&keys);
-    return result;
-}
-
-/* ---- 3. keys of values already decoded ---- */
-
-/* keys(values) -> bytearray of one uint64 key per value (the scan's keys), or None when a value is not a str
- * of up to 8 ASCII characters without a NUL or a 0x01 (the numpy path of value_table.py then decides). */
-static PyObject *keys(PyObject *self, PyObject *values) {
-    (void)self;
-    if (!PyList_Check(values)) {
-        PyErr_SetString(PyExc_TypeError, "keys() takes a list of str");
-        return NULL;
-    }
-    Py_ssize_t m = PyList_GET_SIZE(values);
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, m * 8);
-    if (!out) return NULL;
-    uint64_t *key = (uint64_t *)PyByteArray_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *v = PyList_GET_ITEM(values, i);
-        if (!PyUnicode_Check(v) || !PyUnicode_IS_ASCII(v) || PyUnicode_GET_LENGTH(v) > 8) goto none;
-        Py_ssize_t len = PyUnicode_GET_LENGTH(v);
-        const unsigned char *c = PyUnicode_DATA(v);
-        uint64_t k = 0;
-        for (Py_ssize_t j = 0; j < len; j++) {
-            if (c[j] < 2) goto none; /* a NUL would cut the value, a 0x01 read as "" */
-            k |= (uint64_t)c[j] << (8 * j);
-        }
-        key[i] = len ? k : EMPTY_KEY;
-    }
-    return out;
-none:
-    Py_DECREF(out);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(body, min_rows, max_rows) -> (n, counts, keys, columnar) or None: a raw REST body as columns."},
-    {"keys", keys, METH_O, "keys(values) -> bytearray of uint64 keys, or None: the keys of a list of str."},
-    {"table", table, METH_VARARGS, "table(key, code, salts, shift, default, lift, column, width) -> a capsule."},
-    {"rows", rows, METH_VARARGS,
-     "rows(table, z, counts, keys, n) -> (features, entries) or None: the few-row transform of keyed rows."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_raw_native", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__raw_native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__scan_native(void) { return PyModule_Create(&module); }
