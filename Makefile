@@ -22,7 +22,7 @@ help: ## List the targets
 
 # One venv for every stage. torch==2.13.0 goes first (the CPU wheel on disk; a bare `torch`
 # would pull a multi-GB CUDA build), then tensorflow (not tensorflow-cpu), then the project.
-$(STAMP): pyproject.toml setup.py serving/codecs/_raw_native.c
+$(STAMP): pyproject.toml setup.py ctr_features/compiled/_table_native.c ctr_features/compiled/raw_key.h serving/codecs/_scan_native.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
