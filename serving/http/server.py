@@ -1,6 +1,6 @@
 """A small HTTP/1.1 server on asyncio + httptools for the REST API, hardened against slow and hostile clients.
 
-Why not uvicorn or granian: bench/sections/http_layer.py ran all three with the same app under load and under attack
+Why not uvicorn or granian: bench/http_layer.py ran all three with the same app under load and under attack
 (docs/serving-http.md). Only this one dropped slow clients, body holders and non-readers and gave the memory
 back: uvicorn has no header or body read timeout, granian no body read timeout and no output limit.
 
