@@ -32,6 +32,8 @@ from typing import Any
 from ctr_contract.schema import RAW_FIELDS
 
 MTIME_SLACK_S = 2.0  # a line stamped just before its file's mtime was set is still found
+# `**/`: also one folder per pod, as the k8s serving pods write them.
+REQUEST_LOGS = "**/requests-*.jsonl"
 
 
 @dataclass
@@ -119,8 +121,7 @@ def _stamp(value: Any) -> float:
 
 def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Iterator[Request]:
     """Requests logged in [start, end); bad lines in the range are counted as 'bad request lines'."""
-    # `**/`: also one folder per pod, as the k8s serving pods write them.
-    for path in _recent_files(folder, "**/requests-*.jsonl", start):
+    for path in _recent_files(folder, REQUEST_LOGS, start):
         last = path.stat().st_mtime
         for _, line in _lines(path):
             try:
@@ -158,7 +159,7 @@ def log_files(paths: list[Path]) -> list[Path]:
     """The request log files of each path: a folder's (its subfolders' too), or the file itself."""
     out: list[Path] = []
     for p in paths:
-        out += sorted(p.glob("**/requests-*.jsonl")) if p.is_dir() else [p]
+        out += _recent_files(p, REQUEST_LOGS, -math.inf) if p.is_dir() else [p]
     return out
 
 

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
-from ctr_contract.ratelog import RateLimitedLog
 from pipelines.clicks.join import join_interval, partition_name
 
 T = 1_800_000_000.0  # interval 0 of these tests starts here; intervals are 100 s, the window 30 s
@@ -130,18 +127,6 @@ def test_holdout_takes_whole_requests_by_hash_of_the_id(tmp_path: Path):
     held = pq.read_table(tmp_path / "out" / "holdout" / partition_name(0)).to_pydict()
     assert r.holdout_rows == len(held["label"]) == 2 * len(set(held["request_id"]))
     assert 60 < r.holdout_rows < 140 and r.rows == 400
-
-
-def test_the_rate_limited_log_writes_one_line_per_kind_per_minute(caplog: pytest.LogCaptureFixture):
-    limited = RateLimitedLog(logging.getLogger("t"))
-    with caplog.at_level(logging.WARNING):
-        assert limited.count("late clicks", 3, "dropped") is True
-        assert limited.count("late clicks", 4, "dropped") is False
-        assert limited.count("unknown clicks", 2, "dropped") is True
-    assert caplog.messages == [
-        "3 late clicks dropped (at most one line per kind per minute)",
-        "2 unknown clicks dropped (at most one line per kind per minute)",
-    ]
 
 
 def test_request_logs_in_one_folder_per_pod_are_all_joined(tmp_path: Path):
