@@ -40,9 +40,6 @@ from serving.observability.request_log import RequestLog
 from serving.protocols.grpc_health import HealthReporter
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.router import RestRouter, build_grpc_server
-from serving.protocols.tfs_rest import TfsRestApp
-from serving.protocols.v2_models import V2Models
-from serving.protocols.v2_rest import V2RestApp
 from serving.repository.manager import ModelManager
 from serving.repository.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
 from serving.runtime.backends import Backend
@@ -106,11 +103,9 @@ async def _open_ports(
 ) -> tuple[grpc.aio.Server, HttpServer | None]:
     """Bind both ports before serving anything (a busy port fails the process, exit 1), then serve them."""
     rest_socket = _bind(cfg.host, cfg.rest_api_port, reuse_port) if cfg.rest_api_port else None
-    v2 = V2Models(models.current)
     tls = load_tls_config(cfg.ssl_config_file) if cfg.ssl_config_file is not None else None
     grpc_server = build_grpc_server(
         models,
-        v2,
         cfg.host,
         cfg.port,
         cfg.max_body_bytes,
@@ -126,11 +121,7 @@ async def _open_ports(
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder.start()
-        app = RestRouter(
-            TfsRestApp(models, decoder),
-            V2RestApp(v2, decoder),
-            lambda: metrics.render() + models.drift_text(),
-        )
+        app = RestRouter(models, decoder, lambda: metrics.render() + models.drift_text())
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
         log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")

@@ -22,6 +22,7 @@ from ctr_contract.ratelog import RateLimitedLog
 from serving.dataplane.model_set import ServedModels
 from serving.errors import JSON, ServingError, error_body
 from serving.http.messages import require_method
+from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.tfs_grpc import tfs_handlers
 from serving.protocols.tfs_rest import TfsRestApp
 from serving.protocols.v2_grpc import v2_handler
@@ -38,9 +39,11 @@ METRICS_PATHS = ("/monitoring/prometheus/metrics", "/metrics")
 class RestRouter:
     """The application behind the HTTP layer (serving/http/shared.py's RequestHandler)."""
 
-    def __init__(self, v1: TfsRestApp, v2: V2RestApp | None, metrics_text: Callable[[], str]) -> None:
-        """`v2`: the /v2 routes; None: no /v2 routes. `metrics_text` renders the Prometheus exposition."""
-        self.v1, self.v2, self._metrics_text = v1, v2, metrics_text
+    def __init__(self, models: ServedModels, decoder: BodyDecoder, metrics_text: Callable[[], str]) -> None:
+        """`decoder` parses large bodies in its child process; `metrics_text` renders the Prometheus page."""
+        self.v1 = TfsRestApp(models, decoder)
+        self.v2 = V2RestApp(V2Models(models.current), decoder)
+        self._metrics_text = metrics_text
 
     async def handle(
         self,
@@ -56,7 +59,7 @@ class RestRouter:
         `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
         """
         try:
-            if self.v2 is not None and (path == "/v2" or path.startswith("/v2/")):
+            if path == "/v2" or path.startswith("/v2/"):
                 return await self.v2.dispatch(method, path, body, header_length, request_id)
             if path in METRICS_PATHS or path == "/healthz":
                 require_method(method, "GET")
@@ -75,7 +78,6 @@ class RestRouter:
 
 def build_grpc_server(
     models: ServedModels,
-    v2: V2Models,
     host: str,
     port: int,
     max_message_bytes: int,
@@ -94,7 +96,7 @@ def build_grpc_server(
             ("grpc.so_reuseport", int(reuse_port)),
         ]
     )
-    server.add_generic_rpc_handlers((*tfs_handlers(models), v2_handler(v2)))
+    server.add_generic_rpc_handlers((*tfs_handlers(models), v2_handler(V2Models(models.current))))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = (

@@ -1,1 +1,1 @@
-"""serving/repository."""
+"""The model repository: scan version folders, check manifests, load and warm up; version states, policy."""
