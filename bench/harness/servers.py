@@ -1,6 +1,6 @@
 """The serving sections' harness: servers under test on 127.0.0.1, driven by wrk in interleaved rounds.
 
-Used by `bench.sections.serving_load` (our server against its peers) and `bench.sections.http_layer` (our HTTP
+Used by `bench.sections.serving_load` (our server against its peers) and `bench.http_layer` (our HTTP
 layer against uvicorn and granian).
 """
 
@@ -22,7 +22,9 @@ from bench.harness import procs
 from bench.harness.inputs import PROJECT_ROOT
 from ctr_contract.repository import version_dirs
 
-STARTUP_TIMEOUT_S = 180  # TorchServe starts a JVM, then its Python worker, on a shared 2-core machine
+STARTUP_TIMEOUT_S = (
+    180  # TorchServe starts a JVM, then its Python worker, on a machine the other servers share
+)
 PREDICT_PATH = "/v1/models/ctr:predict"
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 

@@ -169,9 +169,9 @@ def _raw_rows(plan: LatencyPlan, version_dir: Path, threads: int | None) -> list
     compiled FeatureSpec, then model.onnx), batch 1 and 256."""
     if not (version_dir / RAW_ONNX_MODEL).is_file():
         return []  # a version exported before raw serving
+    from ctr_features.parity import build_raw_rows
     from ctr_features.spec import FeatureSpec
     from export.gates.raw_parity import (
-        build_raw_rows,
         onnxruntime_raw_predictor,
         savedmodel_raw_predictor,
         serving_predictor,

@@ -193,11 +193,11 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
     import torch
     import torch.nn.functional as F
 
+    from bench.harness.reference_prepare import prepare_streaming
     from ctr_model.net import ModelConfig
-    from training.data.batches import ShuffledBatches
     from training.data.cache import ensure_cache
-    from training.data.prepare import load_in_memory, prepare_streaming
-    from training.data.stream_batches import StreamedBatches
+    from training.loader.memory import ShuffledBatches, load_in_memory
+    from training.loader.stream import StreamedBatches
     from training.model.lightning_module import CTRModule
 
     speed = SpeedSettings.choose("cpu", malloc=malloc)
@@ -249,9 +249,10 @@ def primitives(data: Path) -> dict[str, float]:
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
+    from bench.harness.reference_prepare import prepare_streaming
+    from ctr_features.compiled.records import expand, transform_chunk
     from training.data.cache import ensure_cache
-    from training.data.feature_cache import expand, iter_records, transform_chunk
-    from training.data.prepare import prepare_streaming
+    from training.data.feature_cache import iter_records
 
     cache = ensure_cache(data)[0]
     pq_data, spec, encoded = prepare_streaming([cache], 0.1, 128, None, print)

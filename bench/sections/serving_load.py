@@ -5,7 +5,7 @@ connections, the servers measured in interleaved rounds; then 100-instance reque
 128-float vectors and as raw Criteo rows (the ranking rows).
 Every server gets 1 worker process and 1 intra-op thread; each one's RSS (whole process group) is taken after
 the load. TorchServe gets the same JSON body on its own predictions API (see `bench.peers.torchserve_server`).
-Called by `make bench` (bench.harness.section_runner).
+Called by `make bench` (`bench.section_runner`).
 """
 
 from __future__ import annotations

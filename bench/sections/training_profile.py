@@ -39,7 +39,7 @@ def _phases(d: dict[str, np.ndarray], fast: bool, steps: int, batch: int) -> dic
     import torch.nn.functional as F
 
     from ctr_model.net import ModelConfig
-    from training.data.batches import ShuffledBatches
+    from training.loader.memory import ShuffledBatches
     from training.model.lightning_module import CTRModule
 
     speed = _settings(fast)
@@ -82,7 +82,7 @@ def _phases(d: dict[str, np.ndarray], fast: bool, steps: int, batch: int) -> dic
 
 def _lightning_ms_per_step(d: dict[str, np.ndarray], fast: bool, batch: int) -> float:
     """ms per step of one Trainer.fit epoch over the data, as the bench's "ours" row runs it."""
-    from bench.sections.training_throughput import lightning_fit
+    from bench.sections.training_loops import lightning_fit
 
     rate, _ = lightning_fit(d, 2, batch, _settings(fast))
     return batch / rate * 1e3
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.settings == "fast":
-        from bench.sections.training_throughput import BATCH_SIZE, MODEL_WIDTHS
+        from bench.sections.training_loops import BATCH_SIZE, MODEL_WIDTHS
         from training.runtime.malloc import keep_freed_memory, step_tensor_bytes
         from training.runtime.speed import set_omp_wait_policy
 

@@ -13,13 +13,21 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ctr_contract.tf_log import import_tensorflow
+from bench.sections.training_loops import (
+    BATCH_SIZE,
+    LR,
+    MODEL_WIDTHS,
+    SEED,
+    bare_loop,
+    keras_fit,
+    lightning_fit,
+    torch_val_auc,
+)
 
 WORKERS = {
     "bare": "bare PyTorch loop",
@@ -29,25 +37,19 @@ WORKERS = {
 }
 # The rows trained outside .venv, in their own venvs (bench.harness.foreign_venvs).
 FOREIGN = {"jax": "JAX + Flax (jax.jit)", "mlx": "MLX (mlx.nn, CPU)"}
-# Repeats of the JAX and MLX rows: MLX's Linux CPU build runs the MLP ~10x slower than torch, and a full run
+# Repeats of the JAX and MLX rows: MLX's Linux CPU build runs the MLP far slower than torch, and a full run
 # must stay within its bound; the report's `runs` column shows the count.
 FOREIGN_REPEATS = {"full": 2, "quick": 1, "tiny": 1}
-# rows generated, epochs per repeat, repeats; batch size and lr follow `make train`'s defaults.
+# rows generated, epochs per repeat, repeats (batch size, lr and seed: bench.sections.training_loops).
 SIZES = {"full": (1_000_000, 2, 3), "quick": (60_000, 2, 3), "tiny": (12_000, 2, 2)}
-BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
-MODEL_WIDTHS = (
-    128,
-    256,
-    128,
-)  # the MLP's input and hidden widths (ctr_model.net.ModelConfig's defaults)
 
 
 def run(mode: str, workdir: Path) -> dict[str, Any]:
     """Measure the six training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
     from bench.harness.procs import run_bounded
+    from bench.harness.reference_prepare import prepare
     from bench.sections.flops import step_flops
     from training.data.cache import ensure_cache
-    from training.data.prepare import prepare
     from training.synth import generate
 
     if mode not in SIZES:
@@ -183,143 +185,6 @@ def _summary(runs: list[float], val_auc: float) -> dict[str, Any]:
     }
 
 
-def _steady_rate(epoch_seconds: list[float], n: int) -> float:
-    """Samples/s over the epochs after the first (warm-up) one; over all of them when there is one."""
-    timed = epoch_seconds[1:] or epoch_seconds
-    return n * len(timed) / sum(timed)
-
-
-def _torch_val_auc(net: Any, val_x: np.ndarray, val_y: np.ndarray) -> float:
-    import torch
-
-    from ctr_model.metrics import roc_auc
-
-    net.eval()
-    with torch.no_grad():
-        return roc_auc(val_y, net(torch.from_numpy(val_x)).squeeze(1).numpy())
-
-
-def _bare(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tuple[float, Any]:
-    """Plain loop: preloaded tensors, the same shuffled whole batches as our pipeline, no Lightning."""
-    import torch
-    import torch.nn.functional as F
-
-    from ctr_model.net import CTRNet
-    from training.data.batches import ShuffledBatches
-
-    net = CTRNet()
-    opt = torch.optim.Adam(
-        net.parameters(),
-        lr=LR,
-        foreach=True if args.adam_impl == "foreach" else None,
-        fused=True if args.adam_impl == "fused" else None,
-    )
-    step = torch.compile(net) if args.compile else net
-    batches = ShuffledBatches(
-        torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"]), args.batch_size, seed=SEED
-    )
-    seconds = []
-    for epoch in range(epochs):
-        batches.set_epoch(epoch)
-        net.train()
-        t0 = time.perf_counter()
-        for x, y, _ in batches:
-            opt.zero_grad(set_to_none=True)
-            F.binary_cross_entropy_with_logits(step(x), y).backward()
-            opt.step()
-        seconds.append(time.perf_counter() - t0)
-    return _steady_rate(seconds, len(d["train_y"])), net
-
-
-def lightning_fit(
-    d: dict[str, np.ndarray], epochs: int, batch_size: int, speed: Any, naive: bool = False
-) -> tuple[float, Any]:
-    """Our module in a Trainer with `speed` (a `SpeedSettings`); `naive` swaps our batch slicer for a
-    per-sample Dataset + default collate. Returns (steady samples/s, the trained net)."""
-    import lightning as L
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from ctr_model.net import ModelConfig
-    from training.data.batches import ShuffledBatches
-    from training.model.lightning_module import CTRModule
-
-    x, y = torch.from_numpy(d["train_x"]), torch.from_numpy(d["train_y"])
-    if naive:
-        loader = DataLoader(
-            TensorDataset(x, y.unsqueeze(1), torch.arange(len(y))), batch_size=batch_size, shuffle=True
-        )
-    else:
-        loader = DataLoader(ShuffledBatches(x, y, batch_size, seed=SEED), batch_size=None)
-    epoch_seconds: list[float] = []
-
-    class EpochClock(L.Callback):
-        def on_train_epoch_start(self, *a: Any) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_train_epoch_end(self, *a: Any) -> None:
-            epoch_seconds.append(time.perf_counter() - self.t0)
-
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[EpochClock(), *speed.callbacks()],
-        precision=speed.precision,
-    )
-    module = CTRModule(
-        ModelConfig().to_dict(), lr=LR, adam_impl=speed.adam_impl, fast_dropout=speed.fast_dropout
-    )
-    trainer.fit(module, train_dataloaders=loader)
-    return _steady_rate(epoch_seconds, len(y)), module.net
-
-
-def _keras(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tuple[float, float]:
-
-    import_tensorflow()  # before keras loads it: quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
-    import keras
-
-    from ctr_model.metrics import roc_auc
-
-    keras.utils.set_random_seed(SEED)
-    model = keras.Sequential(
-        [
-            keras.Input((d["train_x"].shape[1],)),
-            keras.layers.Dense(256, activation="relu"),
-            keras.layers.Dropout(0.3),
-            keras.layers.Dense(128, activation="relu"),
-            keras.layers.Dropout(0.2),
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile(optimizer=keras.optimizers.Adam(LR), loss=keras.losses.BinaryCrossentropy(from_logits=True))
-    seconds: list[float] = []
-
-    class EpochClock(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self.t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            seconds.append(time.perf_counter() - self.t0)
-
-    model.fit(
-        d["train_x"],
-        d["train_y"],
-        batch_size=args.batch_size,
-        epochs=epochs,
-        shuffle=True,
-        verbose=0,
-        callbacks=[EpochClock()],
-    )
-    logits = model.predict(d["val_x"], batch_size=8192, verbose=0).reshape(-1)
-    return _steady_rate(seconds, len(d["train_y"])), roc_auc(d["val_y"], logits)
-
-
 def worker_main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m bench.sections.training_throughput", description="one framework's measurement"
@@ -353,11 +218,10 @@ def worker_main(argv: list[str] | None = None) -> None:
 
     ours, governed, malloc = args.worker == "ours", False, None
     if ours:
-        set_omp_wait_policy()  # as `python -m training` does, before torch loads
-        malloc = keep_freed_memory(
-            step_tensor_bytes(args.batch_size, MODEL_WIDTHS)
-        )  # as `python -m training` does
-        # as `python -m training` does: one thread per core of the CPU limit, governed unless --threads is given
+        # As `python -m training` does: the OpenMP wait policy before torch loads, freed memory kept for the
+        # next step, one thread per core of the CPU limit (governed unless --threads is given).
+        set_omp_wait_policy()
+        malloc = keep_freed_memory(step_tensor_bytes(args.batch_size, MODEL_WIDTHS))
         args.threads, governed = args.threads or cgroup.available_cpus(), args.threads is None
     # Only "ours" gets the pipeline's speed settings; bare and naive stay plain torch unless told otherwise.
     speed = SpeedSettings.choose(
@@ -380,18 +244,18 @@ def worker_main(argv: list[str] | None = None) -> None:
     runs, auc = [], float("nan")
     for _ in range(args.repeats):
         if args.worker == "keras":
-            rate, auc = _keras(d, args.epochs, args)
+            rate, auc = keras_fit(d, args.epochs, args)
         else:
             import lightning as L
 
             L.seed_everything(SEED, verbose=False)
             if args.worker == "bare":
-                rate, net = _bare(d, args.epochs, args)
+                rate, net = bare_loop(d, args.epochs, args)
             else:
                 rate, net = lightning_fit(
                     d, args.epochs, args.batch_size, speed, naive=args.worker == "naive"
                 )
-            auc = _torch_val_auc(net, d["val_x"], d["val_y"])
+            auc = torch_val_auc(net, d["val_x"], d["val_y"])
         runs.append(round(rate, 1))
         print(f"{args.worker}: {rate:.0f} samples/s, val AUC {auc:.4f}", flush=True)
     args.out.write_text(json.dumps({**_summary(runs, auc), **({"settings": speed.line()} if ours else {})}))

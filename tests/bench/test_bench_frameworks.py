@@ -439,7 +439,7 @@ def test_foreign_venv_builds_on_first_use_or_says_why_not(venv: ForeignVenv, tmp
 def test_ddp_scaling_reports_both_rates_and_their_efficiency(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bench.sections import ddp_scaling
+    from bench import ddp_scaling
 
     argv = ["--rows", "3000", "--epochs", "1", "--batch-size", "256", "--workdir", str(tmp_path)]
     assert ddp_scaling.main(argv) == 0
