@@ -22,9 +22,8 @@ from bench.harness import procs
 from bench.harness.inputs import PROJECT_ROOT
 from ctr_contract.repository import version_dirs
 
-STARTUP_TIMEOUT_S = (
-    180  # TorchServe starts a JVM, then its Python worker, on a machine the other servers share
-)
+# TorchServe starts a JVM, then its Python worker, on a machine the other servers share.
+STARTUP_TIMEOUT_S = 180
 PREDICT_PATH = "/v1/models/ctr:predict"
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
