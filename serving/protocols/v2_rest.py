@@ -22,7 +22,7 @@ import orjson
 
 from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
 from serving.dataplane.validation import parse_version
-from serving.errors import InvalidArgument, NotFound
+from serving.errors import JSON, InvalidArgument, NotFound
 from serving.http.messages import require_method
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.v2_models import V2Models
@@ -32,7 +32,6 @@ from serving.signatures import RAW_SIGNATURE, Signature
 V2_ROUTE = re.compile(
     r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<action>/ready|/infer)?$"
 )
-JSON = b"application/json"
 BINARY = b"application/octet-stream"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
