@@ -50,7 +50,7 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def _is_import_module(node: ast.AST) -> str | None:
     """The literal name of `importlib.import_module("x")` / `import_module("x")`, else None."""
-    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
         return None
     func = node.func
     name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
@@ -75,13 +75,13 @@ def imports(name: str, path: Path) -> list[Import]:
             for alias in node.names:
                 target = base if alias.name == "*" else f"{base}.{alias.name}" if base else alias.name
                 found.append(Import(target, node.lineno, lazy, type_only))
-        elif (literal := _is_import_module(node)) is not None:
+        elif isinstance(node, ast.Call) and (literal := _is_import_module(node)) is not None:
             found.append(Import(literal, node.lineno, lazy, type_only))
         if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.body:
-                visit(child, lazy, True)
-            for child in node.orelse:
-                visit(child, lazy, type_only)
+            for branch in node.body:
+                visit(branch, lazy, True)
+            for branch in node.orelse:
+                visit(branch, lazy, type_only)
             return
         inner = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         for child in ast.iter_child_nodes(node):

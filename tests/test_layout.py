@@ -68,11 +68,11 @@ def import_cycle(root: Path, package: str) -> list[str] | None:
 def fmt_skips(path: Path) -> list[int]:
     """The lines of `path` that carry a `# fmt: skip` or `# fmt: off` comment (comments only, not strings)."""
     tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
-    return [
-        t.start[0]
-        for t in tokens
-        if t.type == tokenize.COMMENT and t.string.lstrip("#").strip().startswith(("fmt: skip", "fmt: off"))
-    ]
+    return [t.start[0] for t in tokens if t.type == tokenize.COMMENT and _is_fmt_pragma(t.string)]
+
+
+def _is_fmt_pragma(comment: str) -> bool:
+    return comment.lstrip("#").strip().startswith(("fmt: skip", "fmt: off"))
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
