@@ -6,6 +6,10 @@ trailing slash (`serving/app/`), or a whole `backticked` span (`serving/app`). P
 skew" is none of these. Left out: a token inside a longer path or a URL (`/app/serving/`, `https://x/docs/`),
 globs and placeholders (`serving/protos/*.binpb`, `bench/results/<stamp>/`, `tests/<stage>/`, `RUN/`, `...`),
 and what a run generates (`GENERATED`). A path is read from the repository's root, however deep the page is.
+
+The same texts name modules: a dotted name of ours in backticks or after `python -m` (`serving.app.config`,
+`ctr_features.spec.FeatureSpec`, `python -m pipelines.online`) must be a module, or a name defined at the top
+of one (its first part after the module; `FeatureSpec.transform` is not followed further).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.ast_imports import OURS
+from tests.ast_imports import OURS, modules
 from tests.helpers import REPO_ROOT
 
 ROOTS = (*OURS, "tests", "docs", "docker", "k8s", "scripts", ".ci")
@@ -28,6 +32,7 @@ _ROOT = "|".join(re.escape(r) for r in ROOTS)
 PATH = re.compile(rf"(?<![\w./~$-])((?:{_ROOT})/[\w./-]*)")
 GLOB_OR_PLACEHOLDER = set("*?[{<$%")
 PLACEHOLDER_PART = re.compile(r"[A-Z][A-Z0-9_]*|\.\.\.?|N|X")
+MODULE = re.compile(rf"(?:`|python -m )((?:{'|'.join(OURS)})(?:\.\w+)+)")
 
 
 def named_paths(text: str) -> Iterator[tuple[int, str]]:
@@ -89,9 +94,58 @@ def missing_paths(root: Path) -> list[str]:
     return missing
 
 
+def top_level_names(path: Path) -> set[str]:
+    """The names a module binds at its top level (also inside a top-level `if` or `try`)."""
+    found = set()
+    for node in ast.parse(path.read_text(), str(path)).body:
+        scope = ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node]
+        for inner in scope:
+            if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                found.add(inner.name)
+            elif isinstance(inner, ast.Import | ast.ImportFrom):
+                found |= {(a.asname or a.name).split(".")[0] for a in inner.names}
+            elif isinstance(inner, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                found |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return found
+
+
+def named_modules(text: str) -> Iterator[tuple[int, str]]:
+    """(line offset from the text's start, dotted name) for each module name of ours that `text` names."""
+    for match in MODULE.finditer(text):
+        yield text.count("\n", 0, match.start()), match.group(1)
+
+
+def module_exists(name: str, known: dict[str, Path]) -> bool:
+    """Whether `name` is a module of `known` or a top-level name of one."""
+    parts = name.split(".")
+    for k in range(len(parts), 0, -1):
+        if (module := ".".join(parts[:k])) in known:
+            return k == len(parts) or parts[k] in top_level_names(known[module])
+    return False
+
+
+def missing_modules(root: Path) -> list[str]:
+    """`file:line: name` for each module name in the documents or the packages' prose that does not exist."""
+    known = {name: path for package in OURS for name, path in modules(root, package).items()}
+    texts = [(doc, 1, doc.read_text()) for doc in documents(root)]
+    texts += [(m, line, text) for m in package_modules(root) for line, text in python_prose(m)]
+    return [
+        f"{path.relative_to(root).as_posix()}:{line + offset}: {name}"
+        for path, line, text in texts
+        for offset, name in named_modules(text)
+        if not module_exists(name, known)
+    ]
+
+
 def test_every_named_repository_path_exists() -> None:
     missing = missing_paths(REPO_ROOT)
     assert missing == [], f"{len(missing)} named paths do not exist:\n" + "\n".join(missing)
+
+
+def test_every_named_module_exists() -> None:
+    missing = missing_modules(REPO_ROOT)
+    assert missing == [], f"{len(missing)} named modules do not exist:\n" + "\n".join(missing)
 
 
 def test_path_pattern() -> None:
@@ -122,3 +176,20 @@ def test_missing_paths_names_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "docs" / "x.md").write_text("One\ntwo: serving/b/\n")
 
     assert missing_paths(tmp_path) == ["docs/x.md:2: serving/b/", "serving/a.py:2: serving/gone.py"]
+
+
+def test_missing_modules_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "serving" / "app").mkdir(parents=True)
+    (tmp_path / "serving" / "__init__.py").write_text("")
+    (tmp_path / "serving" / "app" / "__init__.py").write_text("")
+    (tmp_path / "serving" / "app" / "config.py").write_text(
+        '"""`serving.app.config.parse` and\n`serving.app.config.Config.width`, not `serving.app.gone`."""\n'
+        "from json import loads as parse\nclass Config: ...\n"
+    )
+    (tmp_path / "README.md").write_text("`python -m serving` and\n`python -m serving.api` and serving.x.y\n")
+
+    assert missing_modules(tmp_path) == [
+        "README.md:2: serving.api",
+        "serving/app/config.py:2: serving.app.gone",
+    ]
