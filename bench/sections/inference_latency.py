@@ -107,7 +107,7 @@ def run(
     """Measure p50/p99 per backend and batch size.
 
     Args:
-        mode: "full", "quick" (< ~60 s) or "tiny".
+        mode: a key of PLANS ("full", "quick" or "tiny"): how many calls and repeats each point gets.
         version_dir: a published version folder (model.onnx, saved_model.pb, model.pt).
         checkpoint: the source checkpoint for PyTorch eager; None falls back to the manifest's.
         threads: intra-op threads for every backend; None keeps each framework's default.
