@@ -342,3 +342,13 @@ def test_frozen_write_check(tmp_path: Path) -> None:
     _write(tmp_path, {"m.py": text})
 
     assert frozen_writes(tmp_path / "m.py") == [1, 2, 3, 4]
+
+
+def test_folders_counts_each_room_apart(tmp_path: Path) -> None:
+    files = {f"pkg/m{i}.py": "" for i in range(11)}
+    files |= {"pkg/__init__.py": "", "pkg/room/__init__.py": "", "pkg/room/a.py": "", "pkg/notes.txt": ""}
+    _write(tmp_path, files)
+
+    found = folders(tmp_path, "pkg")
+
+    assert {f: len(m) for f, m in found.items()} == {"pkg": 12, "pkg/room": 2}
