@@ -12,7 +12,7 @@ from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import import_tensorflow
 from export.errors import ExportError, InputError
 from export.gates.parity import MIN_ROWS
-from export.publish.targets import DEFAULT_PROFILE, PROFILES, resolve_target
+from export.onnx.targets import DEFAULT_PROFILE, PROFILES, resolve_target
 from export.request import ExportRequest, request_defaults
 
 

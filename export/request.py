@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from export.gates.parity import MIN_ROWS
-from export.publish.targets import DEFAULT_PROFILE, PROFILES, Target
+from export.onnx.targets import DEFAULT_PROFILE, PROFILES, Target
 
 DEFAULT_REPO = Path("artifacts/models/ctr")
 DEFAULT_TARGET = Target(DEFAULT_PROFILE, PROFILES[DEFAULT_PROFILE])

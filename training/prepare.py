@@ -2,7 +2,7 @@
 
 Parses the text into Parquet, fits the FeatureSpec and encodes every row, exactly as a training run would,
 and prints the rows/s of each step. A training run on the same data and settings then starts at once.
-Under torchrun every rank prepares its share (see `training.preparation`).
+Under torchrun every rank prepares its share (see `training/data/preparation.py`).
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from ctr_model.errors import CheckpointError
 from ctr_model.metrics import log_loss, roc_auc
 from ctr_model.net import ModelConfig
 from training.config import TrainConfig
-from training.data.datamodule import CTRDataModule
-from training.data.inputs import RunInputs, load_inputs
 from training.data.samples import first_val_rows, samples, save_val_raw, score_val
+from training.loader.datamodule import CTRDataModule
+from training.loader.inputs import RunInputs, load_inputs
 from training.model.callbacks import SampleAudit, TrainThroughput
 from training.model.distributed import build_strategy, explain_rendezvous_failures, launch_rank
 from training.model.lightning_module import CTRModule

@@ -16,7 +16,7 @@ from ctr_contract import signatures as contract
 from ctr_model.net import CTRNet, CTRProbability
 from export.errors import ExportError, UnsupportedOpError
 from export.onnx.patches import PATCHES
-from export.publish.targets import Target
+from export.onnx.targets import Target
 
 log = logging.getLogger(__name__)
 

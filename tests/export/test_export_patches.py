@@ -7,7 +7,7 @@ from torch import nn
 
 from ctr_model.net import CTRNet, ModelConfig
 from export.onnx.patches import PATCHES, HardtanhAsRelu, LeakyReluAsRelu, apply_patches
-from export.publish.targets import PROFILES
+from export.onnx.targets import PROFILES
 
 
 def _inputs() -> torch.Tensor:

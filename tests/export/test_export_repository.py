@@ -85,7 +85,7 @@ def test_crash_mid_export_leaves_no_version_folder(
     )
     staged: list[Path] = []
     try:
-        deadline = time.monotonic() + 180  # importing torch + onnx on a loaded 2-core machine
+        deadline = time.monotonic() + 180  # room for importing torch + onnx on a loaded machine
         while not staged and proc.poll() is None and time.monotonic() < deadline:
             staged = [p for p in repo.glob(f".tmp-1-*-{proc.pid}") if p.is_dir()] if repo.is_dir() else []
             time.sleep(0.01)

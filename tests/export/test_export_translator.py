@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from export.errors import UnsupportedOpError
-from export.publish.targets import TRANSLATOR_OPS
+from export.onnx.targets import TRANSLATOR_OPS
 from export.tf.tf_ops import TF_OPS
 from export.tf.translator import OnnxModule
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.data.batches import ShuffledBatches
+from training.loader.memory import ShuffledBatches
 
 
 def epoch_rows(n: int, batch: int, world: int, epoch: int) -> list[list[int]]:

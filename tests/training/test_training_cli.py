@@ -15,14 +15,14 @@ import pytest
 import torch
 from train_runs import TINY_RUN
 
+from bench.harness.reference_prepare import prepare_streaming
 from ctr_features.spec import FeatureSpec
 from ctr_model.checkpoint import load_net
 from ctr_model.net import CTRNet, ModelConfig
 from training.config import TrainConfig
-from training.data.batches import ShuffledBatches
 from training.data.cache import cache_path
-from training.data.prepare import prepare_streaming
-from training.data.stream_batches import StreamedBatches
+from training.loader.memory import ShuffledBatches
+from training.loader.stream import StreamedBatches
 
 
 def test_tiny_run_writes_checkpoints_spec_metrics_and_val_features(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ctr_contract import cgroup
-from training.data.inputs import choose_loader
 from training.data.parquet import ParquetData, Piece
+from training.loader.inputs import choose_loader
 
 MIB = 1 << 20
 

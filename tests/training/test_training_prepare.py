@@ -19,9 +19,9 @@ import pyarrow as pa
 import pytest
 
 import training.data.cache
+from bench.harness.reference_prepare import prepare_streaming
 from training.data.cache import ensure_cache
 from training.data.preparation import prepare_data
-from training.data.prepare import prepare_streaming
 
 Run = Callable[..., subprocess.CompletedProcess]
 
@@ -306,3 +306,20 @@ def test_torchrun_training_prepares_on_every_rank_then_trains_with_ddp(
     ]  # printed once (rank 0), after both ranks prepared together
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["train_rows"] + metrics["val_rows"] == 4000
+
+
+def test_the_parse_line_counts_only_the_rows_this_run_parsed(data_copy: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "days"
+    folder.mkdir()
+    lines = data_copy.read_bytes().splitlines(keepends=True)
+    (folder / "day_0.txt").write_bytes(b"".join(lines))
+    said: list[str] = []
+    prepare_data(folder, tmp_path / "cache", 0.1, 128, None, False, said.append)
+    assert next(s for s in said if s.startswith("parse:")).startswith(f"parse: {len(lines)} rows in ")
+    (folder / "day_1.txt").write_bytes(b"".join(lines[:500]))  # a new day beside a cached one
+    said.clear()
+    prepare_data(folder, tmp_path / "cache", 0.1, 128, None, False, said.append)
+    assert next(s for s in said if s.startswith("parse:")).startswith("parse: 500 rows in ")
+    said.clear()
+    prepare_data(folder, tmp_path / "cache", 0.1, 128, None, False, said.append)
+    assert not [s for s in said if s.startswith(("parse:", "fit:", "encode:"))]  # all cached: no work

@@ -15,13 +15,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from bench.harness.reference_prepare import fit_chunks, prepare_streaming, transformed_in_memory
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
+from ctr_features.compiled.records import numeric_matrix, string_column
 from ctr_features.spec import FeatureSpec
 from training.data.cache import ensure_cache
-from training.data.parquet import ParquetData, numeric_matrix, string_column
-from training.data.prepare import fit_chunks, load_in_memory, prepare_streaming
+from training.data.parquet import ParquetData
 from training.data.sources import DataError
-from training.data.stream_batches import StreamedBatches
+from training.loader.memory import load_in_memory
+from training.loader.stream import StreamedBatches
 
 
 def small_groups(data_copy: Path, rows_per_group: int = 500) -> Path:
@@ -76,7 +78,7 @@ def test_rank_shards_partition_each_epoch_and_replay_for_the_same_epoch(data_cop
 def test_streamed_and_encoded_batches_hold_exactly_the_in_memory_rows(data_copy: Path) -> None:
     path = small_groups(data_copy)
     data, spec, encoded = prepare_streaming([path], 0.1, 128, None, print)
-    memory = load_in_memory(data, spec)  # transformed straight from Parquet
+    memory = transformed_in_memory(data, spec)  # transformed straight from Parquet
     assert np.array_equal(load_in_memory(data, spec, encoded).train_x, memory.train_x)
     for source in (None, encoded["train"]):
         streamed = StreamedBatches(data, spec, "train", 256, seed=1, buffer_rows=1000, encoded=source)
@@ -160,7 +162,7 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        import training.data.cache as cache, training.data.prepare as dataset
+        import training.data.cache as cache, bench.harness.reference_prepare as dataset
         from ctr_features.spec import FeatureSpec
         counts = {{"parse": 0, "fit": 0}}
         def counting(name, fn):
@@ -196,16 +198,16 @@ def test_only_one_of_two_concurrent_processes_parses_and_fits(data_copy: Path) -
 _PEAK_RSS = """
 import sys
 from pathlib import Path
-from training.data.prepare import fit_chunks, load_in_memory, prepare_streaming
+from bench.harness.reference_prepare import fit_chunks, transformed_in_memory
 from ctr_features.spec import FeatureSpec
 from training.data.parquet import ParquetData
-from training.data.stream_batches import StreamedBatches
+from training.loader.stream import StreamedBatches
 data = ParquetData.open([Path(sys.argv[1])], 0.1)
 spec = FeatureSpec.fit_streaming(fit_chunks(data), 128)
 if sys.argv[2] == "stream":
     rows = sum(len(b[2]) for b in StreamedBatches(data, spec, "train", 1024, buffer_rows=4096))
 else:
-    rows = len(load_in_memory(data, spec).train_y)
+    rows = len(transformed_in_memory(data, spec).train_y)
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent (pytest) across exec.
 peak = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(rows, peak)  # kB

@@ -24,7 +24,7 @@ def _study(out: Path) -> optuna.Study:
     return optuna.load_study(study_name=tune.STUDY_NAME, storage=tune.storage_url(out))
 
 
-@pytest.mark.slow  # two real trials: ~30 s idle, over a minute on a loaded 2-core machine
+@pytest.mark.slow  # two real trials
 def test_two_trials_write_best_json_history_png_and_a_line_each(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:

@@ -1,9 +1,10 @@
 """Columnar cache of a Criteo file: parse the text once, train from Parquet every time after.
 
-The cache sits beside the source (`train.txt` -> `train.txt.cache.parquet`) and records the source's size
-and mtime; a changed source, a new reader version, or a stricter read than the cache was built with
-rebuilds it. It is written to a temporary file and renamed, so a killed build never leaves half a cache.
-Under DDP one process parses (`training.data.once`: a lock file with a heartbeat); the others wait for it.
+The cache sits in the cache folder (`training/data/cache_dir.py`: beside the source when it is writable,
+`train.txt` -> `train.txt.cache.parquet`) and records the source's size and mtime; a changed source, a new
+reader version, or a stricter read than the cache was built with rebuilds it. It is written to a temporary
+file and renamed, so a killed build never leaves half a cache. Processes that need the same cache build it
+once (`training/data/once.py`: a lock file with a heartbeat); the others wait for it.
 Row groups of `ROW_GROUP_ROWS` rows are the unit that streaming training reads, shuffles and shards.
 """
 
@@ -31,7 +32,7 @@ ROW_GROUP_ROWS = 1 << 17  # ~55 MB decoded: small enough to stream, large enough
 
 
 def cache_path(data: Path, cache_dir: Path | None = None) -> Path:
-    """`FILE.cache.parquet` beside the data, or its name in `cache_dir` (see `training.cache_dir`)."""
+    """`FILE.cache.parquet` beside the data, or its name in `cache_dir` (see `training/data/cache_dir.py`)."""
     folder = cache_dir if cache_dir is not None else data.parent
     return folder / (cached_name(data, folder) + ".cache.parquet")
 

@@ -6,10 +6,10 @@ Three steps, each timed (rows/s), each split among the preparing ranks (`trainin
           (`training.data.category_counts`); rank 0 gathers and merges the counts. The numeric means and
           deviations are sums in row order (their bits depend on it), so rank 0 alone reads the 13 numeric
           columns of every training row, in order, while the others count: the spec is the 1-process spec.
-  encode  rank r writes the records of its row groups at their split index (`training.data.record_encoder`).
-The results are those `training.data.prepare.prepare_streaming` makes (same key, names and contents), in the
-cache folder (`training.data.cache_dir`), and a later run reuses them. Temporaries are renamed into place only
-after every rank has finished, and the JSON that marks the result complete comes last.
+  encode  rank r writes the records of its row groups at their split index (`ctr_features.compiled.records`).
+The results are those the one-process reference (bench/harness/reference_prepare.py) makes (same key, names
+and contents), in the cache folder (`training.data.cache_dir`), and a later run reuses them. Temporaries are
+renamed into place only after every rank has finished, and the JSON that marks the result complete comes last.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
+from ctr_features.compiled.records import RECORD, encode_records, lookups, numeric_matrix
 from ctr_features.criteo import ReadReport
 from ctr_features.fit import (
     MAX_ENTRIES,
@@ -42,15 +43,14 @@ from ctr_features.spec import FeatureSpec
 from training.data.cache import cache_path, ensure_cache
 from training.data.cache_dir import cached_name, choose_cache_dir
 from training.data.category_counts import MAX_VALUES, FieldCounts
-from training.data.feature_cache import RECORD
+from training.data.feature_cache import write_at
 from training.data.once import build_once
-from training.data.parquet import ParquetData, Piece, Split, numeric_matrix
-from training.data.prepare import PREPARED_VERSION
+from training.data.parquet import ParquetData, Piece, Split
 from training.data.rank_group import RankGroup
-from training.data.record_encoder import encode_records, lookups, write_at
 from training.data.sources import resolve_data
 from training.errors import DataError
 
+PREPARED_VERSION = 1  # part of every result's key: a change of what is prepared bumps it
 _ENCODE_ROWS = 1 << 15
 _THREADS = min(4, os.cpu_count() or 1)  # row groups encoded at once: Arrow and numpy release the GIL
 
@@ -97,7 +97,7 @@ def _numeric_moments(data: ParquetData) -> tuple[np.ndarray, np.ndarray, np.ndar
 def _fit(
     data: ParquetData, mine: list[Piece], width: int, group: RankGroup, say: Callable[[str], None]
 ) -> FeatureSpec:
-    """The spec `fit_streaming` fits on the training rows, from every rank's counts (see module docstring)."""
+    """The spec `FeatureSpec.fit_streaming` fits on the training rows, from every rank's counts (see module docstring)."""
     counts = [FieldCounts() for _ in CATEGORICAL_FIELDS]
     rows, clicks = 0, 0.0
     background = ThreadPoolExecutor(1)  # rank 0's numeric pass runs beside its counting
@@ -182,8 +182,9 @@ def _encode(data: ParquetData, mine: list[Piece], spec: FeatureSpec, tmp: dict[S
 
 def _parse(
     files: list[Path], skip_bad_rows: bool, cache_dir: Path, group: RankGroup, say: Callable[[str], None]
-) -> tuple[list[Path], ReadReport]:
-    """Parquet caches of the text files (this rank parses its share), and the merged parse report."""
+) -> tuple[list[Path], ReadReport, list[int]]:
+    """Parquet caches of the text files (this rank parses its share), the merged parse report, and each
+    file's rows."""
     error = None
     try:
         for i, f in enumerate(files):
@@ -192,15 +193,16 @@ def _parse(
     except (DataError, ValueError, OSError) as e:
         error = e
     group.raise_any(error)
-    report, caches = ReadReport(), []
+    report, caches, rows = ReadReport(), [], []
     for f in files:  # every cache is built by now: this only reads their metadata
         cache, r = ensure_cache(f, skip_bad_rows, say, cache_dir)
         caches.append(cache)
+        rows.append(r.rows)
         report.rows += r.rows
         for kind, k in r.skipped.items():
             report.skipped[kind] = report.skipped.get(kind, 0) + k
         report.examples.extend(r.examples[: max(0, 5 - len(report.examples))])
-    return caches, report
+    return caches, report, rows
 
 
 def _stat(f: Path) -> tuple[int, int]:
@@ -216,7 +218,7 @@ def _targets(
     max_rows: int | None,
     frozen: FeatureSpec | None,
 ) -> tuple[Path, dict[Split, Path]]:
-    """The result's JSON and record files: `prepare_streaming`'s key and names, in the cache folder."""
+    """The result's JSON and record files: the reference `prepare_streaming`'s key and names, in the cache folder."""
     key_src = json.dumps(
         [
             PREPARED_VERSION,
@@ -325,9 +327,11 @@ def prepare_data(
         parquet, report = [f.path for f in files], ReadReport()
     else:
         before = [_mtime(cache_path(f.path, cache)) for f in files]
-        parquet, report = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
-        if [_mtime(p) for p in parquet] != before:  # some cache was (re)built, not only reused
-            timings["parse"] = (report.rows, time.perf_counter() - t)
+        parquet, report, rows = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
+        # Only the files whose cache this run (re)built were parsed; reused caches cost no parsing.
+        parsed = [n for p, old, n in zip(parquet, before, rows, strict=True) if _mtime(p) != old]
+        if parsed:
+            timings["parse"] = (sum(parsed), time.perf_counter() - t)
     target, encoded = _targets(parquet, cache, val_fraction, width, max_rows, frozen)
 
     def ready() -> bool:

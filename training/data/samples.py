@@ -16,10 +16,11 @@ import pyarrow.compute as pc
 import torch
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL
+from ctr_features.compiled.records import expand, numeric_matrix
 from ctr_model.net import CTRNet
-from training.data.feature_cache import expand, iter_records, read_records
-from training.data.inputs import RunInputs
-from training.data.parquet import ParquetData, numeric_matrix
+from training.data.feature_cache import iter_records, read_records
+from training.data.parquet import ParquetData
+from training.loader.inputs import RunInputs
 
 _SCORE_ROWS = 1 << 16  # rows per forward pass when scoring the validation split
 

@@ -11,8 +11,8 @@ from torchmetrics import SumMetric
 from torchmetrics.classification import BinaryAUROC
 
 from ctr_model.net import CTRNet, ModelConfig
-from training.data.batches import Batch
 from training.errors import NonFiniteLossError
+from training.loader.memory import Batch
 from training.runtime.fast_dropout import numpy_mask
 
 ADAM_IMPLS = (

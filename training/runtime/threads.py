@@ -23,8 +23,8 @@ import lightning as L
 PERIOD = 200  # steps between two probes
 PROBE_STEPS = 4  # steps timed per thread count in a probe (the first after a switch is not timed)
 FIRST_PROBE = 5  # the first probe starts after these warm-up steps
-# One thread is kept only when clearly faster: beside a busy process it is ~6x faster, on an idle box ~1.4x slower,
-# so a noisy probe does not cost 200 steps at the slower count.
+# One thread is kept only when clearly faster (beside a busy process it is several times faster, on idle cores
+# slower), so a noisy probe does not cost `PERIOD` steps at the slower count.
 SWITCH_RATIO = 0.8
 
 

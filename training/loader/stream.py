@@ -1,4 +1,5 @@
-"""Streaming input: whole batches from Parquet row groups through a shuffle buffer, each rank its own rows.
+"""The stream loader (`--loader stream`): whole batches of the encoded records through a shuffle buffer, each
+rank its own rows, whatever the row count.
 
 Per epoch, the row groups are put in a seeded order (a permutation when shuffling) and that order's rows
 of the split are cut into `world` contiguous ranges that differ by at most one row; rank r reads only the
@@ -34,9 +35,9 @@ from torch.utils.data import IterableDataset
 from ctr_contract.schema import LABEL
 from ctr_features.compiled.records import RECORD, expand, transform_chunk
 from ctr_features.spec import FeatureSpec
-from training.data.batches import Batch, shard_bounds
 from training.data.parquet import ParquetData, Piece, Split
 from training.errors import DataError
+from training.loader.memory import Batch, shard_bounds
 
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group's rows; on the mapped path 16 bytes a row (two int64 ids)
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)

@@ -1,4 +1,11 @@
-"""LightningDataModule: each rank iterates its own shard of whole batches, from memory or streamed from Parquet."""
+"""LightningDataModule: each rank iterates its own shard of whole batches, from memory or streamed from records.
+
+The data is prepared before the Trainer exists (`training.loader.inputs.load_inputs`), not in `prepare_data`
+or `setup`: every rank does its share of the preparation in its own process group, while Lightning runs
+`prepare_data` in one process per node and `setup` only once DDP is up, and the run needs the fitted spec,
+the loader and the row counts before the Trainer is built and after `fit` (metrics, export's samples).
+`setup` turns those inputs into this rank's batch sources.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +15,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from training.data.batches import Batch, ShuffledBatches
-from training.data.inputs import RunInputs
-from training.data.stream_batches import DEFAULT_BUFFER_ROWS, StreamedBatches
+from training.loader.inputs import RunInputs
+from training.loader.memory import Batch, ShuffledBatches
+from training.loader.stream import DEFAULT_BUFFER_ROWS, StreamedBatches
 
 
 class EpochFromTrainer(IterableDataset):

@@ -1,7 +1,7 @@
 """A run's inputs, step by step: `--data` -> files -> Parquet -> prepared splits and spec -> loader.
 
 `load_inputs` is the data walk's one driver: each step below is one call, made once and in order, and
-nothing downstream calls back into it. `training.data.datamodule` then turns the result into each rank's
+nothing downstream calls back into it. `training.loader.datamodule` then turns the result into each rank's
 batches; `training.data.samples` reads the rows export needs once training is done.
 """
 
@@ -19,9 +19,9 @@ from ctr_features.spec import FeatureSpec
 from training.config import TrainConfig
 from training.data.parquet import ParquetData, Split
 from training.data.preparation import prepare_data
-from training.data.prepare import PreparedData, load_in_memory
 from training.data.rank_group import launched_group
 from training.errors import DataError
+from training.loader.memory import PreparedData, load_in_memory
 
 # `--loader auto` holds the data in memory when its float32 features take at most this much per process
 # (about 2M rows at width 128) and at most a quarter of the memory available to the processes on this host.

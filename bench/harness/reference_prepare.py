@@ -1,11 +1,11 @@
-"""Parquet files to prepared splits: open them as one data set, fit the FeatureSpec, encode both splits, once.
+"""The one-process reference preparation, kept for the tests and the benchmarks; runs use training's own.
 
-`prepare_streaming` is the one-process reference preparation (the benchmarks use it): one process opens the
-files, fits the spec by streaming the training rows (`FeatureSpec.fit_streaming`) and encodes each split
-(`training.data.feature_cache`); it writes the data set and the spec to a small JSON beside the data.
-A run uses `training.data.preparation.prepare_data`, which makes the same files (tested bit for bit) faster,
-in the cache folder, and shares the work among ranks. `load_in_memory` expands the encoded splits into
-arrays for the `memory` loader; `prepare` does all of it in memory (benchmarks, tests).
+`prepare_streaming` opens the files as one data set, fits the spec by streaming the training rows
+(`FeatureSpec.fit_streaming`) and encodes each split (training/data/feature_cache.py) in one process; it writes
+the data set and the spec to a small JSON beside the data. A run uses `training.data.preparation.prepare_data`,
+which makes the same files (tested bit for bit: tests/training/test_training_prepare.py) in the cache folder and
+shares the work among ranks, so this stays as the plain statement of what it must make. `transformed_in_memory`
+transforms both splits straight from Parquet, and `prepare` fits and transforms one file, all in memory.
 """
 
 from __future__ import annotations
@@ -14,33 +14,20 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
+from ctr_features.compiled.records import numeric_matrix, string_column, transform_chunk
 from ctr_features.fit import FitChunk
 from ctr_features.spec import FeatureSpec
-from training.data.feature_cache import expand, iter_records, transform_chunk, write_split
+from training.data.feature_cache import write_split
 from training.data.once import build_once
-from training.data.parquet import ParquetData, Split, numeric_matrix, string_column
+from training.data.parquet import ParquetData, Split
+from training.data.preparation import PREPARED_VERSION
 from training.errors import DataError
-
-PREPARED_VERSION = 1
-
-
-@dataclass
-class PreparedData:
-    """Features float32 [N, width], labels float32 [N], and source row ids int64 [N] for each split."""
-
-    spec: FeatureSpec
-    train_x: np.ndarray
-    train_y: np.ndarray
-    train_ids: np.ndarray
-    val_x: np.ndarray
-    val_y: np.ndarray
-    val_ids: np.ndarray
+from training.loader.memory import PreparedData
 
 
 def fit_chunks(data: ParquetData) -> Callable[[bool], Iterator[FitChunk]]:
@@ -72,27 +59,9 @@ def split_arrays(
     return x, y, ids
 
 
-def load_in_memory(
-    data: ParquetData, spec: FeatureSpec, encoded: dict[Split, Path] | None = None
-) -> PreparedData:
-    """Both splits as preallocated arrays (no Arrow table of all rows is ever built).
-
-    With `encoded` (see `prepare_streaming`) the rows are expanded from the encoded files, not transformed again.
-    """
-    if encoded is None:
-        return PreparedData(spec, *split_arrays(data, spec, "train"), *split_arrays(data, spec, "val"))
-    parts = []
-    for split in ("train", "val"):
-        n = data.rows(split)  # type: ignore[arg-type]
-        x, y = np.empty((n, spec.width), np.float32), np.empty(n, np.float32)
-        at = 0
-        for rec in iter_records(encoded[split], n):  # type: ignore[index]
-            bx, by, _ = expand(rec, spec.width)
-            x[at : at + len(rec)], y[at : at + len(rec)] = bx.numpy(), by.reshape(-1).numpy()
-            at += len(rec)
-        ids = np.concatenate([c.ids for c in data.chunks(split, (LABEL,))])  # type: ignore[arg-type]
-        parts += [x, y, ids]
-    return PreparedData(spec, *parts)
+def transformed_in_memory(data: ParquetData, spec: FeatureSpec) -> PreparedData:
+    """Both splits transformed from Parquet into preallocated arrays (no Arrow table of all rows is built)."""
+    return PreparedData(spec, *split_arrays(data, spec, "train"), *split_arrays(data, spec, "val"))
 
 
 def _check_splits(data: ParquetData, where: object) -> None:
@@ -117,7 +86,7 @@ def prepare(
     """
     data = ParquetData.open([Path(cache)], val_fraction, max_rows)
     _check_splits(data, cache)
-    return load_in_memory(
+    return transformed_in_memory(
         data, spec if spec is not None else FeatureSpec.fit_streaming(fit_chunks(data), width)
     )
 

@@ -1,7 +1,7 @@
 """Target op sets: which ONNX ops the runtime that will load `model.onnx` accepts.
 
 A target is a named profile or an explicit list. The export patches ops the target lacks
-(see `patches.py`) and then checks the final ONNX graph against the target.
+(see export/onnx/patches.py) and then checks the final ONNX graph against the target.
 """
 
 from __future__ import annotations

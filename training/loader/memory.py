@@ -1,17 +1,57 @@
-"""Input pipeline: whole batches sliced from preloaded tensors, reshuffled each epoch, sharded by rank.
+"""The memory loader (`--loader memory`): both splits held as arrays in each process, batches sliced from them.
 
-A per-sample `Dataset.__getitem__` + `collate` costs one Python call and one small tensor per row, the
-classic 10–20x slowdown for a tabular MLP. Here one epoch is one `randperm` and one index-select per batch.
+`load_in_memory` expands the encoded splits (training/data/preparation.py) into preallocated arrays, no Arrow
+table of all rows is ever built. `ShuffledBatches` yields whole batches, reshuffled each epoch and sharded
+by rank: a per-sample `Dataset.__getitem__` + `collate` costs one Python call and one small tensor per row,
+the classic 10-20x slowdown for a tabular MLP; here one epoch is one `randperm` and one index-select per batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from ctr_contract.schema import LABEL
+from ctr_features.compiled.records import expand
+from ctr_features.spec import FeatureSpec
+from training.data.feature_cache import iter_records
+from training.data.parquet import ParquetData, Split
+
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # features (B, W), labels (B, 1), row index (B,)
+
+
+@dataclass
+class PreparedData:
+    """Features float32 [N, width], labels float32 [N], and source row ids int64 [N] for each split."""
+
+    spec: FeatureSpec
+    train_x: np.ndarray
+    train_y: np.ndarray
+    train_ids: np.ndarray
+    val_x: np.ndarray
+    val_y: np.ndarray
+    val_ids: np.ndarray
+
+
+def load_in_memory(data: ParquetData, spec: FeatureSpec, encoded: dict[Split, Path]) -> PreparedData:
+    """Both splits as preallocated arrays, expanded from their encoded records (not transformed again)."""
+    parts = []
+    for split in ("train", "val"):
+        n = data.rows(split)  # type: ignore[arg-type]
+        x, y = np.empty((n, spec.width), np.float32), np.empty(n, np.float32)
+        at = 0
+        for rec in iter_records(encoded[split], n):  # type: ignore[index]
+            bx, by, _ = expand(rec, spec.width)
+            x[at : at + len(rec)], y[at : at + len(rec)] = bx.numpy(), by.reshape(-1).numpy()
+            at += len(rec)
+        ids = np.concatenate([c.ids for c in data.chunks(split, (LABEL,))])  # type: ignore[arg-type]
+        parts += [x, y, ids]
+    return PreparedData(spec, *parts)
 
 
 def shard_bounds(shard_len: int, n_batches: int) -> torch.Tensor:
