@@ -327,9 +327,9 @@ def prepare_data(
         parquet, report = [f.path for f in files], ReadReport()
     else:
         before = [_mtime(cache_path(f.path, cache)) for f in files]
-        parquet, report, rows = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
+        parquet, report, file_rows = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
         # Only the files whose cache this run (re)built were parsed; reused caches cost no parsing.
-        parsed = [n for p, old, n in zip(parquet, before, rows, strict=True) if _mtime(p) != old]
+        parsed = [n for p, old, n in zip(parquet, before, file_rows, strict=True) if _mtime(p) != old]
         if parsed:
             timings["parse"] = (sum(parsed), time.perf_counter() - t)
     target, encoded = _targets(parquet, cache, val_fraction, width, max_rows, frozen)
