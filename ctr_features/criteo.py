@@ -21,7 +21,7 @@ import pyarrow.csv as pacsv
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS
 from ctr_features.compressed import codec, open_text, truncated_message
-from training.errors import DataError, MalformedRowError
+from ctr_features.errors import DataError, MalformedRowError
 
 # Bytes of text per batch. Arrow's streaming reader reads and parses a number of blocks ahead, so this
 # bounds memory: measured peak Arrow allocation 150 MB at 4 MiB (any file size), 0.53 GB at 32 MiB on 2M rows.

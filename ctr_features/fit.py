@@ -101,7 +101,7 @@ def fit_parameters(
     Args:
         chunks: called twice, with numeric_only False then True; each call yields the training rows in the
             same order (the second pass may pass None for the categorical columns).
-        width: output width; columns from 52 on are vocabulary buckets and the out-of-vocabulary count.
+        width: output width; columns from HASH_START on are vocabulary buckets and the out-of-vocabulary count.
         min_count / smoothing / max_entries: rate table settings (see `ctr_features.vocabulary`).
         vocab_size / vocab_min_count: per-field vocabulary bounds.
     Returns:

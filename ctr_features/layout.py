@@ -25,7 +25,8 @@ from ctr_features.vocabulary import value_array
 
 N_NUM = len(NUMERIC_FIELDS)
 N_CAT = len(CATEGORICAL_FIELDS)
-HASH_START = 2 * N_NUM + N_CAT  # 52: z-scores, indicators, rate lifts come first
+LIFT_START = 2 * N_NUM  # 26: after the z-scores and the missing indicators
+HASH_START = LIFT_START + N_CAT  # 52: z-scores, indicators, rate lifts come first
 # The layout above as text: feature_spec.json carries it, so the file explains itself.
 LAYOUT = (__doc__ or "").split("Layout of one vector", 1)[1].split("The spec is data")[0].strip()
 

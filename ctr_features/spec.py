@@ -29,6 +29,7 @@ from ctr_features.hashing import StringColumn
 from ctr_features.layout import (
     HASH_START,
     LAYOUT,
+    LIFT_START,
     N_CAT,
     N_NUM,
     categorical_values,
@@ -58,7 +59,7 @@ class FeatureSpec:
     def __post_init__(self) -> None:
         if self.width <= HASH_START + 1:
             raise ValueError(
-                f"width must exceed {HASH_START + 1} (13 z-scores, 13 indicators, 26 rate lifts, "
+                f"width must exceed {HASH_START + 1} ({N_NUM} z-scores, {N_NUM} indicators, {N_CAT} rate lifts, "
                 f"an out-of-vocabulary column), got {self.width}"
             )
         if len(self.mean) != N_NUM or len(self.std) != N_NUM or len(self.tables) != N_CAT:
@@ -96,7 +97,7 @@ class FeatureSpec:
             numeric: float [N, 13], NaN where a cell is missing.
             categorical: [N, 26] strings or 26 `StringColumn`s.
             labels: 0/1 [N].
-            width: output width; columns from 52 on are vocabulary buckets and the out-of-vocabulary count.
+            width: output width; columns from HASH_START on are vocabulary buckets and the out-of-vocabulary count.
             settings: min_count, smoothing, max_entries (rate tables), vocab_size, vocab_min_count (vocabularies);
                 their defaults and meaning are in `ctr_features.fit.fit_parameters`.
         """
@@ -133,11 +134,11 @@ class FeatureSpec:
         n = num.shape[0]
         columns = categorical_values(categorical, n)
         out = np.zeros((n, self.width), dtype=np.float32)
-        out[:, :N_NUM], out[:, N_NUM : 2 * N_NUM] = self.numeric_columns(num)
+        out[:, :N_NUM], out[:, N_NUM:LIFT_START] = self.numeric_columns(num)
         rows = np.arange(n)
         for j, (table, col) in enumerate(zip(self.tables, columns, strict=True)):
             bucket, lift = table.lookup(col)
-            out[:, 2 * N_NUM + j] = lift
+            out[:, LIFT_START + j] = lift
             out[rows, np.where(bucket >= 0, HASH_START + bucket, self.oov_column)] += 1.0
         return out
 

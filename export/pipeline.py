@@ -26,7 +26,8 @@ from ctr_contract.repository import (
 )
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
-from ctr_features.compiled.onnx_graph import build_raw_model, raw_ops
+from ctr_features.compiled.onnx_graph import raw_ops
+from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from ctr_model.checkpoint import load_net
 from ctr_model.errors import CheckpointError
@@ -35,7 +36,6 @@ from export.errors import InputError
 from export.gates.gate import gate_export
 from export.gates.parity import build_rows, run_gate, saturation
 from export.gates.raw_parity import (
-    build_raw_rows,
     load_val_raw,
     onnxruntime_raw_predictor,
     python_predictor,
@@ -55,6 +55,7 @@ from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_ta
 from export.onnx.patches import apply_patches
 from export.publish.manifest import build_manifest, read_metrics, write_manifest
 from export.publish.repository import ModelRepository
+from export.raw_graphs import build_raw_model
 from export.request import ExportRequest
 
 log = logging.getLogger(__name__)
@@ -159,9 +160,7 @@ def export_version(req: ExportRequest) -> ExportResult:
         raw_proto = build_raw_model(proto, spec)  # the `raw` signature: FeatureSpec nodes + the model graph
         onnx.save(raw_proto, stage / RAW_ONNX_MODEL)
 
-        from ctr_features.compiled.tf_graph import (
-            save_saved_model_with_raw,  # TensorFlow loads only once ONNX passed
-        )
+        from export.raw_graphs import save_saved_model_with_raw  # TensorFlow loads only once ONNX passed
 
         save_saved_model_with_raw(proto, spec, stage)
         backends = {"pytorch": torch_predictor(net)}  # the unpatched model is the reference

@@ -7,25 +7,25 @@ Each class also derives from the built-in its callers caught before it existed (
 
 from __future__ import annotations
 
+from ctr_features.errors import DataError, MalformedRowError, UserError
 
-class TrainingError(Exception):
-    """A run cannot go on for a reason the user can fix."""
+# A run cannot go on for a reason the user can fix. One base with the feature package's errors (the Criteo
+# reader's DataError and MalformedRowError are defined there, ctr_features/errors.py), so one `except` takes both.
+TrainingError = UserError
+
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "DistributedSetupError",
+    "MalformedRowError",
+    "NonFiniteLossError",
+    "TrainingError",
+]
 
 
 class ConfigError(TrainingError, ValueError):
     """Options or a `--config` file that do not make a run; the message names the option."""
-
-
-class DataError(TrainingError, ValueError):
-    """The input data cannot be used as given; the message names the path and the fix."""
-
-
-class MalformedRowError(DataError):
-    """A row that is not a Criteo record; the message names the file, line and field."""
-
-
-class CheckpointError(TrainingError, ValueError):
-    """A checkpoint (or warm-start source) that is missing, unreadable or does not hold a CTRNet."""
 
 
 class NonFiniteLossError(TrainingError, RuntimeError):

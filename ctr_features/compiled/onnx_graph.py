@@ -10,7 +10,8 @@ backend run it with no custom op. Everything is field-major, (fields, N), until 
     C* (N,) x26 -> (26N,) -> LabelEncoder(value -> position g among all fields' values)
                 -> (26, N) -> LabelEncoder(g * 26 + field -> table row) -> Gather lift (26, N)
                                                                         -> Gather bucket (OOV when absent)
-    concat (52, N) -> Transpose (N, 52);  identity-matrix rows of the buckets summed over fields (N, width - 52)
+    concat (HASH_START, N) -> Transpose (N, HASH_START);  identity-matrix rows of the buckets summed over
+    fields (N, width - HASH_START)
     concat -> features (N, width) -> the model graph -> ctr (N, 1)
 """
 
@@ -24,14 +25,15 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import INPUT_NAME, OUTPUT_NAME
+from ctr_features.errors import FeatureGraphError
+from ctr_features.layout import N_CAT
 from ctr_features.spec import FeatureSpec
-from export.errors import ExportError
 
 ML_DOMAIN = "ai.onnx.ml"
 MIN_OPSET = 13
 ML_OPSET = 2  # LabelEncoder-2: string keys to float or int64 values, with a default
 BATCH_DIM = "batch"
-N_FIELDS = len(CATEGORICAL_FIELDS)
+FEATURES_IR_VERSION = 8  # `features_model`'s: ONNX Runtime releases since 1.10 read it
 PREFIX = "spec/"  # every value and node of the FeatureSpec part; the model graph's names stay as exported
 
 
@@ -79,11 +81,11 @@ def field_tables(spec: FeatureSpec) -> tuple[list[str], np.ndarray, np.ndarray, 
     entries = field_entries(spec)
     values = sorted({e[1] for e in entries}) or [""]
     position = {v: g for g, v in enumerate(values)}
-    pair_keys = np.array([position[v] * N_FIELDS + j for j, v, _, _ in entries], np.int64)
+    pair_keys = np.array([position[v] * N_CAT + j for j, v, _, _ in entries], np.int64)
     lift = np.array([e[2] for e in entries] + [0.0]).astype(np.float32)
     bucket = np.array([e[3] for e in entries] + [spec.buckets], np.int64)
     if len(lift) >= 2**24:  # rows travel as float32 between the two lookups
-        raise ExportError(
+        raise FeatureGraphError(
             f"the spec's tables hold {len(lift)} entries; the raw graph takes at most {2**24 - 1}"
         )
     return values, pair_keys, np.arange(len(entries), dtype=np.float32), lift, bucket
@@ -92,7 +94,7 @@ def field_tables(spec: FeatureSpec) -> tuple[list[str], np.ndarray, np.ndarray, 
 def categorical_nodes(g: _Graph, spec: FeatureSpec) -> tuple[str, str]:
     """C1..C26 (N,) -> (lifts float (N, 26), bucket index int64 (N, 26); index `buckets` = out of vocabulary).
 
-    ORT spends ~10 us per LabelEncoder node at batch 1, so the fields share two lookups instead of two each:
+    Each LabelEncoder node has a fixed cost per call in ORT, so the fields share two lookups instead of two each:
     value -> g (its position among all fields' values, -1 unseen), then g * 26 + field -> table row.
     """
     values, pair_keys, rows, lift, bucket = field_tables(spec)
@@ -107,10 +109,10 @@ def categorical_nodes(g: _Graph, spec: FeatureSpec) -> tuple[str, str]:
         default_int64=-1,
     )
     by_field = g.node(
-        "Reshape", [position, g.const("fields_by_n", np.array([N_FIELDS, -1], np.int64))], "position_by_field"
+        "Reshape", [position, g.const("fields_by_n", np.array([N_CAT, -1], np.int64))], "position_by_field"
     )
-    field_id = g.const("field_id", np.arange(N_FIELDS, dtype=np.int64).reshape(N_FIELDS, 1))
-    scaled = g.node("Mul", [by_field, g.const("n_fields", np.array(N_FIELDS, np.int64))], "position_scaled")
+    field_id = g.const("field_id", np.arange(N_CAT, dtype=np.int64).reshape(N_CAT, 1))
+    scaled = g.node("Mul", [by_field, g.const("n_fields", np.array(N_CAT, np.int64))], "position_scaled")
     pair = g.node("Add", [scaled, field_id], "pair_key")  # (26, N); negative for an unseen value
     row = g.node(
         "LabelEncoder",
@@ -155,8 +157,8 @@ def spec_nodes(spec: FeatureSpec) -> _Graph:
     indicators = g.node("Cast", [missing], "indicators", to=TensorProto.FLOAT)
 
     lift, index = categorical_nodes(g, spec)  # (26, N) float, (26, N) int64 in [0, buckets]
-    dense = g.node("Concat", [z32, indicators, lift], "dense_by_field", axis=0)  # (52, N)
-    dense = g.node("Transpose", [dense], "dense", perm=[1, 0])  # (N, 52)
+    dense = g.node("Concat", [z32, indicators, lift], "dense_by_field", axis=0)  # (HASH_START, N)
+    dense = g.node("Transpose", [dense], "dense", perm=[1, 0])  # (N, HASH_START)
     # Bucket counts (N, buckets + 1): rows of an identity matrix, summed over the fields. In ORT this Gather
     # (a row copy per value) beats OneHot by ~30x and ScatterElements(add) by ~5x at N=256.
     eye = g.const("bucket_eye", np.eye(spec.buckets + 1, dtype=np.float32))
@@ -165,6 +167,26 @@ def spec_nodes(spec: FeatureSpec) -> _Graph:
     counts = g.node("ReduceSum", [onehot, fields_axis], "bucket_counts", keepdims=0)
     g.node("Concat", [dense, counts], INPUT_NAME, axis=1)
     return g
+
+
+def features_model(spec: FeatureSpec) -> onnx.ModelProto:
+    """The FeatureSpec nodes alone as a checked model: the 39 fields -> `features` float (batch, width).
+
+    What the raw graph computes before the model graph; the parity harness (ctr_features/parity.py) runs it.
+    """
+    g = spec_nodes(spec)
+    output = helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [BATCH_DIM, spec.width])
+    graph = helper.make_graph(g.nodes, "ctr_features", raw_inputs(), [output], initializer=g.inits)
+    opsets = [helper.make_opsetid("", MIN_OPSET), helper.make_opsetid(ML_DOMAIN, ML_OPSET)]
+    model = helper.make_model(
+        graph, opset_imports=opsets, producer_name="ctr-pipeline ctr_features.compiled.onnx_graph"
+    )
+    model.ir_version = FEATURES_IR_VERSION
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise FeatureGraphError(f"the raw graph does not check: {e}") from e
+    return model
 
 
 def raw_inputs() -> list[onnx.ValueInfoProto]:
@@ -185,12 +207,12 @@ def build_raw_model(model: onnx.ModelProto, spec: FeatureSpec) -> onnx.ModelProt
     """
     inputs = [v.name for v in model.graph.input]
     if inputs != [INPUT_NAME]:
-        raise ExportError(
+        raise FeatureGraphError(
             f"the model graph takes inputs {inputs}; the raw graph needs exactly ['{INPUT_NAME}']"
         )
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
-        raise ExportError(
+        raise FeatureGraphError(
             f"the raw graph needs ai.onnx opset >= {MIN_OPSET} (ReduceSum takes its axes as an input), the "
             f"model has {opset}; export with --opset {MIN_OPSET} or newer"
         )
@@ -214,10 +236,10 @@ def build_raw_model(model: onnx.ModelProto, spec: FeatureSpec) -> onnx.ModelProt
     try:
         onnx.checker.check_model(raw, full_check=True)
     except onnx.checker.ValidationError as e:
-        raise ExportError(f"the raw graph does not check: {e}") from e
+        raise FeatureGraphError(f"the raw graph does not check: {e}") from e
     outputs = [v.name for v in raw.graph.output]
     if outputs != [OUTPUT_NAME]:
-        raise ExportError(f"the raw graph outputs {outputs}, expected ['{OUTPUT_NAME}']")
+        raise FeatureGraphError(f"the raw graph outputs {outputs}, expected ['{OUTPUT_NAME}']")
     return raw
 
 

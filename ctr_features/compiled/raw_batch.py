@@ -19,8 +19,7 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.value_table import RawKeys
-
-N_CAT = len(CATEGORICAL_FIELDS)
+from ctr_features.layout import N_CAT
 
 
 class RawBatch:

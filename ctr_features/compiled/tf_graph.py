@@ -1,8 +1,11 @@
 """The FeatureSpec as TF ops: the SavedModel's `raw` signature beside `serving_default`.
 
-The same computation as `ctr_features.compiled.onnx_graph`, in standard TF ops only (one `tf.lookup.StaticHashTable` keyed
-"field\\0value" for all fields), so stock TF Serving runs it with no custom op. Inputs: I1..I13 float64 (N,)
-with NaN = missing, C1..C26 string (N,) with "" = missing. The table is saved with the SavedModel.
+The same computation as `ctr_features.compiled.onnx_graph`, in standard TF ops only (one
+`tf.lookup.StaticHashTable` keyed "field\\0value" for all fields), so stock TF Serving runs it with no custom
+op. Inputs: I1..I13 float64 (N,) with NaN = missing, C1..C26 string (N,) with "" = missing. The table is
+saved with the SavedModel. The model part is any `tf.Module` whose `serve` tf.function maps the features to
+the model's outputs (export's ONNX translator makes it: export/tf/translator.py), so this module needs
+nothing of export.
 """
 
 from __future__ import annotations
@@ -10,14 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import tensorflow as tf
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, OUTPUT_NAME, RAW_SIGNATURE
 from ctr_features.compiled.onnx_graph import field_entries
+from ctr_features.layout import N_NUM
 from ctr_features.spec import FeatureSpec
-from export.tf.translator import OnnxModule
 
 
 def raw_specs() -> list[tf.TensorSpec]:
@@ -27,11 +29,11 @@ def raw_specs() -> list[tf.TensorSpec]:
     ]
 
 
-class RawModule(OnnxModule):
-    """The translated model plus the FeatureSpec tables; `serve_raw` is the tf.function behind `raw`."""
+class RawFeatures(tf.Module):
+    """The FeatureSpec's numbers and tables as TF constants and one hash table; call it on the 39 fields."""
 
-    def __init__(self, proto: onnx.ModelProto, spec: FeatureSpec) -> None:
-        super().__init__(proto)
+    def __init__(self, spec: FeatureSpec) -> None:
+        super().__init__(name="feature_spec")
         self._n_buckets = spec.buckets
         self._clip = spec.clip
         self.mean = tf.constant(np.array(spec.mean)[:, None], tf.float64)  # (13, 1): field-major
@@ -48,11 +50,10 @@ class RawModule(OnnxModule):
         self.lift = tf.constant(np.array([e[2] for e in entries] + [0.0]).astype(np.float32))
         self.bucket = tf.constant(np.array([e[3] for e in entries] + [spec.buckets], np.int64))
         self.prefixes = tf.constant([[f"{f}\0".encode()] for f in CATEGORICAL_FIELDS], tf.string)  # (26, 1)
-        self.serve_raw = tf.function(self._run_raw, input_signature=raw_specs())
 
-    def features(self, *fields: tf.Tensor) -> tf.Tensor:
+    def __call__(self, *fields: tf.Tensor) -> tf.Tensor:
         """The 39 fields -> features float32 (N, width), exactly `FeatureSpec.transform`."""
-        numeric, categorical = fields[: len(NUMERIC_FIELDS)], fields[len(NUMERIC_FIELDS) :]
+        numeric, categorical = fields[:N_NUM], fields[N_NUM:]
         x = tf.stack(numeric, axis=0)  # (13, N) float64
         missing = tf.logical_not(tf.math.is_finite(x))
         xc = tf.where(missing, tf.zeros_like(x), x)
@@ -62,18 +63,30 @@ class RawModule(OnnxModule):
         row = self.table.lookup(tf.strings.join([tf.broadcast_to(self.prefixes, tf.shape(values)), values]))
         lift = tf.gather(self.lift, row)  # (26, N)
         counts = tf.reduce_sum(tf.one_hot(tf.gather(self.bucket, row), self._n_buckets + 1), axis=0)
-        dense = tf.concat([tf.cast(z, tf.float32), tf.cast(missing, tf.float32), lift], axis=0)  # (52, N)
+        # (HASH_START, N): z-scores, missing indicators, lifts
+        dense = tf.concat([tf.cast(z, tf.float32), tf.cast(missing, tf.float32), lift], axis=0)
         return tf.concat([tf.transpose(dense), counts], axis=1)
 
+
+class RawModule(tf.Module):
+    """The model module plus the FeatureSpec; `serve_raw` is the tf.function behind `raw`."""
+
+    def __init__(self, model: tf.Module, spec: FeatureSpec) -> None:
+        """`model`: a tf.Module whose `serve` tf.function maps features (N, width) to {OUTPUT_NAME: ...}."""
+        super().__init__(name="raw_model")
+        self.model = model
+        self.features = RawFeatures(spec)
+        self.serve_raw = tf.function(self._run_raw, input_signature=raw_specs())
+
     def _run_raw(self, *fields: tf.Tensor) -> dict[str, tf.Tensor]:
-        return {OUTPUT_NAME: self._run(self.features(*fields))[OUTPUT_NAME]}
+        return {OUTPUT_NAME: self.model.serve(self.features(*fields))[OUTPUT_NAME]}
 
 
-def save_saved_model_with_raw(proto: onnx.ModelProto, spec: FeatureSpec, directory: Path) -> None:
-    """Translate `proto` and write a SavedModel with `serving_default` (features) and `raw` (the 39 fields)."""
-    module = RawModule(proto, spec)
+def save_with_raw(model: tf.Module, spec: FeatureSpec, directory: Path) -> None:
+    """Write a SavedModel with `serving_default` (the model's `serve`: features) and `raw` (the 39 fields)."""
+    module = RawModule(model, spec)
     signatures = {
-        DEFAULT_SIGNATURE: module.serve.get_concrete_function(),
+        DEFAULT_SIGNATURE: model.serve.get_concrete_function(),
         RAW_SIGNATURE: module.serve_raw.get_concrete_function(),
     }
     tf.saved_model.save(module, str(directory), signatures=signatures)

@@ -17,13 +17,12 @@ import onnx
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
-from ctr_features.compiled.onnx_graph import build_raw_model
+from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from ctr_model.checkpoint import load_net
 from export.errors import ExportError, ParityError
 from export.gates.parity import MIN_ROWS
 from export.gates.raw_parity import (
-    build_raw_rows,
     load_val_raw,
     onnxruntime_raw_predictor,
     python_predictor,
@@ -32,6 +31,7 @@ from export.gates.raw_parity import (
     serving_predictor,
 )
 from export.gates.runtimes import onnxruntime_predictor, torch_predictor
+from export.raw_graphs import build_raw_model
 from serving.repository.warmup import RawWarmup, warmup_batches
 
 STRESS_GROUPS = (

@@ -25,8 +25,8 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
 from ctr_features.compiled.onnx_graph import build_raw_model
-from ctr_features.compiled.tf_graph import save_saved_model_with_raw
 from ctr_features.spec import FeatureSpec
+from export.raw_graphs import save_saved_model_with_raw
 from serving.protocols.rest_body import INLINE_MAX_BYTES
 from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
 from tests.serving.server_process import ServerProcess, http

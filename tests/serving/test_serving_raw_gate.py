@@ -13,7 +13,7 @@ import pytest
 
 from ctr_features.compiled import few_rows as raw_one_row
 from ctr_features.compiled.onnx_graph import build_raw_model
-from export.gates.raw_parity import build_raw_rows
+from ctr_features.parity import build_raw_rows
 from export.tf.warmup import write_warmup
 from serving.errors import ModelLoadError
 from serving.repository.warmup import warm_up

@@ -12,34 +12,19 @@ viewed ones and its counts become approximate (the fit then says so, with the bo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ctr_features.compiled.records import dictionary_parts
 from ctr_features.fit import Counts
 
 _COLUMNS = ("value", "views", "clicks")
 # Distinct values a field keeps (~110 bytes each at peak, measured): past this, the least viewed half is
 # dropped. Exact below it; above it a value's views may fall short by at most `FieldCounts.error`.
 MAX_VALUES = 1 << 18
-
-
-def dictionary_parts(column: pa.ChunkedArray | pa.Array) -> Iterator[tuple[pa.Array, np.ndarray]]:
-    """(distinct values as binary, index int64 [n] per row) of each chunk; a missing value is ''."""
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    for chunk in chunks:
-        if not pa.types.is_dictionary(chunk.type):
-            chunk = pc.dictionary_encode(chunk)
-        values = chunk.dictionary.cast(pa.binary())
-        index = chunk.indices
-        if (
-            index.null_count
-        ):  # missing -> an extra '' entry (a duplicate value is fine: counts merge by value)
-            index = index.fill_null(len(values))
-            values = pa.concat_arrays([values, pa.array([b""], pa.binary())])
-        yield values, index.to_numpy().astype(np.int64, copy=False)
 
 
 def _as_table(values: pa.Array, views: np.ndarray, clicks: np.ndarray) -> pa.Table:

@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from ctr_features.hashing import StringColumn
 from ctr_features.split import validation_mask
 from training.errors import DataError
 
@@ -248,19 +247,3 @@ def _normalise(path: Path, table: pa.Table, dictionary: bool = False) -> pa.Tabl
         table = table.set_column(table.column_names.index(name), name, col)
     return table
 
-
-def string_column(arr: pa.Array | pa.ChunkedArray) -> StringColumn:
-    """Arrow strings -> (bytes, offsets) without a Python object per value; nulls become ''."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], pa.string())
-    arr = pc.fill_null(arr, "").cast(pa.large_string())
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    return data, offsets
-
-
-def numeric_matrix(table: pa.Table) -> np.ndarray:
-    """I1..I13 as float64 [N, 13], NaN where missing."""
-    cols = [table.column(f).to_numpy(zero_copy_only=False) for f in NUMERIC_FIELDS]
-    return np.stack(cols, axis=1).astype(np.float64) if cols and len(table) else np.zeros((len(table), 13))

@@ -15,9 +15,9 @@ import pytest
 
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
+from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
-from export.gates.raw_parity import build_raw_rows
 from serving.codecs import raw_body
 from serving.codecs.raw_body import client_columns, client_rows, decode_raw_body
 from serving.codecs.raw_codec import MAX_COUNT

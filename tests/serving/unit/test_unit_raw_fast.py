@@ -14,9 +14,9 @@ from ctr_features.compiled.few_rows import CACHED_COUNTS
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
 from ctr_features.compiled.table import fnv1a_32 as serving_fnv1a_32
+from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
-from export.gates.raw_parity import build_raw_rows
 from serving.codecs.raw_codec import MAX_COUNT, decode_rest
 from serving.errors import InvalidArgument
 from training.synth import sample_rows

@@ -17,9 +17,9 @@ from ctr_features.compiled import few_rows as raw_one_row
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
 from ctr_features.compiled.value_table import EMPTY_KEY
+from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
-from export.gates.raw_parity import build_raw_rows
 from serving.codecs import raw_body
 from serving.codecs.raw_body import client_columns, client_rows, decode_raw_body
 from serving.codecs.rest_codec import decode_predict, parse_body, to_request
