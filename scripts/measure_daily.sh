@@ -17,7 +17,7 @@ done
 [ -f "$OUT/days01.txt" ] || "$PY" - "$OUT/day0.txt" "$OUT/day1.txt" "$OUT/days01.txt" <<'EOF'
 import shutil, sys
 import numpy as np
-from ctr_features.split import validation_mask
+from ctr_features.data.split import validation_mask
 day0, day1, out = sys.argv[1:]
 lines = open(day1).read().splitlines(keepends=True)
 held_out = validation_mask(np.arange(len(lines)), 0.1)
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np, torch
 from export.gates.gate import figures, rows_from_file
 from ctr_model.checkpoint import load_net
-from ctr_features.split import validation_mask
+from ctr_features.data.split import validation_mask
 from training.synth import oracle_paths
 data, runs = Path(sys.argv[1]), sys.argv[2:]
 rows = rows_from_file(data, val_fraction=0.1, max_rows=10**9)  # the day's validation split

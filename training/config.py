@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ctr_contract.signatures import DEFAULT_WIDTH
+from ctr_features.data.split import DEFAULT_VAL_FRACTION
 from ctr_features.layout import HASH_START
-from ctr_features.split import DEFAULT_VAL_FRACTION
 from training.errors import ConfigError
 
 LOADERS = ("auto", "stream", "memory")

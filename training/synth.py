@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from ctr_features.split import DEFAULT_VAL_FRACTION, fmix32, validation_mask
+from ctr_features.data.split import DEFAULT_VAL_FRACTION, fmix32, validation_mask
 from ctr_model.metrics import log_loss, roc_auc
 from training.truth import (
     CATEGORICAL_SHAPE,

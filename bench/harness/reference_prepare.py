@@ -79,7 +79,7 @@ def prepare(
 
     Args:
         cache: Parquet file written by `training.data.cache.ensure_cache`.
-        val_fraction: validation share (see `ctr_features.split`).
+        val_fraction: validation share (see `ctr_features.data.split`).
         width: feature vector width.
         max_rows: use only the first rows of the file (quick experiments); None for all.
         spec: a frozen spec to transform with (warm start) instead of fitting one.

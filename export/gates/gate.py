@@ -27,9 +27,9 @@ import torch
 
 from ctr_contract import repository
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_features.criteo import read_batches
+from ctr_features.data.criteo import read_batches
+from ctr_features.data.split import validation_mask
 from ctr_features.spec import FeatureSpec
-from ctr_features.split import validation_mask
 from ctr_model.metrics import log_loss, roc_auc
 from export.errors import ExportError, InputError
 from export.gates.runtimes import onnxruntime_predictor, torch_predictor

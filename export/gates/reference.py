@@ -11,7 +11,7 @@ Rule of thumb: < 0.1 stable, 0.1-0.2 moderate shift, > 0.2 a shift worth acting 
 Under "raw", the same for each raw Criteo field (from the run's raw validation rows, `val_raw.npz`), for
 requests that send raw fields: see `raw_bins`.
 Feature names follow the FeatureSpec layout: I1..I13 (z-scores), I1_missing..I13_missing, C1_rate..C26_rate
-(click-rate lifts), hash_0..hash_{width-53} (hashing-trick buckets).
+(click-rate lifts), hash_0..hash_{width-HASH_START-1} (hashing-trick buckets; ctr_features/layout.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def test_every_training_error_derives_from_the_base_and_keeps_its_old_builtin_ba
 
 
 def test_the_old_import_paths_of_the_error_classes_still_work() -> None:
-    from ctr_features.criteo import MalformedRowError as from_criteo
+    from ctr_features.data.criteo import MalformedRowError as from_criteo
     from ctr_model.checkpoint import CheckpointError as from_checkpoint
     from training.data.sources import DataError as from_sources
     from training.model.distributed import DistributedSetupError as from_distributed

@@ -13,10 +13,10 @@ import pytest
 
 from bench.harness.reference_prepare import prepare
 from ctr_features.compiled.records import numeric_matrix
+from ctr_features.data.split import validation_mask
 from ctr_features.hashing import encode_strings, fnv1a_32, fnv1a_column
 from ctr_features.layout import HASH_START, signed_log1p
 from ctr_features.spec import FeatureSpec
-from ctr_features.split import validation_mask
 from training.data.cache import ensure_cache
 from training.synth import sample_rows
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, NUMERIC_FIELDS
-from ctr_features.criteo import SCHEMA, MalformedRowError, ReadReport, read_batches
+from ctr_features.data.criteo import SCHEMA, MalformedRowError, ReadReport, read_batches
 from training.data.cache import cache_path, ensure_cache
 
 GOOD = [

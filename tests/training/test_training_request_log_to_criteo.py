@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ctr_features.criteo import read_batches
+from ctr_features.data.criteo import read_batches
 from pipelines.clicks.__main__ import main
 
 ROW = {f"I{i}": i for i in range(1, 14)} | {f"C{i}": f"{i:08x}" for i in range(1, 27)}

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ctr_features.criteo import read_batches
-from ctr_features.split import validation_mask
+from ctr_features.data.criteo import read_batches
+from ctr_features.data.split import validation_mask
 from ctr_model.metrics import log_loss
 from training.synth import generate, oracle_paths
 

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ctr_features.criteo import SCHEMA, ReadReport, read_batches
+from ctr_features.data.criteo import SCHEMA, ReadReport, read_batches
 from training.data.cache_dir import cached_name
 from training.data.once import build_once
 from training.errors import DataError

@@ -1,7 +1,7 @@
 """Parquet files read as one data set, a row group at a time: the unit streaming training shards and shuffles.
 
 `ParquetData.open` checks each file's schema and counts, per row group, the training and validation rows
-(the split is a hash of the global row id, see `ctr_features.split`), reading only the `row_id` column. Global
+(the split is a hash of the global row id, see `ctr_features.data.split`), reading only the `row_id` column. Global
 row ids are the file's own `row_id` (or row position) plus the ids spanned by the files before it, so a
 single file keeps its ids and the synthetic oracle still lines up. `read` returns one row group's rows of
 one split, with their global ids and their index within the split (file order), typed like the cache.
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
-from ctr_features.split import validation_mask
+from ctr_features.data.split import validation_mask
 from training.errors import DataError
 
 Split = Literal["train", "val"]
@@ -246,4 +246,3 @@ def _normalise(path: Path, table: pa.Table, dictionary: bool = False) -> pa.Tabl
     for name, col in cols.items():
         table = table.set_column(table.column_names.index(name), name, col)
     return table
-

@@ -28,7 +28,7 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from ctr_features.compiled.records import RECORD, encode_records, lookups, numeric_matrix
-from ctr_features.criteo import ReadReport
+from ctr_features.data.criteo import ReadReport
 from ctr_features.fit import (
     MAX_ENTRIES,
     MIN_COUNT,

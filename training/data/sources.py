@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctr_features.compressed import text_name
+from ctr_features.data.compressed import text_name
 from training.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ctr_contract import cgroup
-from ctr_features.criteo import ReadReport
+from ctr_features.data.criteo import ReadReport
 from ctr_features.spec import FeatureSpec
 from training.config import TrainConfig
 from training.data.parquet import ParquetData, Split
