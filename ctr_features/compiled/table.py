@@ -1,11 +1,11 @@
 """The FeatureSpec compiled for serving: a RawBatch -> the float32 features the `serving_default` model takes.
 
 `FeatureSpec.transform` stays the one definition (ctr_features/spec.py): this module reads its fitted
-numbers and tables from `feature_spec.json` (serving does not import training/) and applies them with the same
+numbers and tables from `feature_spec.json` (the version's own, as export wrote it) and applies them with the same
 numpy expressions, but looks categorical values up in a hash table over the whole batch
 (ctr_features/compiled/value_table.py; one Python dict per field for a few rows) instead of sorted-array searches
 built for million-row chunks. The result is then scored by the features model, which skips ONNX Runtime's
-per-input conversion of the 39-input raw graph (docs/raw-features.md, "Where the time goes").
+per-input conversion of the 39-input raw graph (docs/raw-features.md).
 
 It serves only behind two gates: export compares it with `FeatureSpec.transform` + PyTorch on the raw parity
 rows (export/gates/raw_parity.py), and a load replays the warm-up records' raw rows and compares its scores with
@@ -37,7 +37,7 @@ class RawTransform:
     """`FeatureSpec.transform` on field-major RawBatches, with per-field dict lookups."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        """From feature_spec.json's content (`FeatureSpec.to_dict()`); serving does not import training/."""
+        """From feature_spec.json's content (`FeatureSpec.to_dict()`), as a version holds it."""
         if spec.get("version") != SPEC_VERSION:
             raise ValueError(f"feature spec version {spec.get('version')!r} is not {SPEC_VERSION}")
         num, cat = spec["numeric"], spec["categorical"]

@@ -39,8 +39,8 @@ _N_NUM, _N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, Any]]:
     """Row-major (N, 13) counts and (N, 26) values as a REST client sends them, every form in turn: counts as
     ints or integral floats, missing as absent, null or "" (a non-finite count cannot be sent: JSON has none,
-    so it is absent too); values as strings, "" as itself, absent or null. The gates send the rows through the
-    server's decoder in these forms (export/gates/raw_parity.py, serving/repository/warmup.py)."""
+    so it is absent too); values as strings, "" as itself, absent or null. The warm-up sends its rows through the
+    server's decoders in these forms (serving/repository/warmup.py), and so do the tests comparing them."""
     rows = []
     for i, (counts, strings) in enumerate(zip(numeric.tolist(), categorical.tolist(), strict=True)):
         row: dict[str, Any] = {}
