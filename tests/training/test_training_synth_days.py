@@ -12,10 +12,10 @@ import torch
 
 from ctr_contract import repository
 from ctr_model.checkpoint import load_net
+from ctr_model.errors import CheckpointError
 from ctr_model.metrics import roc_auc
 from export.onnx.onnx_export import export_onnx
 from tests.training.train_runs import TINY_RUN
-from training.errors import CheckpointError
 from training.model.warm_start import load_warm_start
 from training.synth import generate, make_world, oracle_paths, sample_rows
 from training.truth import CATEGORICAL_DRIFT, NUMERIC_DRIFT, NUMERIC_SHAPE
