@@ -8,8 +8,8 @@ One JSON line per sampled predict request:
 `inputs` is the batch as decoded (serving/requests.py), not the client's bytes: a raw request, in row or
 columnar form, as columns of all 39 fields (counts as floats, missing counts null, missing categories "");
 feature vectors, REST or gRPC, as `instances` (float32 rows). The request id is the client's `x-request-id`
-header (gRPC metadata) when it sends one, else one the server makes; it is returned in the `x-request-id` response header either way, so clicks
-can be joined with the log later (`python -m pipelines.clicks.request_log_rows`).
+header (gRPC metadata) when it sends one, else one the server makes; it is returned in the `x-request-id`
+response header either way, so clicks can be joined with the log later (`python -m pipelines.clicks`).
 
 Sampling is a hash of the request id (crc32 below R * 2^32): a retried request and every replica make the
 same choice, and a test can count the lines it expects. Each worker writes its own files,
