@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu lint fmt bench bench-http bench-compare clean
+.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -79,6 +79,9 @@ test: $(STAMP) sysdeps lint ## Lint, then the test suite (excludes tests marked 
 
 test-slow: $(STAMP) sysdeps ## Only the slow tests
 	$(PY) -m pytest -m slow $(ARGS)
+
+test-containers: $(STAMP) ## The images on a real engine: podman and docker-compose from Debian, `docker compose up serving` end to end, the k8s Jobs' commands (root)
+	$(PY) tests/deploy/containers/run.py
 
 test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP), then NCCL DDP efficiency; skip without CUDA
 	$(PY) -m pytest -m gpu -rs $(ARGS)

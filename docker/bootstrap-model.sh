@@ -26,9 +26,15 @@ if [ ! -f "$data" ]; then
     echo "no data at $data: generating $ROWS synthetic rows"
     "$PYTHON" -m training.synth --out "$data" --rows "$ROWS" --seed "$SEED"
 fi
-echo "training on $data into $run"
-# TRAIN_ARGS is split into flags on purpose.
-# shellcheck disable=SC2086
-"$PYTHON" -m training --data "$data" --out "$run" $TRAIN_ARGS
+# metrics.json is the last file training writes: a run that has it is complete (a bootstrap stopped during
+# the export resumes there, without training twice).
+if [ -f "$run/metrics.json" ]; then
+    echo "$run is a complete training run (metrics.json): exporting it without training again"
+else
+    echo "training on $data into $run"
+    # TRAIN_ARGS is split into flags on purpose.
+    # shellcheck disable=SC2086
+    "$PYTHON" -m training --data "$data" --out "$run" $TRAIN_ARGS
+fi
 echo "exporting $run into $MODEL_BASE_PATH"
 "$PYTHON" -m export --run "$run" --repo "$MODEL_BASE_PATH"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ DOCKERFILES = sorted((REPO_ROOT / "docker").glob("Dockerfile*"))
 HADOLINT = Path(sys.executable).parent / "hadolint"
 SERVING = REPO_ROOT / "docker" / "Dockerfile.serving"
 TRAINER = REPO_ROOT / "docker" / "Dockerfile.trainer"
+# What each image's /app holds: the serving image no torch, TensorFlow or training code; the trainer no serving.
+SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving"}
+TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export"}
 
 
 def image_requirements(*extras: str) -> list[str]:
@@ -87,12 +91,17 @@ def test_serving_image_exposes_tf_serving_ports_and_checks_model_status():
 
 def test_trainer_image_defaults_to_cpu_torch_and_is_nccl_ready():
     args = {
-        i.args.split("=")[0]: i.args.split("=", 1)[1] for i in instructions(TRAINER) if i.keyword == "ARG"
+        i.args.split("=")[0]: i.args.split("=", 1)[1]
+        for i in instructions(TRAINER)
+        if i.keyword == "ARG" and "=" in i.args
     }
     assert args["TORCH_VARIANT"] == "cpu"
     assert args["TORCH_VERSION"] == "2.13.0"
+    # torch alone from TORCH_INDEX_URL (PyTorch's index by default, a mirror or a wheel folder otherwise);
+    # its dependencies come from pip's index with the rest.
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/${TORCH_VARIANT}"
     install = next(i.args for i in instructions(TRAINER) if i.keyword == "RUN" and "torch==" in i.args)
-    assert '--index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}"' in install
+    assert '--no-deps --index-url "${TORCH_INDEX_URL}"' in install
     image_env = env(final_stage(TRAINER))
     assert image_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert image_env["NCCL_DEBUG"] == "WARN"
@@ -104,7 +113,7 @@ def test_trainer_image_copies_every_package_its_commands_import():
     copied = {
         i.args.split()[0] for i in final_stage(TRAINER) if i.keyword == "COPY" and "--from" not in i.args
     }
-    assert copied == {"ctr_contract", "training", "export", "docker/bootstrap-model.sh"}
+    assert copied == TRAINER_PACKAGES | {"docker/bootstrap-model.sh"}
     assert exec_form(single(final_stage(TRAINER), "ENTRYPOINT").args) == ["python", "-m", "training"]
 
 
@@ -112,7 +121,83 @@ def test_serving_image_copies_the_server_and_the_contract_only():
     copied = {
         i.args.split()[0] for i in final_stage(SERVING) if i.keyword == "COPY" and "--from" not in i.args
     }
-    assert copied == {"ctr_contract", "serving"}
+    assert copied == SERVING_PACKAGES
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "packages"),
+    [(SERVING, SERVING_PACKAGES), (TRAINER, TRAINER_PACKAGES)],
+    ids=["serving", "trainer"],
+)
+def test_native_stage_builds_the_images_packages_and_only_so_files_reach_the_runtime(
+    dockerfile: Path, packages: set[str]
+):
+    found = instructions(dockerfile)
+    [native] = [i.stage for i in found if i.keyword == "FROM" and i.args.endswith(" AS native")]
+    stage = [i for i in found if i.stage == native]
+    copied = [i.args.split()[:-1] for i in stage if i.keyword == "COPY"]
+    assert copied[0] == ["setup.py", "pyproject.toml", "docker/build_native.py"]
+    assert {c[0] for c in copied[1:]} == packages  # the packages of this image, no other
+    assert any(i.keyword == "RUN" and i.args == "python build_native.py /out" for i in stage)
+    runtime_copies = [
+        i.args for i in final_stage(dockerfile) if i.keyword == "COPY" and "--from=native" in i.args
+    ]
+    assert runtime_copies == ["--from=native /out/ ./"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_pip_reads_the_mirror_build_arguments_and_failures_name_them(dockerfile: Path):
+    deps = [i for i in instructions(dockerfile) if i.stage == 0]
+    declared = {i.args.split("=")[0] for i in deps if i.keyword == "ARG"}
+    assert {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST"} <= declared
+    installs = [i.args for i in deps if i.keyword == "RUN" and "pip install" in i.args]
+    for install in installs:  # pip's log to a file; one line naming the build argument to set
+        assert (
+            "> /tmp/pip.log 2>&1" in install
+            and "ctr-build:" in install
+            and "set the build argument" in install
+        )
+    assert any("PIP_INDEX_URL" in i.split("ctr-build:")[1] for i in installs)
+    if dockerfile == TRAINER:
+        assert any("TORCH_INDEX_URL" in i.split("ctr-build:")[1] for i in installs)
+
+
+def test_build_native_builds_present_extensions_and_skips_the_others(tmp_path: Path):
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "_fast.c").write_text(
+        '#include <Python.h>\nstatic struct PyModuleDef m = {PyModuleDef_HEAD_INIT, "_fast"};\n'
+        "PyMODINIT_FUNC PyInit__fast(void) { return PyModule_Create(&m); }\n"
+    )
+    (tmp_path / "setup.py").write_text(
+        "from setuptools import Extension, setup\n"
+        "setup(name='x', packages=[], ext_modules=[Extension('pkg._fast', ['pkg/_fast.c'], optional=True),\n"
+        "    Extension('other._absent', ['other/_absent.c'], optional=True)])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "docker" / "build_native.py"), str(tmp_path / "out")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "skipped: other._absent" in proc.stdout
+    assert [p.relative_to(tmp_path / "out").parent.as_posix() for p in (tmp_path / "out").rglob("*.so")] == [
+        "pkg"
+    ]
+    (tmp_path / "pkg" / "_fast.c").write_text("this is not C\n")  # present but broken: the build fails
+    for so in tmp_path.rglob("*.so"):
+        so.unlink()
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "docker" / "build_native.py"), str(tmp_path / "out2")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "ctr-build: the C extension(s) pkg._fast did not compile" in proc.stderr
 
 
 def _ignored(path: str, rules: list[str]) -> bool:
