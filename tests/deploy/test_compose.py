@@ -141,3 +141,40 @@ def test_model_service_script_calls_modules_with_flags_they_accept():
         extra = train_args if module == "training" else []
         unknown = set(flags(args + extra)) - accepted_flags(module)
         assert not unknown, f"`python -m {module}` does not accept {sorted(unknown)}"
+
+
+def _bootstrap(tmp_path, prepare) -> list[str]:  # type: ignore[no-untyped-def]
+    """Run the `model` service's script with a PYTHON that records its calls; the modules it ran."""
+    tmp_path.mkdir()
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\necho "$2" >> {tmp_path}/calls\n')
+    stub.chmod(0o755)
+    prepare(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(stub), "MODEL_BASE_PATH": str(tmp_path / "models/ctr")}
+    env["WORK_DIR"] = str(tmp_path / "artifacts")
+    proc = subprocess.run(
+        ["sh", str(REPO_ROOT / "docker" / "bootstrap-model.sh")], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    calls = tmp_path / "calls"
+    return calls.read_text().split() if calls.exists() else []
+
+
+def test_bootstrap_trains_once_and_resumes_an_interrupted_export(tmp_path):
+    def empty(root):  # type: ignore[no-untyped-def]
+        (root / "models" / "ctr").mkdir(parents=True)
+
+    def trained(root):  # type: ignore[no-untyped-def]
+        empty(root)
+        for folder in ("data", "run"):
+            (root / "artifacts" / folder).mkdir(parents=True)
+        (root / "artifacts" / "data" / "train.txt").write_text("")
+        (root / "artifacts" / "run" / "metrics.json").write_text("{}")  # training's last file
+        (root / "models" / "ctr" / ".tmp-1-host-x-9").mkdir()  # a staging folder is not a version
+
+    def published(root):  # type: ignore[no-untyped-def]
+        (root / "models" / "ctr" / "1").mkdir(parents=True)
+
+    assert _bootstrap(tmp_path / "a", empty) == ["training.synth", "training", "export"]
+    assert _bootstrap(tmp_path / "b", trained) == ["export"]
+    assert _bootstrap(tmp_path / "c", published) == []

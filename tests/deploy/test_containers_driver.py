@@ -89,6 +89,10 @@ def test_host_ulimits_stay_at_or_below_the_hosts():
 
 def test_a_failed_build_is_one_line_naming_the_argument():
     log = "\n".join(["STEP 7/20: RUN pip install ..."] * 200)
+    log += (
+        '\nError: building at STEP "RUN pip ... echo "ctr-build: torch==${TORCH_VERSION} ...": exit status 1'
+    )
+
     marked = (
         log
         + "\nctr-build: torch==2.13.0 could not be installed from http://x/: set the build argument TORCH_INDEX_URL\n"

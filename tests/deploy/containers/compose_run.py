@@ -199,7 +199,12 @@ def _tail(text: str, lines: int = 25) -> str:
 
 def build_failure(text: str) -> str:
     """One clear line for a failed build: the Dockerfiles' `ctr-build:` lines, or the base image's pull."""
-    marked = [line.split("ctr-build:", 1)[1].strip() for line in text.splitlines() if "ctr-build:" in line]
+    # The Dockerfiles' own output starts with the marker; the engine's echo of the failed RUN holds it too.
+    marked = [
+        line.strip()[len("ctr-build:") :].strip()
+        for line in text.splitlines()
+        if line.strip().startswith("ctr-build:")
+    ]
     if marked:
         return marked[-1]
     for line in text.splitlines():

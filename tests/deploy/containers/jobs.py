@@ -15,7 +15,7 @@ from typing import Any
 from checks import available
 from compose_run import COMPOSE, REPO_ROOT, Project, build_failure, check, timed
 from engine import Engine, EngineError
-from sources import free_port, say, wait_for
+from sources import free_port, say, short_reason, wait_for
 
 
 def bad_sources(project: Project, python_image: str, podman_env: dict[str, str] | None) -> None:
@@ -89,7 +89,7 @@ def stock_server(project: Project, engine: Engine) -> None:
             engine.pull(image, timeout=120)
             have_image = True
         except EngineError as exc:
-            reason = str(exc).splitlines()[-1][-120:]
+            reason = short_reason(exc)
     binary = shutil.which("tensorflow_model_server")
     if have_image:
         script = (

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import http.server
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -104,9 +105,7 @@ def base_image(engine: Engine) -> tuple[str, str]:
         engine.pull(UPSTREAM_IMAGE, timeout=180)
         return UPSTREAM_IMAGE, "pulled"
     except EngineError as exc:
-        say(
-            f"{UPSTREAM_IMAGE} cannot be pulled (...{str(exc).splitlines()[-1][-100:]}): a stand-in from Debian"
-        )
+        say(f"{UPSTREAM_IMAGE} cannot be pulled ({short_reason(exc)}): a stand-in from Debian")
     ca = host_ca_bundle()
     ca_hash = hashlib.sha256(ca.read_bytes()).hexdigest()[:16]
     name = f"{STANDIN_REPO}:{STANDIN_TAG}"
@@ -159,6 +158,13 @@ def base_image(engine: Engine) -> tuple[str, str]:
         ]
         engine.import_tar(tar, STANDIN_REPO, STANDIN_TAG, changes)
     return name, "stand-in built (debootstrap)"
+
+
+def short_reason(exc: Exception) -> str:
+    """An engine's pull error in a few words: `registry-1.docker.io: no such host`, or its last 120 characters."""
+    text = str(exc).splitlines()[-1]
+    found = re.search(r"lookup (\S+) on \S+: (.+)$", text)
+    return f"{found.group(1)}: {found.group(2)}" if found else text[-120:]
 
 
 def find_torch_wheel() -> Path | None:
