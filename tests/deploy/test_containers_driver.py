@@ -38,7 +38,7 @@ def test_make_test_containers_runs_the_driver_after_make_test():
     assert ci == ["make test", "make test-containers"]
 
 
-def test_override_merges_with_compose_yaml(builds, tmp_path: Path):
+def test_override_merges_with_compose_yaml(tmp_path: Path):
     cli = _compose_cli()
     if cli is None:
         pytest.skip("needs `docker compose` or `docker-compose`")

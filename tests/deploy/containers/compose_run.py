@@ -212,7 +212,11 @@ def build_failure(text: str) -> str:
         if ("pull" in low or "manifest" in low or "registry" in low or "resolv" in low) and (
             "error" in low or "denied" in low
         ):
-            return f"the base image could not be had ({line.strip()[:200]}): set the build argument PYTHON_IMAGE to an image you can reach"
+            image = re.search(r"docker://([^\s:]+(?::[\w.-]+)?)", line)
+            lookup = re.search(r"lookup (\S+) on \S+: (.+)$", line)
+            why = f"{lookup.group(1)}: {lookup.group(2)}" if lookup else line.strip()[-120:]
+            name = f" {image.group(1)}" if image else ""
+            return f"the base image{name} cannot be pulled ({why}): set the build argument PYTHON_IMAGE to an image you can reach"
     return "the build failed:\n" + _tail(text, 15)
 
 

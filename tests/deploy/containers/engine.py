@@ -167,13 +167,16 @@ def host_ulimits() -> dict[str, tuple[int, int]]:
 
 
 class PrivatePodman:
-    """`podman system service` on STATE/podman.sock with STATE/containers.conf; images in podman's own store
-    (so layers stay cached between runs), containers and volumes removed by the caller's `down -v`."""
+    """`podman system service` on STATE/podman.sock with a containers.conf and storage.conf of its own: images,
+    layers and volumes in STORE (kept, so layers stay cached between runs), networks, events and run state in
+    STATE (removed). Nothing of another podman or Docker (their stores, networks, sockets) is used."""
 
-    def __init__(self, state: Path):
+    def __init__(self, state: Path, store: Path):
         self.state = state
+        self.store = store
         self.socket = state / "podman.sock"
         self.conf = state / "containers.conf"
+        self.storage_conf = state / "storage.conf"
         self.log = state / "podman-service.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -191,14 +194,25 @@ class PrivatePodman:
             f"default_ulimits = [{ulimits}]",
             "[engine]",
             f'cgroup_manager = "{"systemd" if systemd else "cgroupfs"}"',
-            f'events_logger = "{"journald" if systemd else "file"}"',
+            'events_logger = "file"',
+            f'events_logfile_path = "{self.state / "events.log"}"',
+            f'tmp_dir = "{self.state / "libpod"}"',
+            *([f'runtime = "{runtime}"'] if runtime else []),
+            "[network]",
+            f'network_config_dir = "{self.state / "networks"}"',
         ]
-        if runtime:
-            lines.append(f'runtime = "{runtime}"')
         self.conf.write_text("\n".join(lines) + "\n")
+        self.store.mkdir(parents=True, exist_ok=True)
+        self.storage_conf.write_text(
+            f'[storage]\ndriver = "overlay"\ngraphroot = "{self.store}"\nrunroot = "{self.state / "run"}"\n'
+        )
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+        return {
+            **os.environ,
+            "CONTAINERS_CONF": str(self.conf),
+            "CONTAINERS_STORAGE_CONF": str(self.storage_conf),
+        }
 
     def start(self) -> str:
         """Start the service; its DOCKER_HOST."""

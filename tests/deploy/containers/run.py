@@ -39,6 +39,7 @@ import jobs
 from compose_run import REPO_ROOT, Failure, Project, build_failure, timed
 from engine import Engine, EngineError, PrivatePodman, explain_start_failure
 from sources import (
+    CACHE,
     WheelServer,
     base_image,
     build_args,
@@ -59,9 +60,11 @@ def engine_host(state: Path) -> tuple[str, PrivatePodman | None]:
         say(f"using the engine at {given}")
         return given, None
     ensure_debs(["podman", "docker-compose"], ["podman", "docker-compose"])
-    podman = PrivatePodman(state)
+    podman = PrivatePodman(state, CACHE / "storage")
     host = podman.start()
-    say(f"podman system service on {host} (containers.conf: {podman.conf})")
+    say(
+        f"podman system service on {host} (its own containers.conf and storage.conf; images in {podman.store})"
+    )
     return host, podman
 
 
