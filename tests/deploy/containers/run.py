@@ -57,6 +57,11 @@ def engine_host(state: Path) -> tuple[str, PrivatePodman | None]:
     given = os.environ.get("DOCKER_HOST") or os.environ.get("CONTAINER_HOST")
     if given:
         ensure_debs(["docker-compose"], ["docker-compose"])
+        if not Engine(given).ping():
+            raise SystemExit(
+                f"test-containers: no engine answers at {given} (DOCKER_HOST/CONTAINER_HOST): start it, or unset"
+                " both to run a private podman"
+            )
         say(f"using the engine at {given}")
         return given, None
     ensure_debs(["podman", "docker-compose"], ["podman", "docker-compose"])
