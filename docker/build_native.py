@@ -9,7 +9,6 @@ Standard library and setuptools only.
 """
 
 import shutil
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -18,16 +17,16 @@ from typing import Any
 import setuptools
 
 
-def extensions() -> list[setuptools.Extension]:
-    """The extensions setup.py declares: setup.py run with a setup() that only records its arguments."""
-    declared: dict[str, Any] = {}
+def declared() -> dict[str, Any]:
+    """The arguments setup.py gives setup(): setup.py run with a setup() that only records them."""
+    found: dict[str, Any] = {}
     real = setuptools.setup
-    setuptools.setup = lambda **kwargs: declared.update(kwargs)  # type: ignore[assignment]
+    setuptools.setup = lambda **kwargs: found.update(kwargs)  # type: ignore[assignment]
     try:
         exec(compile(Path("setup.py").read_text(), "setup.py", "exec"), {"__name__": "__main__"})
     finally:
         setuptools.setup = real
-    return list(declared.get("ext_modules") or [])
+    return found
 
 
 def main() -> None:
@@ -36,12 +35,14 @@ def main() -> None:
         raise SystemExit("usage: build_native.py OUT")
     out = Path(sys.argv[1])
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    local = [ext for ext in extensions() if all(Path(s).is_file() for s in ext.sources)]
-    skipped = sorted({ext.name for ext in extensions()} - {ext.name for ext in local})
+    arguments = declared()
+    extensions = list(arguments.get("ext_modules") or [])
+    local = [ext for ext in extensions if all(Path(s).is_file() for s in ext.sources)]
+    skipped = sorted({ext.name for ext in extensions} - {ext.name for ext in local})
     if skipped:
         print(f"build_native: not in this image, skipped: {', '.join(skipped)}")
-    if local:
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], check=True)
+    if local:  # setup.py's own setup(), given only the extensions whose sources are here
+        setuptools.setup(**{**arguments, "ext_modules": local}, script_args=["-q", "build_ext", "--inplace"])
     missing = [ext.name for ext in local if not Path(ext.name.replace(".", "/") + suffix).is_file()]
     if missing:
         raise SystemExit(f"ctr-build: the C extension(s) {', '.join(missing)} did not compile (log above)")
