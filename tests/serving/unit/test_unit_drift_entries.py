@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from ctr_contract.schema import CATEGORICAL_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import DICT_ROWS, RawTransform
+from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
-from export.gates.raw_parity import build_raw_rows
 from export.gates.reference import raw_bins
 from serving.observability.drift import FLUSH_REQUESTS, DriftMonitor, Reference
-from serving.requests import DecodedRequest, RawBatch
+from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 from training.synth import sample_rows

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ctr_contract.signatures import DEFAULT_WIDTH
+from ctr_features.compiled.raw_batch import RawBatch
 from serving.codecs.rest_codec import encode_predictions, parse_body, to_request
 from serving.errors import InvalidArgument
-from serving.requests import RawBatch
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 
 WIDTH = DEFAULT_WIDTH
