@@ -14,7 +14,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from types import ModuleType
 
 LOG_LEVEL_ENV = "TF_CPP_MIN_LOG_LEVEL"
 QUIET_LEVEL = "3"  # 3 hides ERROR too: the cuInit line is an ERROR on every CPU-only machine
@@ -48,11 +47,12 @@ def _stderr_held_back() -> Iterator[None]:
                 sys.stderr.flush()
 
 
-def import_tensorflow(verbose: bool = False) -> ModuleType:
-    """Import TensorFlow under the rule above (its load-time lines shown when verbose or when the import fails)."""
+@contextlib.contextmanager
+def quiet_tensorflow_import(verbose: bool = False) -> Iterator[None]:
+    """Run the caller's `import tensorflow` under the rule above: its load-time lines are shown when `verbose`, or
+    when the import fails; the contract itself never imports TensorFlow."""
     if quiet_tensorflow_log(verbose) and "tensorflow" not in sys.modules:
         with _stderr_held_back():
-            import tensorflow
-    import tensorflow
-
-    return tensorflow
+            yield
+    else:
+        yield

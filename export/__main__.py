@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ctr_contract import run_dir
 from ctr_contract.cli_help import DefaultsHelpFormatter
-from ctr_contract.tf_log import import_tensorflow
+from ctr_contract.tf_log import quiet_tensorflow_import
 from export.errors import ExportError, InputError
 from export.gates.parity import MIN_ROWS
 from export.onnx.targets import DEFAULT_PROFILE, PROFILES, resolve_target
@@ -192,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="export: %(message)s")
     try:
         req = request_from_args(args)
-        import_tensorflow(verbose=args.verbose)  # before export.pipeline imports it: ctr_contract/tf_log.py
+        with quiet_tensorflow_import(
+            args.verbose
+        ):  # before export.pipeline imports it: ctr_contract/tf_log.py
+            import tensorflow  # noqa: F401
         from export.pipeline import export_version
 
         result = export_version(req)

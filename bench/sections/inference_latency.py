@@ -27,7 +27,7 @@ from ctr_contract.repository import (
     RAW_ONNX_MODEL,
     TORCHSCRIPT_MODEL,
 )
-from ctr_contract.tf_log import import_tensorflow
+from ctr_contract.tf_log import quiet_tensorflow_import
 
 BATCHES = (1, 64, 256, 1024)
 RAW_BATCHES = (1, 256)
@@ -70,7 +70,8 @@ def _backends(
         torchscript_predictor,
     )
 
-    tf = import_tensorflow()  # quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
+    with quiet_tensorflow_import():  # quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
+        import tensorflow as tf
     if threads is not None:
         # Same pool size everywhere, set before TF runs its first op (it cannot change afterwards).
         torch.set_num_threads(threads)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ctr_contract.tf_log import import_tensorflow
+from ctr_contract.tf_log import quiet_tensorflow_import
 
 # Batch size and lr follow `make train`'s defaults.
 BATCH_SIZE, LR, SEED = 2048, 2e-3, 42
@@ -119,7 +119,10 @@ def lightning_fit(
 
 def keras_fit(d: dict[str, np.ndarray], epochs: int, args: argparse.Namespace) -> tuple[float, float]:
     """`keras.Sequential` of the same MLP and `model.fit`: (steady samples/s, val AUC)."""
-    import_tensorflow()  # before keras loads it: quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
+    with (
+        quiet_tensorflow_import()
+    ):  # before keras loads it: quiet C++ log, unless the user set TF_CPP_MIN_LOG_LEVEL
+        import tensorflow  # noqa: F401
     import keras
 
     from ctr_model.metrics import roc_auc

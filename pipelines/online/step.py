@@ -92,9 +92,10 @@ def replay_folder(s: Settings, interval: int) -> Path:
 
 def warm_imports() -> None:
     """Import PyTorch, Lightning and TensorFlow now, while the first interval is still open, not inside it."""
-    from ctr_contract.tf_log import import_tensorflow
+    from ctr_contract.tf_log import quiet_tensorflow_import
 
-    import_tensorflow(verbose=False)
+    with quiet_tensorflow_import():
+        import tensorflow  # noqa: F401
     import export.pipeline  # noqa: F401
     import training.train  # noqa: F401
 
@@ -135,9 +136,10 @@ def criteo_text(partition: Path, out: Path) -> Path:
 
 
 def _export(run: Path, s: Settings, version: int, eval_data: Path | None) -> dict[str, Any]:
-    from ctr_contract.tf_log import import_tensorflow
+    from ctr_contract.tf_log import quiet_tensorflow_import
 
-    import_tensorflow(verbose=False)
+    with quiet_tensorflow_import():
+        import tensorflow  # noqa: F401
     from export.__main__ import build_parser, request_from_args
     from export.errors import ExportError
     from export.gates.gate import GateError
