@@ -43,7 +43,6 @@ from export.gates.raw_parity import (
     savedmodel_raw_predictor,
     serving_predictor,
 )
-from export.gates.reference import write_reference
 from export.gates.runtimes import (
     onnxruntime_predictor,
     savedmodel_predictor,
@@ -53,6 +52,7 @@ from export.gates.runtimes import (
 )
 from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
 from export.onnx.patches import apply_patches
+from export.publish.drift_reference import write_reference
 from export.publish.manifest import build_manifest, read_metrics, write_manifest
 from export.publish.repository import ModelRepository
 from export.raw_graphs import build_raw_model

@@ -29,7 +29,7 @@ class ExportRequest:
     torchscript: bool = True
     parity_rows: int = MIN_ROWS
     parity_tol: float = 1e-5
-    # The quality gate (export/gates/gate.py) and the drift reference (export/gates/reference.py).
+    # The quality gate (export/gates/gate.py) and the drift reference (export/publish/drift_reference.py).
     val_labels: Path | None = None
     train_features: Path | None = None
     eval_data: Path | None = None

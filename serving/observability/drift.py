@@ -1,6 +1,6 @@
 """Drift of the inputs and scores: the population stability index of recent traffic against training.
 
-Each served version carries `assets.extra/drift_reference.json` (export/gates/reference.py): per model-input
+Each served version carries `assets.extra/drift_reference.json` (export/publish/drift_reference.py): per model-input
 feature the bin edges and shares of its training distribution, the same for the validation scores, and per
 raw Criteo field the bins of the raw validation rows. The server keeps the last `--drift_window` rows it scored
 and, at every scrape, bins them with the reference of the newest loaded version and exports

@@ -1,7 +1,7 @@
 """Drift metrics on a live server: PSI of each model-input feature and of the score against the reference.
 
 The version is a small ONNX MLP whose FeatureSpec is fitted on day 0 of the synthetic world, with the drift
-reference export writes (export/gates/reference.py) from 5,000 day-0 training rows. Traffic is other day-0 rows
+reference export writes (export/publish/drift_reference.py) from 5,000 day-0 training rows. Traffic is other day-0 rows
 (no drift) and day-5 rows (I3, I5 and I7 have moved by 0.6 of their spread: training/truth.py).
 """
 
@@ -21,7 +21,7 @@ from ctr_contract.repository import DRIFT_REFERENCE_PATH, FEATURE_SPEC_PATH, RAW
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.onnx_graph import build_raw_model
 from ctr_features.spec import FeatureSpec
-from export.gates.reference import build_reference, raw_bins
+from export.publish.drift_reference import build_reference, raw_bins
 from serving.observability.drift import FLUSH_S
 from tests.serving.model_repo import make_weights, reference_predict, write_manifest, write_onnx
 from tests.serving.server_process import ServerProcess, http

@@ -14,7 +14,7 @@ from ctr_features.compiled.table import DICT_ROWS, RawTransform
 from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
-from export.gates.reference import raw_bins
+from export.publish.drift_reference import raw_bins
 from serving.observability.drift import FLUSH_REQUESTS, DriftMonitor, Reference
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
