@@ -320,7 +320,7 @@ def run_server(cfg: ServerConfig, worker: WorkerRole | None = None) -> int:
         loop_factory = None
     if not raw_body.NATIVE:  # serves alike, only raw ranking requests decode slower
         log.warning(
-            "the native raw-body scan is not built (pip install -e . builds it): raw rows decode via msgspec"
+            "the native raw-body scan is not built (pip install -e . builds it): raw rows decode through the exact path alone"
         )
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
