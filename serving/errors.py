@@ -53,6 +53,11 @@ class MethodNotAllowed(ServingError):
     grpc_code = grpc.StatusCode.UNIMPLEMENTED
     code = "UNIMPLEMENTED"
 
+    def __init__(self, message: str, allow: str) -> None:
+        """`allow`: the methods the route takes, for the 405's `Allow` header (RFC 9110)."""
+        super().__init__(message)
+        self.allow = allow
+
 
 class Unimplemented(ServingError):
     """An API TF Serving has that this server does not serve, e.g. :classify (501)."""

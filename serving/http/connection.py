@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from urllib.parse import unquote
 
 import httptools
 
@@ -163,7 +162,7 @@ class HttpConnection(asyncio.Protocol):
         self._headers += 1
         if self._headers > self.limits.max_headers:
             raise Rejected(431, f"request has over {self.limits.max_headers} header lines", "header_count")
-        name = name.lower()
+        name, value = name.lower(), value.strip(b" \t")  # optional whitespace is no part of a value
         if name == b"content-length":
             self._length = int(value)  # llhttp has checked that it is one non-negative integer
         elif name == b"expect" and value.lower() == b"100-continue":
@@ -214,9 +213,7 @@ class HttpConnection(asyncio.Protocol):
         assert self.parser is not None
         self._in_message, self._finished_in_chunk = False, True
         self._header_left = self.limits.max_header_bytes
-        path = self._url.split(b"?", 1)[0].decode("latin-1")
-        if "%" in path:
-            path = unquote(path)
+        path = self._url.split(b"?", 1)[0].decode("latin-1")  # raw: the router splits, then decodes
         request = PendingRequest(
             self.parser.get_method().decode(),
             path,

@@ -1,11 +1,14 @@
 """What travels on one connection: a parsed request waiting for its answer, a refusal, a rendered response.
 
-`require_method` is the method check of every REST route (405 naming the method to use).
+`RequestPath` is a request's path as routes see it: split at `/` on the raw path, then each segment decoded, so
+`%2F` stays inside a segment (a name) and can never walk into another route. `require_method` is the method
+check of every REST route (405 naming the method to use, with `Allow`).
 """
 
 from __future__ import annotations
 
 from http import HTTPStatus
+from urllib.parse import unquote_to_bytes
 
 from serving.errors import MethodNotAllowed
 
@@ -39,9 +42,69 @@ class PendingRequest:
 
 
 def require_method(method: str, expected: str) -> None:
-    """MethodNotAllowed (405) unless a route is called with the method it serves."""
+    """MethodNotAllowed (405, `Allow` naming `expected`) unless a route is called with the method it serves.
+
+    A GET route also takes HEAD (the HTTP layer answers it with GET's headers).
+    """
     if method != expected:
-        raise MethodNotAllowed(f"method {method} is not allowed here; use {expected}")
+        allow = "GET, HEAD" if expected == "GET" else expected
+        raise MethodNotAllowed(f"method {method} is not allowed here; use {expected}", allow)
+
+
+def _decode_segment(raw: str) -> str:
+    """One raw segment (the URL's bytes as latin-1) percent-decoded as UTF-8 (an invalid sequence: U+FFFD)."""
+    if raw.isascii() and "%" not in raw:
+        return raw
+    return unquote_to_bytes(raw.encode("latin-1")).decode("utf-8", "replace")
+
+
+class RequestPath:
+    """A request path: `raw` as sent (without the query), `segments` split at `/` first, then each decoded.
+
+    `/v2/models/ctr%2Fready` is ("v2", "models", "ctr/ready"): one segment, a model name no model has.
+    """
+
+    __slots__ = ("raw", "segments")
+
+    def __init__(self, raw: str) -> None:
+        """`raw`: the path's bytes decoded as latin-1 (one char a byte), percent-escapes untouched."""
+        self.raw = raw
+        self.segments = tuple(_decode_segment(s) for s in raw.split("/")[1:]) if raw.startswith("/") else ()
+
+    def __str__(self) -> str:
+        return self.raw
+
+    def split_verb(self) -> tuple[tuple[str, ...], str | None]:
+        """(segments, verb) with the raw last segment's `:verb` split off (TF Serving's `:predict`).
+
+        Only a raw `:` separates a verb: `ctr%3Apredict` is the name `ctr:predict`, with no verb.
+        """
+        _, sep, last = self.raw.rpartition("/")
+        if ":" not in last or not sep:
+            return self.segments, None
+        last, verb = last.rsplit(":", 1)
+        return (*self.segments[:-1], _decode_segment(last)), verb
+
+
+def model_route(
+    segments: tuple[str, ...], prefix: tuple[str, ...], labels: bool = False
+) -> tuple[str, str | None, str | None, tuple[str, ...]] | None:
+    """`prefix/{name}[/versions/{v}|/labels/{l}]/rest...` -> (name, version, label, rest); None if not one.
+
+    `labels`: the route takes `/labels/{l}` (TF Serving's v1). Names, versions and labels are decoded
+    segments and never empty.
+    """
+    n = len(prefix)
+    if len(segments) <= n or segments[:n] != prefix or not segments[n]:
+        return None
+    name, rest = segments[n], segments[n + 1 :]
+    version = label = None
+    if len(rest) >= 2 and (rest[0] == "versions" or (labels and rest[0] == "labels")):
+        if not rest[1]:
+            return None
+        version, label = (rest[1], None) if rest[0] == "versions" else (None, rest[1])
+        rest = rest[2:]
+    return name, version, label, rest
 
 
 class Rejected(Exception):

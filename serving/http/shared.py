@@ -42,7 +42,7 @@ class RequestHandler(Protocol):
         request_id: str | None = None,
         header_length: int | None = None,
     ) -> tuple[int, bytes, bytes]:
-        """Answer one request: (status, body, content type); never raises.
+        """Answer one request: (status, body, content type); never raises. `path`: raw, as sent.
 
         `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
         """

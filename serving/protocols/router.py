@@ -1,11 +1,13 @@
 """The one router: each REST path to its protocol's handlers, and every gRPC service onto one server.
 
-REST (the HTTP layer hands each request to `RestRouter.handle`):
-    /v2, /v2/...                                   Open Inference Protocol v2 (serving/protocols/v2_rest.py)
+REST (the HTTP layer hands each request to `RestRouter.handle`, with its raw path):
+    /v2, /v2/, /v2/...                             Open Inference Protocol v2 (serving/protocols/v2_rest.py)
     /v1/models/...                                 TF Serving's REST API (serving/protocols/tfs_rest.py)
     GET  /monitoring/prometheus/metrics, /metrics  Prometheus text
     GET  /healthz                                  liveness (200 while the process serves)
-Every error is `{"error": "..."}` with the status of its ServingError subclass (serving/errors.py).
+Routes are matched on the raw path split at `/`, each segment decoded after the split (`RequestPath`,
+serving/http/messages.py): `%2F` is part of a name, never a separator. Every error is `{"error": "..."}` with
+the status of its ServingError subclass (serving/errors.py); a 405 also names the methods in `Allow`.
 
 gRPC: TF Serving's PredictionService and ModelService (serving/protocols/tfs_grpc.py) and v2's
 GRPCInferenceService (serving/protocols/v2_grpc.py), on one grpc.aio server.
@@ -20,8 +22,8 @@ import grpc
 
 from ctr_contract.ratelog import RateLimitedLog
 from serving.dataplane.model_set import ServedModels
-from serving.errors import JSON, ServingError, error_body
-from serving.http.messages import require_method
+from serving.errors import JSON, MethodNotAllowed, ServingError, error_body
+from serving.http.messages import RequestPath, require_method
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.tfs_grpc import tfs_handlers
 from serving.protocols.tfs_rest import TfsRestApp
@@ -33,7 +35,8 @@ log = logging.getLogger(__name__)
 client_log = RateLimitedLog(log)  # lines a client can cause at will: at most a few a minute
 
 METRICS_TEXT = b"text/plain; version=0.0.4; charset=utf-8"
-METRICS_PATHS = ("/monitoring/prometheus/metrics", "/metrics")
+METRICS_PATHS = (("monitoring", "prometheus", "metrics"), ("metrics",))
+V2_ROOT = ("v2",)
 
 
 class RestRouter:
@@ -55,18 +58,26 @@ class RestRouter:
     ) -> tuple[int, bytes, bytes]:
         """Answer one request; never raises. Returns (status, body, content type).
 
+        `path`: the raw path as sent, percent-escapes untouched (its bytes as latin-1), without the query.
+
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
         `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
         """
         try:
-            if path == "/v2" or path.startswith("/v2/"):
-                return await self.v2.dispatch(method, path, body, header_length, request_id)
-            if path in METRICS_PATHS or path == "/healthz":
+            route = RequestPath(path)
+            segments = route.segments
+            if segments[:1] == V2_ROOT:
+                if segments == ("v2", ""):  # the protocol's own path for the server metadata
+                    route.segments = V2_ROOT
+                return await self.v2.dispatch(method, route, body, header_length, request_id)
+            if segments in METRICS_PATHS or segments == ("healthz",):
                 require_method(method, "GET")
-                if path == "/healthz":
+                if segments == ("healthz",):
                     return 200, b'{"status": "alive"}', JSON
                 return 200, self._metrics_text().encode(), METRICS_TEXT
-            return await self.v1.dispatch(method, path, body, request_id)
+            return await self.v1.dispatch(method, route, body, request_id)
+        except MethodNotAllowed as exc:
+            return 405, error_body(exc.message), JSON + b"\r\nallow: " + exc.allow.encode()
         except ServingError as exc:
             return exc.http_status, error_body(exc.message), JSON
         except Exception as exc:  # a bug, not a client mistake: log it with its traceback, answer 500

@@ -11,23 +11,23 @@ The router (serving/protocols/router.py) sends these paths here and renders ever
 from __future__ import annotations
 
 import json
-import re
 
 from serving.codecs.rest_codec import encode_predictions
 from serving.dataplane.model_set import ServedModels
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, NotFound, Unavailable, Unimplemented
-from serving.http.messages import require_method
+from serving.http.messages import RequestPath, model_route, require_method
 from serving.protocols.model_info import metadata_json, status_response, to_json
 from serving.protocols.rest_body import BodyDecoder, BodyOverLimits
 from serving.requests import DecodedRequest
 from serving.signatures import Signature
 
-MODEL_ROUTE = re.compile(
-    r"^/v1/models/(?P<name>[^/:]+)"
-    r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?P<action>/metadata|:predict|:classify|:regress)?$"
-)
+# (segments after /v1/models/{name}[/versions/{v}|/labels/{l}], the raw last segment's :verb) -> action
+V1_ACTIONS: dict[tuple[tuple[str, ...], str | None], str | None] = {
+    ((), None): None,
+    (("metadata",), None): "/metadata",
+    **{((), verb): f":{verb}" for verb in ("predict", "classify", "regress")},
+}
 
 
 class TfsRestApp:
@@ -38,17 +38,20 @@ class TfsRestApp:
         self.models, self.decoder = models, decoder
 
     async def dispatch(
-        self, method: str, path: str, body: bytes | bytearray, request_id: str | None = None
+        self, method: str, path: RequestPath, body: bytes | bytearray, request_id: str | None = None
     ) -> tuple[int, bytes, bytes]:
         """Answer one /v1 request: (status, body, content type); raises ServingError (the router renders it).
 
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
         """
-        route = MODEL_ROUTE.match(path)
-        if route is None:
+        segments, verb = path.split_verb()  # split at `/` on the raw path, each decoded: `%2F` is in a name
+        route = model_route(segments, ("v1", "models"), labels=True)
+        if route is None or (route[3], verb) not in V1_ACTIONS:
             raise NotFound(f"Malformed request: {method} {path}")
-        name, label, action = route["name"], route["label"], route["action"]
-        version = parse_version(route["version"])
+        name, version_text, label, rest = route
+        action, version = V1_ACTIONS[rest, verb], parse_version(version_text)
+        if method != ("POST" if action == ":predict" else "GET"):
+            self.models.lookup(name).manager.status(name)  # an unknown model is a 404 before any 405
         if action == ":predict":
             require_method(method, "POST")
             return 200, await self._predict(body, name, version, label, request_id), JSON
