@@ -132,7 +132,7 @@ class Project:
     ):
         self.name = "ctrtest" + uuid.uuid4().hex[:8]
         self.logs = logs
-        self.override = state / "compose.test.yaml"
+        self.override = state / f"{self.name}.yaml"
         self.override.write_text(json.dumps(override(build_args), indent=1))
         self.ports = ports
         self.env = {

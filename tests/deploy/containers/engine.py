@@ -144,6 +144,20 @@ class Engine:
     def container(self, cid: str) -> dict[str, Any]:
         return self.call("GET", f"/containers/{cid}/json")
 
+    def logs(self, cid: str) -> str:
+        connection = self._connection(30)
+        try:
+            connection.request("GET", f"/containers/{cid}/logs?stdout=1&stderr=1")
+            return _demux(connection.getresponse().read())
+        finally:
+            connection.close()
+
+    def containers(self, project: str, service: str, stopped: bool = False) -> list[str]:
+        """The ids of a compose service's containers (running ones unless `stopped`)."""
+        labels = [f"com.docker.compose.project={project}", f"com.docker.compose.service={service}"]
+        params = {"filters": json.dumps({"label": labels}), **({"all": "1"} if stopped else {})}
+        return [c["Id"] for c in self.call("GET", "/containers/json", params=params) or []]
+
 
 def _demux(stream: bytes) -> str:
     """Docker's multiplexed log stream (8-byte frame headers) as text; plain text passes through."""

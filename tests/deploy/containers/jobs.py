@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,59 @@ def stock_server(project: Project, engine: Engine) -> None:
         return
     raise_skip = f"SKIPPED the stock-server check: no {image} image ({reason}) and no tensorflow_model_server binary on PATH"
     say(raise_skip)
+
+
+def _repository(project: Project) -> str:
+    """What /models/ctr holds (nothing when export never created it)."""
+    script = "ls -A /models/ctr 2>/dev/null; true"
+    return project.run("run", "--rm", "--no-deps", "-T", "--entrypoint", "sh", "model", "-c", script).stdout
+
+
+def kill_model_mid_export(project: Project, engine: Engine, times: dict[str, Any]) -> None:
+    """On fresh volumes: the `model` service SIGKILLed during its export publishes nothing; `up` again exports
+    the finished training run (no second training) and serves version 1."""
+    rest = f"http://127.0.0.1:{project.ports['rest']}"
+    start = time.monotonic()
+    killed_after = ""
+    with (project.logs / "up-kill-export.log").open("w") as log:
+        up = subprocess.Popen(
+            [*project.cli, "up", "-d", "--no-build", "serving"],
+            cwd=REPO_ROOT,
+            env=project.env,
+            stdout=log,
+            stderr=log,
+        )
+        while up.poll() is None and not killed_after:
+            for cid in engine.containers(project.name, "model"):
+                if "exporting" in engine.logs(cid):
+                    time.sleep(2.5)  # into the export: ONNX, the SavedModel, the gates
+                    engine.call("POST", f"/containers/{cid}/kill", params={"signal": "KILL"})
+                    killed_after = f"{time.monotonic() - start:.0f} s"
+            time.sleep(0.3)
+        up.wait(timeout=900)
+    check(killed_after, "the model service never reached its export")
+    listed = _repository(project)
+    published = [e for e in listed.split() if e.isdigit()]
+    project.run("up", "-d", "--no-build", "serving", timeout=900, log="up-after-kill.log")
+    [cid] = engine.containers(project.name, "model", stopped=True)
+    logs = engine.logs(cid)
+    check(
+        logs.count("training on") == 1,
+        f"the bootstrap trained again after the killed export:\n{logs[-1500:]}",
+    )
+    if not published:
+        check("exporting it without training again" in logs, f"the bootstrap did not resume:\n{logs[-1500:]}")
+    check(
+        wait_for(lambda: available(rest), 180), "after the killed export, the server did not load version 1"
+    )
+    listed = _repository(project)
+    versions = [e for e in listed.split() if e.isdigit()]
+    check(versions == ["1"], f"after the killed export and `up`, the repository holds {listed.split()}")
+    leftovers = [e for e in listed.split() if e.startswith(".")]
+    times["resume_after_killed_export_s"] = time.monotonic() - start
+    say(
+        f"model SIGKILLed {killed_after} into the bootstrap, during its export: "
+        f"{'nothing published' if not published else f'version {published} already published'}; `up` again "
+        f"exported the finished run without training again, serves version 1"
+        + (f" (staging folders left by the kill, ignored by servers: {leftovers})" if leftovers else "")
+    )

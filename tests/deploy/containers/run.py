@@ -94,6 +94,7 @@ def main() -> int:
     podman: PrivatePodman | None = None
     server: WheelServer | None = None
     project: Project | None = None
+    projects: list[Project] = []
     failed = False
     try:
         host, podman = engine_host(state)
@@ -112,6 +113,7 @@ def main() -> int:
             say("no CPU torch wheel on this host's disk: the Dockerfile's TORCH_INDEX_URL default")
         ports = {"rest": free_port(), "grpc": free_port()}
         project = Project(host, state, LOGS, build_args(python_image, torch_index), ports)
+        projects.append(project)
         say(f"compose project {project.name}, REST 127.0.0.1:{ports['rest']}, gRPC 127.0.0.1:{ports['grpc']}")
         with timed(times, "build_s"):
             proc = project.run("build", "model", "serving", timeout=3600, log="build.log", check_rc=False)
@@ -122,6 +124,11 @@ def main() -> int:
         checks.bootstrap_and_serve(project, engine, times)
         checks.stop_drains(project, engine, times)
         checks.second_up_and_kill_mid_load(project, engine, times)
+        fresh_ports = {"rest": free_port(), "grpc": free_port()}
+        fresh = Project(host, state, LOGS, build_args(python_image, torch_index), fresh_ports)
+        projects.append(fresh)
+        jobs.kill_model_mid_export(fresh, engine, times)
+        fresh.run("down", "-v", "-t", "5", timeout=300)
         jobs.kubernetes_commands(project, times)
         jobs.stock_server(project, engine)
         with timed(times, "bad_sources_s"):
@@ -138,11 +145,11 @@ def main() -> int:
         failed = True
         traceback.print_exc()
     finally:
-        if project:
-            problem = project.down()
+        for each in projects:
+            problem = each.down()
             if problem:
                 failed = True
-                print(f"test-containers: `down -v` failed:\n{problem}", file=sys.stderr)
+                print(f"test-containers: `down -v` of {each.name} failed:\n{problem}", file=sys.stderr)
         if server:
             server.stop()
         if podman:
