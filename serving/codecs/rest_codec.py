@@ -17,6 +17,7 @@ import orjson
 
 from serving.codecs.raw_body import decode_raw_body
 from serving.codecs.raw_codec import decode_rest, looks_raw
+from serving.codecs.v2_codec import check_text
 from serving.errors import InvalidArgument
 from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
@@ -64,6 +65,8 @@ def parse_body(body: bytes | bytearray) -> PredictBody:
     signature_given = "signature_name" in doc
     signature_name = doc.get("signature_name", DEFAULT_SIGNATURE)
     if signature_name not in (DEFAULT_SIGNATURE, RAW_SIGNATURE):
+        if isinstance(signature_name, str):  # echoed in the answer: UTF-8 first
+            check_text(signature_name, "'signature_name'")
         raise InvalidArgument(f'Serving signature name: "{signature_name}" not found in signature def')
     has_instances, has_inputs = "instances" in doc, "inputs" in doc
     if has_instances and has_inputs:

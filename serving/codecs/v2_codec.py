@@ -53,6 +53,49 @@ class V2Tensor:
     values: np.ndarray | list[Any]
 
 
+def check_text(value: str, where: str) -> str:
+    """A string the server may echo: valid Unicode that UTF-8 can hold, else a 400 naming `where`.
+
+    JSON's `"\\ud800"` escape decodes to a lone surrogate, which no UTF-8 response (nor log line) can hold.
+    """
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = value[exc.start : exc.end].encode("unicode_escape").decode()
+        raise InvalidArgument(
+            f"{where} is not valid UTF-8: it holds {bad} at character {exc.start}, a lone UTF-16 surrogate; "
+            "send valid Unicode (a surrogate pair or the character itself)"
+        ) from exc
+    return value
+
+
+def check_header_text(doc: dict[str, Any]) -> None:
+    """Every string of a v2 JSON header but the tensors' data: the id, names, datatypes and parameters."""
+    if isinstance(doc.get("id"), str):
+        check_text(doc["id"], "the request id ('id')")
+    _check_parameters_text(doc.get("parameters"), "parameters")
+    for field in ("inputs", "outputs"):
+        items = doc.get(field)
+        for i, item in enumerate(items if isinstance(items, list) else ()):
+            if not isinstance(item, dict):
+                continue
+            for key in ("name", "datatype"):
+                if isinstance(item.get(key), str):
+                    check_text(item[key], f"{field}[{i}].{key}")
+            _check_parameters_text(item.get("parameters"), f"{field}[{i}].parameters")
+
+
+def _check_parameters_text(parameters: Any, where: str) -> None:
+    if not isinstance(parameters, dict):
+        return
+    for key, value in parameters.items():
+        check_text(key, f"a key of {where}")
+        if isinstance(value, str):
+            check_text(value, f"{where}.{key}")
+
+
 def split_model_name(v2_name: str, served: set[str]) -> tuple[str, str]:
     """The v2 model name -> (served model name, signature key): `ctr` -> serving_default, `ctr_raw` -> raw."""
     if v2_name not in served and v2_name.endswith(RAW_SUFFIX) and v2_name[: -len(RAW_SUFFIX)] in served:

@@ -68,6 +68,9 @@ class Predictor:
         started = time.perf_counter()
         model_label = name if name == self.manager.name else "unknown"  # bounded label cardinality
         status = "INTERNAL"
+        timing = self.metrics.model_stats.begin()  # Triton's statistics extension
+        servable: LoadedVersion | None = None
+        request: DecodedRequest | None = None
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
@@ -77,8 +80,10 @@ class Predictor:
             self.inflight += 1
             try:
                 request = await decode(servable.backend.signature)
+                timing.decoded = time.perf_counter_ns()
                 check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
                 scores = await servable.run(request)
+                timing.ran = time.perf_counter_ns()
             finally:
                 self.inflight -= 1
                 self.manager.release(servable)
@@ -100,6 +105,8 @@ class Predictor:
             self.metrics.request_count.inc(model_label, status)
             elapsed_us = (time.perf_counter() - started) * 1e6
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
+            if servable is not None:
+                self.metrics.model_stats.record(self.manager.name, servable.version, request, timing, status)
 
     def drift_text(self) -> str:
         """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""

@@ -152,6 +152,19 @@ class SharedServingMetrics(ServingMetrics):
     ) -> Histogram:
         return SharedHistogram(name, help_text, labelnames, buckets, self._totals)
 
+    def _stats_gauge(self, name: str, labelnames: Sequence[str]) -> Gauge:
+        return SharedGauge(name, "", labelnames, self._totals, "max")
+
+    def merged(self, metric: Counter) -> dict[tuple[str, ...], float]:
+        """`metric`'s values over every worker's files: summed, or combined by a gauge's mode."""
+        combine = GAUGE_MODES[metric.mode] if isinstance(metric, SharedGauge) else sum
+        paths = sorted([*self.directory.glob("totals_*.db"), *self.directory.glob("live_*.db")])
+        return {
+            labels: combine(values)
+            for (name, labels, _), values in read_samples(paths).items()
+            if name == metric.name
+        }
+
     def publish(self) -> None:
         """Write this worker's tracked gauges (in-flight requests) for the other workers' scrapes."""
         for metric in self.metrics():

@@ -1,7 +1,8 @@
 """One unary call of any of the gRPC services: decode its bytes, run the servicer's method, map its errors.
 
 A ServingError aborts the call with its gRPC code (serving/errors.py); any other exception is a bug, logged
-with its traceback (rate-limited: a client can repeat it at will) and answered INTERNAL.
+with its traceback (rate-limited: a client can repeat it at will) and answered INTERNAL. Bytes that do not
+parse are INVALID_ARGUMENT; when the cause is a string field that is not UTF-8, the message names the field.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from ctr_contract.ratelog import RateLimitedLog
@@ -31,6 +33,12 @@ def unary(
         try:
             request = request_class.FromString(raw)
         except DecodeError as exc:
+            field = invalid_utf8_field(request_class.DESCRIPTOR, raw)
+            if field is not None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"the request's {field} is not valid UTF-8; send UTF-8 strings",
+                )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode the request: {exc}")
         try:
             return await method(request, context)
@@ -45,3 +53,56 @@ def unary(
     return grpc.unary_unary_rpc_method_handler(
         handler, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
     )
+
+
+def invalid_utf8_field(descriptor: Descriptor, data: bytes, path: str = "") -> str | None:
+    """The path (e.g. `inputs[0].name`) of the first string field of `data` that is not UTF-8, by walking
+    the wire format with the message's descriptor; None when there is none or the bytes are no message."""
+    try:
+        return _walk(descriptor, memoryview(data), path)
+    except IndexError:  # truncated: not a message at all
+        return None
+
+
+def _walk(descriptor: Descriptor, data: memoryview, path: str) -> str | None:
+    seen: dict[int, int] = {}
+    i = 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire in (1, 5):  # fixed64, fixed32
+            i += 8 if wire == 1 else 4
+            continue
+        if wire == 0:
+            _, i = _varint(data, i)
+            continue
+        if wire != 2:  # groups: not in these protos
+            return None
+        length, i = _varint(data, i)
+        chunk, i = data[i : i + length], i + length
+        field = descriptor.fields_by_number.get(number)
+        if field is None:
+            continue
+        index = seen[number] = seen.get(number, -1) + 1
+        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        name = f"{path}{field.name}" + (f"[{index}]" if repeated else "")
+        if field.type == FieldDescriptor.TYPE_STRING:
+            try:
+                bytes(chunk).decode("utf-8")
+            except UnicodeDecodeError:
+                return name
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            found = _walk(field.message_type, chunk, name + ".")
+            if found is not None:
+                return found
+    return None
+
+
+def _varint(data: memoryview, i: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if byte < 0x80 or shift > 63:
+            return value, i

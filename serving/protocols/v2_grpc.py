@@ -1,8 +1,10 @@
 """Open Inference Protocol v2 over gRPC: `inference.GRPCInferenceService` on the gRPC port beside TF Serving's.
 
 Serves ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer (tensors in `contents`
-or `raw_input_contents`; scores always in `raw_output_contents`, as Triton answers). Other RPCs of the service
-(streaming, repository, shared memory) are UNIMPLEMENTED. Inference goes through the same Predictor as v1.
+or `raw_input_contents`; scores always in `raw_output_contents`, as Triton answers), and Triton's extensions:
+ModelConfig, ModelStatistics, RepositoryIndex (RepositoryModelLoad and Unload answer INVALID_ARGUMENT naming
+`--model_config_file`). Other RPCs of the service (streaming, shared memory, trace, log settings) are
+UNIMPLEMENTED. Inference goes through the same Predictor as v1.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
 from serving.dataplane.validation import parse_version
@@ -67,6 +70,30 @@ class InferenceServicer:
             for tensor in meta[field]:
                 getattr(response, field).add(**tensor)
         return response
+
+    async def model_config(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        config = self.models.model_config(request.name, parse_version(request.version or None))
+        response = protos.RPCS["ModelConfig"][1]()
+        json_format.ParseDict(config, response.config, descriptor_pool=protos.pool())
+        return response
+
+    async def model_statistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        stats = self.models.statistics(request.name or None, parse_version(request.version or None))
+        return json_format.ParseDict(
+            stats, protos.RPCS["ModelStatistics"][1](), descriptor_pool=protos.pool()
+        )
+
+    async def repository_index(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        index = {"models": self.models.repository_index(request.ready)}
+        return json_format.ParseDict(
+            index, protos.RPCS["RepositoryIndex"][1](), descriptor_pool=protos.pool()
+        )
+
+    async def repository_model_load(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.models.load_or_unload("load", request.model_name)
+
+    async def repository_model_unload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.models.load_or_unload("unload", request.model_name)
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         predictor, signature = self.models.lookup(request.model_name)
@@ -134,6 +161,11 @@ def v2_handler(models: V2Models) -> grpc.GenericRpcHandler:
         "ServerMetadata": servicer.server_metadata,
         "ModelMetadata": servicer.model_metadata,
         "ModelInfer": servicer.model_infer,
+        "ModelConfig": servicer.model_config,
+        "ModelStatistics": servicer.model_statistics,
+        "RepositoryIndex": servicer.repository_index,
+        "RepositoryModelLoad": servicer.repository_model_load,
+        "RepositoryModelUnload": servicer.repository_model_unload,
     }
     return grpc.method_handlers_generic_handler(
         protos.SERVICE, {rpc: unary(method, protos.RPCS[rpc][0]) for rpc, method in methods.items()}

@@ -14,24 +14,34 @@ limits, metrics, request log, drift).
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import numpy as np
 import orjson
 
-from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
+from serving.codecs.v2_codec import (
+    V2Tensor,
+    check_header_text,
+    check_shape,
+    from_bytes,
+    from_values,
+    to_request,
+)
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, InvalidArgument, NotFound
-from serving.http.messages import require_method
+from serving.http.messages import RequestPath, model_route, require_method
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.v2_models import V2Models
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE, Signature
 
-V2_ROUTE = re.compile(
-    r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<action>/ready|/infer)?$"
-)
+V2_ACTIONS = {
+    (): None,
+    ("ready",): "/ready",
+    ("infer",): "/infer",
+    ("config",): "/config",  # Triton's model_configuration extension
+    ("stats",): "/stats",  # Triton's statistics extension
+}  # after /v2/models/{m}[/versions/{v}]
 BINARY = b"application/octet-stream"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -46,25 +56,33 @@ class V2RestApp:
     async def dispatch(
         self,
         method: str,
-        path: str,
+        path: RequestPath,
         body: bytes | bytearray,
         header_length: int | None,
         request_id: str | None,
     ) -> tuple[int, bytes, bytes]:
-        """Answer one /v2 request; raises ServingError (the router renders it)."""
-        if path in ("/v2", "/v2/health/live", "/v2/health/ready"):
+        """Answer one /v2 request; raises ServingError (the router renders it).
+
+        `path.segments`: split at `/` on the raw path, each decoded after the split (`%2F` is part of a name).
+        """
+        segments = path.segments
+        if segments in (("v2",), ("v2", "health", "live"), ("v2", "health", "ready")):
             require_method(method, "GET")
-            if path == "/v2":
+            if segments == ("v2",):
                 return 200, orjson.dumps(self.models.server_metadata()), JSON
-            if path == "/v2/health/live":
+            if segments[-1] == "live":
                 return 200, b'{"live": true}', JSON
             ready = self.models.all_ready()
             return (200 if ready else 503), orjson.dumps({"ready": ready}), JSON
-        route = V2_ROUTE.match(path)
-        if route is None:
+        if segments[1:2] == ("repository",) or segments == ("v2", "models", "stats"):
+            return self._repository(method, segments, body)
+        route = model_route(segments, ("v2", "models"))
+        if route is None or route[3] not in V2_ACTIONS:
             raise NotFound(f"Malformed request: {method} {path}")
-        name, action = route["name"], route["action"]
-        version = parse_version(route["version"])
+        name, action = route[0], V2_ACTIONS[route[3]]
+        if method != ("POST" if action == "/infer" else "GET"):
+            self.models.lookup(name)  # an unknown model is a 404 before any 405
+        version = parse_version(route[1])
         if action == "/infer":
             require_method(method, "POST")
             return await self._infer(name, version, body, header_length, request_id)
@@ -72,7 +90,38 @@ class V2RestApp:
         if action == "/ready":
             ready = self.models.model_ready(name, version)
             return (200 if ready else 503), orjson.dumps({"name": name, "ready": ready}), JSON
+        if action == "/config":
+            return 200, orjson.dumps(self.models.model_config(name, version)), JSON
+        if action == "/stats":
+            return 200, orjson.dumps(self.models.statistics(name, version)), JSON
         return 200, orjson.dumps(self.models.model_metadata(name, version)), JSON
+
+    def _repository(
+        self, method: str, segments: tuple[str, ...], body: bytes | bytearray
+    ) -> tuple[int, bytes, bytes]:
+        """Triton's all-models statistics and model_repository extension: the index, load and unload."""
+        if segments == ("v2", "models", "stats"):
+            require_method(method, "GET")
+            return 200, orjson.dumps(self.models.statistics(None, None)), JSON
+        if segments == ("v2", "repository", "index"):
+            require_method(method, "POST")
+            doc = _loads(bytes(body)) if body.strip() else {}
+            if not isinstance(doc, dict):
+                raise InvalidArgument(f"the index request must be a JSON object, got {type(doc).__name__}")
+            ready = boolean_parameter(doc, "ready", "the index request's 'ready'")
+            return 200, orjson.dumps(self.models.repository_index(ready)), JSON
+        if (
+            len(segments) == 5
+            and segments[:3] == ("v2", "repository", "models")
+            and segments[4]
+            in (
+                "load",
+                "unload",
+            )
+        ):
+            require_method(method, "POST")
+            self.models.load_or_unload(segments[4], segments[3])
+        raise NotFound(f"Malformed request: {method} /{'/'.join(segments)}")
 
     async def _infer(
         self,
@@ -99,7 +148,7 @@ class V2RestApp:
         scores, servable, _ = await predictor.predict(
             predictor.manager.name, version, None, decode, "REST", request_id
         )
-        binary_default = bool(request.parameters.get("binary_data_output", False))
+        binary_default = boolean_parameter(request.parameters, "binary_data_output", "parameters")
         output_name = servable.backend.signature.output_name
         binary = wanted.get(output_name, binary_default) if wanted else binary_default
         return encode_response(v2_name, servable.version, request.id, output_name, scores, binary)
@@ -128,6 +177,7 @@ def parse_infer(body: bytes | bytearray, header_length: int | None) -> InferRequ
         raise InvalidArgument(f"the body must be a JSON object, got {type(doc).__name__}")
     if "id" in doc and not isinstance(doc["id"], str):
         raise InvalidArgument(f"'id' must be a string, got {type(doc['id']).__name__}")
+    check_header_text(doc)  # every string it may echo is UTF-8, before any is used
     for key in ("parameters",):
         if key in doc and not isinstance(doc[key], dict):
             raise InvalidArgument(f"'{key}' must be an object, got {type(doc[key]).__name__}")
@@ -194,8 +244,29 @@ def _loads(text: bytes) -> Any:
 
 def _requested_outputs(request: InferRequest) -> dict[str, bool]:
     """Requested output name -> binary? ({} when the request names none: every output)."""
-    default = bool(request.parameters.get("binary_data_output", False))
-    return {o["name"]: bool((o.get("parameters") or {}).get("binary_data", default)) for o in request.outputs}
+    default = boolean_parameter(request.parameters, "binary_data_output", "parameters")
+    return {
+        o["name"]: boolean_parameter(
+            o.get("parameters") or {}, "binary_data", f"output '{o['name']}'", default
+        )
+        for o in request.outputs
+    }
+
+
+def boolean_parameter(parameters: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
+    """A boolean parameter: a JSON true or false only (`"false"` is a string, and a string is no answer)."""
+    value = parameters.get(key, default)
+    if type(value) is not bool:
+        raise InvalidArgument(
+            f"{where} has {key} {json.dumps(value)} ({_json_type(value)}); send a JSON boolean, true or false"
+        )
+    return value
+
+
+def _json_type(value: Any) -> str:
+    return {str: "a string", int: "a number", float: "a number", dict: "an object", list: "an array"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
 
 
 def encode_response(

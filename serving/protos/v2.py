@@ -32,7 +32,19 @@ def message_class(name: str) -> Any:
 # Request -> response class of each RPC the server answers.
 RPCS = {
     rpc: (message_class(f"{rpc}Request"), message_class(f"{rpc}Response"))
-    for rpc in ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
+    for rpc in (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+    )
 }
 ModelInferResponse = RPCS["ModelInfer"][1]
 ModelMetadataResponse = RPCS["ModelMetadata"][1]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
-from serving.observability.metrics import ServingMetrics
+from serving.observability.metrics import ServingMetrics, note_batching
 
 log = logging.getLogger(__name__)
 # Model calls up to this many rows run on the event loop: a call of a few rows of this MLP costs less than
@@ -35,6 +35,8 @@ class _Pending:
     future: asyncio.Future[np.ndarray]
     enqueued: float  # perf_counter seconds
     deadline: float
+    queued_s: float = 0.0  # its wait, once taken into a batch
+    carries_execution: bool = False  # its batch's one execution is counted on it (statistics extension)
 
 
 class DynamicBatcher:
@@ -77,7 +79,14 @@ class DynamicBatcher:
 
     async def run(self, batch: Any) -> np.ndarray:
         """Queue `batch` and wait for its scores (the servable's runner interface)."""
-        return await self.submit(batch)
+        item = self._enqueue(batch)
+        scores = await item.future
+        note_batching(int(item.queued_s * 1e9), item.carries_execution)
+        return scores
+
+    @property
+    def batch_timeout_s(self) -> float:
+        return self._batch_timeout_s
 
     def submit(self, features: Any) -> asyncio.Future[np.ndarray]:
         """Enqueue one request of shape (n, F); its future resolves to the (n, K) scores.
@@ -85,6 +94,9 @@ class DynamicBatcher:
         Raises:
             Overloaded: the queue has no room for n more rows.
         """
+        return self._enqueue(features).future
+
+    def _enqueue(self, features: Any) -> _Pending:
         n = len(features)
         if self.queued_rows + n > self.max_queued_rows and self._queue:
             raise Overloaded(
@@ -101,7 +113,7 @@ class DynamicBatcher:
         waiter = self._waiter
         if waiter is not None and not waiter.done() and self.queued_rows >= self._wake_at_rows:
             waiter.set_result(None)
-        return item.future
+        return item
 
     def close(self) -> None:
         """Stop the batching task (the version is unloaded; its queue is empty by then)."""
@@ -149,7 +161,9 @@ class DynamicBatcher:
                     )
                 )
                 continue
-            self._metrics.queuing_latency.observe((now - item.enqueued) * 1e6, "batch_threads")
+            item.queued_s = now - item.enqueued
+            self._metrics.queuing_latency.observe(item.queued_s * 1e6, "batch_threads")
+            item.carries_execution = not batch
             batch.append(item)
             rows += len(item.features)
         return batch

@@ -54,7 +54,7 @@ def test_health_and_metadata_over_tritonclient_grpc(client: triton.InferenceServ
     assert client.get_server_metadata(as_json=True) == {
         "name": "ctr-pipeline",
         "version": "0.1.0",
-        "extensions": ["binary_tensor_data"],
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
     }
     assert client.get_model_metadata("ctr", as_json=True) == {
         "name": "ctr",

@@ -52,7 +52,7 @@ def test_health_and_metadata_over_tritonclient_http(client: triton.InferenceServ
     assert client.get_server_metadata() == {
         "name": "ctr-pipeline",
         "version": "0.1.0",
-        "extensions": ["binary_tensor_data"],
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
     }
     assert client.get_model_metadata("ctr", "1") == {
         "name": "ctr",
