@@ -10,6 +10,7 @@ TF Serving's layout, so the stock server serves it unchanged:
     <base>/<version>/assets.extra/feature_spec.json
     <base>/<version>/assets.extra/tf_serving_warmup_requests
     <base>/<version>/assets.extra/drift_reference.json
+    <base>/<version>/assets.extra/feature_ranges.json
     <base>/.tmp-*                                staging: never a version
 
 A version folder appears by one atomic rename of a complete staging folder.
@@ -34,6 +35,8 @@ FEATURE_SPEC_PATH = f"{ASSETS_EXTRA}/feature_spec.json"
 WARMUP_PATH = f"{ASSETS_EXTRA}/tf_serving_warmup_requests"  # TFRecord of PredictionLog, replayed on load
 # The training-time bins of every input and of the scores: the reference of serving's drift PSI.
 DRIFT_REFERENCE_PATH = f"{ASSETS_EXTRA}/drift_reference.json"
+# The (min, max) of every model-input feature seen in training: serving names an absurd input with it.
+FEATURE_RANGES_PATH = f"{ASSETS_EXTRA}/feature_ranges.json"
 
 MAX_VERSION = 2**63 - 1  # versions travel as int64 in TF Serving's protos
 

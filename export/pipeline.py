@@ -17,6 +17,7 @@ from ctr_contract.manifest import file_hashes
 from ctr_contract.repository import (
     ASSETS_EXTRA,
     DRIFT_REFERENCE_PATH,
+    FEATURE_RANGES_PATH,
     FEATURE_SPEC_PATH,
     MANIFEST_PATH,
     ONNX_MODEL,
@@ -53,6 +54,7 @@ from export.gates.runtimes import (
 from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
 from export.onnx.patches import apply_patches
 from export.publish.drift_reference import write_reference
+from export.publish.feature_ranges import write_ranges
 from export.publish.manifest import build_manifest, read_metrics, write_manifest
 from export.publish.repository import ModelRepository
 from export.raw_graphs import build_raw_model
@@ -190,6 +192,7 @@ def export_version(req: ExportRequest) -> ExportResult:
         (stage / ASSETS_EXTRA).mkdir()
         shutil.copyfile(req.feature_spec, stage / FEATURE_SPEC_PATH)
         write_reference(stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw)
+        write_ranges(stage / FEATURE_RANGES_PATH, req.train_features, val)
         warm_rows = val if val is not None and len(val) >= 64 else rows.features
         write_warmup(
             stage / WARMUP_PATH, warm_rows, repo.name, INPUT_NAME, DEFAULT_SIGNATURE, warm_raw, raw_expected

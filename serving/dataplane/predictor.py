@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
 from serving.runtime.servable import LoadedVersion
-from serving.signatures import Signature
+from serving.signatures import RAW_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +87,11 @@ class Predictor:
             finally:
                 self.inflight -= 1
                 self.manager.release(servable)
+            features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
+            # No NaN leaves, nor is observed; the ranges are looked at only when a score is not finite.
             check_outputs(
-                scores, self.metrics, self.manager.name, _unit(entrypoint)
-            )  # no NaN leaves, nor is observed
+                scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
+            )
             self._observe_scores(scores)
             status = "OK"
             if self.drift is not None or self.request_log is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from serving.repository.manifest_check import Stamp, VersionNotReady, content_digest, stamp, verify
 from serving.repository.scan import os_error_text
 from serving.runtime.backends import Backend
+from serving.runtime.input_range import FeatureRanges
 
 
 @dataclass
@@ -28,10 +29,11 @@ class LoadAttempt:
     error: Exception | None = None
     digest: str | None = None  # content_digest of a failed version: it is retried when its bytes change
     timed_out: bool = False
+    ranges: FeatureRanges | None = None  # the training ranges of its features, read with it
 
 
 def verify_and_load(path: Path, load: Callable[[Path], tuple[Backend, int]], attempt: LoadAttempt) -> None:
-    """Fill `attempt`: the stamp, then the manifest check, then `load(path)`; never raises."""
+    """Fill `attempt`: the stamp, then the manifest check, then `load(path)` and the ranges; never raises."""
     try:
         attempt.stamp = stamp(path)
     except OSError as exc:
@@ -40,6 +42,7 @@ def verify_and_load(path: Path, load: Callable[[Path], tuple[Backend, int]], att
     try:
         verify(path, attempt.stamp)
         attempt.backend, attempt.n_warmup = load(path)
+        attempt.ranges = FeatureRanges.load(path, attempt.backend.signature.width)
     except Exception as exc:  # every failure belongs to this version; the caller sorts them by reason
         attempt.error = exc
     if attempt.error is not None and not isinstance(attempt.error, VersionNotReady):

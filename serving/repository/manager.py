@@ -210,7 +210,9 @@ class ModelManager:
         if attempt.error is not None or attempt.backend is None:
             self.states.settle_failure(state, attempt.error, attempt.stamp, attempt.digest)
             return False
-        servable = LoadedVersion(version, attempt.backend, self._make_runners(attempt.backend))
+        servable = LoadedVersion(
+            version, attempt.backend, self._make_runners(attempt.backend), ranges=attempt.ranges
+        )
         self.loaded[version] = servable
         self.states.available(state)
         self._refresh_latest()

@@ -21,6 +21,7 @@ from serving.observability.metrics import ServingMetrics
 from serving.requests import DecodedRequest
 from serving.runtime.backends import Backend
 from serving.runtime.batcher import INLINE_MAX_ROWS, DynamicBatcher
+from serving.runtime.input_range import FeatureRanges
 from serving.runtime.spec_backend import SpecBackend
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 
@@ -138,13 +139,15 @@ def build_runners(
 
 @dataclass
 class LoadedVersion:
-    """One servable: a loaded backend, its runner per signature, and its in-flight request count."""
+    """One servable: a loaded backend, its runner per signature, its in-flight request count, and the feature
+    ranges seen in training (None: the version has none; serving/runtime/input_range.py)."""
 
     version: int
     backend: Backend
     runners: dict[str, Runner] = field(default_factory=dict)
     inflight: int = 0
     retired: bool = False
+    ranges: FeatureRanges | None = None
 
     async def run(self, request: DecodedRequest) -> np.ndarray:
         """The request's batch -> its (N, K) scores, on the runner of the signature it calls."""
