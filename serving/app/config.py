@@ -80,6 +80,7 @@ class ServerConfig:
     max_connections: int = 1024
     max_output_bytes: int = 1 << 20
     max_buffered_bytes: int = 64 << 20
+    response_compression_min_bytes: int = 1024  # serving/http/shared.py COMPRESS_MIN_BYTES
     # Version folders (serving/repository/manager.py)
     manifest_wait_timeout_seconds: float = 600.0
     model_load_timeout_seconds: float = 600.0
@@ -149,6 +150,7 @@ _NOT_NEGATIVE = (
     "grace_period_seconds",
     "manifest_wait_timeout_seconds",
     "model_load_timeout_seconds",
+    "response_compression_min_bytes",
 )
 
 
@@ -346,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64 << 20,
         help="request body bytes held by all connections of a worker; larger bodies past it get 503",
+    )
+    http.add_argument(
+        "--response_compression_min_bytes",
+        type=int,
+        default=1024,
+        help="REST responses larger than this are compressed (gzip, else deflate) for a client whose "
+        "Accept-Encoding takes it; 0 compresses every non-empty response (measured: "
+        "docs/perf/serving-compression.md)",
     )
     return p
 

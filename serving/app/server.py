@@ -140,6 +140,7 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
         max_connections=cfg.max_connections,
         max_output_bytes=cfg.max_output_bytes,
         max_buffered_bytes=cfg.max_buffered_bytes,
+        compress_min_bytes=cfg.response_compression_min_bytes,
     )
 
 

@@ -20,6 +20,7 @@ from collections import deque
 import httptools
 
 from serving.errors import JSON, error_body
+from serving.http.encoding import BodyInflater, compress, request_coding, response_coding
 from serving.http.messages import CONTINUE, PendingRequest, Rejected, render
 from serving.http.shared import ConnectionBudget, RequestHandler
 from serving.observability.request_log import request_id_from
@@ -64,7 +65,10 @@ class HttpConnection(asyncio.Protocol):
         self._request_id = b""
         self._header_length: int | None = None
         self._chunks: list[bytes] = []
-        self._size = 0
+        self._size = 0  # body bytes held: decompressed, when the body has a Content-Encoding
+        self._coding: str | None = None  # the request's Content-Encoding (serving/http/encoding.py)
+        self._inflater: BodyInflater | None = None
+        self._accept: str | None = None  # the coding its response may have (Accept-Encoding)
 
     def _set_phase(self, phase: str, timeout_s: float) -> None:
         self._phase, self.deadline = phase, time.monotonic() + timeout_s
@@ -171,6 +175,10 @@ class HttpConnection(asyncio.Protocol):
             self._request_id = value
         elif name == b"inference-header-content-length":
             self._header_length = int(value) if value.isdigit() and len(value) < 19 else -1  # -1: a 400 later
+        elif name == b"content-encoding":
+            self._coding = request_coding(value)  # 415 for a coding we cannot decode
+        elif name == b"accept-encoding":
+            self._accept = response_coding(value)
 
     def on_headers_complete(self) -> None:
         self._header_left = None
@@ -187,9 +195,18 @@ class HttpConnection(asyncio.Protocol):
                 self.transport.write(CONTINUE)  # curl waits for this before sending a large body
             else:
                 self._continue_owed = True  # after the answers before it, or it would come out of order
+        if self._coding is not None:  # inflated as it arrives: the limit is on the decompressed size
+            self._inflater = BodyInflater(self._coding, limit)
         self._set_phase("body", self.limits.body_timeout_s)
 
     def on_body(self, chunk: bytes) -> None:
+        if self._inflater is None:
+            self._hold(chunk)
+            return
+        for piece in self._inflater.feed(chunk):  # a bomb is 413 once its output passes --max_body_bytes
+            self._hold(piece)
+
+    def _hold(self, chunk: bytes) -> None:
         self._size += len(chunk)
         if self._size > self.limits.max_body_bytes:  # chunked encoding: no Content-Length to check first
             raise Rejected(
@@ -213,6 +230,8 @@ class HttpConnection(asyncio.Protocol):
         assert self.parser is not None
         self._in_message, self._finished_in_chunk = False, True
         self._header_left = self.limits.max_header_bytes
+        if self._inflater is not None:
+            self._inflater.finish()  # 400 for a truncated stream
         path = self._url.split(b"?", 1)[0].decode("latin-1")  # raw: the router splits, then decodes
         request = PendingRequest(
             self.parser.get_method().decode(),
@@ -221,8 +240,9 @@ class HttpConnection(asyncio.Protocol):
             self.parser.should_keep_alive(),
             request_id=request_id_from(self._request_id),
             header_length=self._header_length,
+            accept=self._accept,
         )
-        self._chunks, self._size = [], 0
+        self._chunks, self._size, self._inflater = [], 0, None
         self.pending.append(request)
         self.pending_bytes += len(request.body)
         self._phase, self.deadline = "busy", NEVER
@@ -258,6 +278,9 @@ class HttpConnection(asyncio.Protocol):
                 if self.transport is None:
                     return
                 date, extra = self.budget.date_header(), self.budget.extra_headers
+                if request.accept is not None and len(body) > self.limits.compress_min_bytes:
+                    body = compress(body, request.accept)
+                    extra += b"content-encoding: %s\r\nvary: accept-encoding\r\n" % request.accept.encode()
                 self.transport.write(
                     render(
                         status,

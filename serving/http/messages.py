@@ -19,7 +19,7 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class PendingRequest:
     """A complete request queued on its connection until the answers before it are written."""
 
-    __slots__ = ("body", "error", "header_length", "keep_alive", "method", "path", "request_id")
+    __slots__ = ("accept", "body", "error", "header_length", "keep_alive", "method", "path", "request_id")
 
     def __init__(
         self,
@@ -30,8 +30,10 @@ class PendingRequest:
         error: bytes = b"",
         request_id: str = "",
         header_length: int | None = None,
+        accept: str | None = None,
     ) -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
+        self.accept = accept  # the response's coding when its body is large enough (gzip, deflate), or None
         self.header_length = (
             header_length  # the v2 binary extension's JSON header length (serving/protocols/v2_rest.py)
         )

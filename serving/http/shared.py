@@ -13,6 +13,9 @@ from typing import Protocol
 
 from serving.observability.metrics import ServingMetrics
 
+# Responses over this are gzip-compressed when the client accepts it: below it gzip costs more CPU than the bytes
+# it saves are worth on a fast network (docs/perf/serving-compression.md). --response_compression_min_bytes.
+COMPRESS_MIN_BYTES = 1024
 LARGE_BODY_BYTES = 64 << 10  # dropping a body this large counts towards handing memory back (malloc_trim)
 
 
@@ -29,6 +32,9 @@ class HttpLimits:
     max_connections: int = 1024  # per worker; new connections beyond it get 503 and are closed at once
     max_output_bytes: int = 1 << 20  # unsent response bytes: over it, stop reading and serving that client
     max_buffered_bytes: int = 64 << 20  # request bodies held by all connections of this worker
+    compress_min_bytes: int = (
+        COMPRESS_MIN_BYTES  # larger responses are compressed for a client that accepts it
+    )
 
 
 class RequestHandler(Protocol):
