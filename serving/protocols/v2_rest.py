@@ -6,6 +6,11 @@ Routes:
     GET  /v2/models/{m}[/versions/{v}]                model metadata
     GET  /v2/models/{m}[/versions/{v}]/ready          model readiness (200 or 503)
     POST /v2/models/{m}[/versions/{v}]/infer          inference: JSON, or the binary tensor extension
+    GET  /v2/models/{m}[/versions/{v}]/config         Triton's model_configuration extension
+    GET  /v2/models[/{m}[/versions/{v}]]/stats        Triton's statistics extension
+    POST /v2/repository/index                         Triton's model_repository extension (read-only)
+    POST /v2/repository/models/{m}/load, /unload      400: models come from --model_config_file
+Every string of the JSON header is checked as UTF-8 and boolean parameters must be JSON booleans (400).
 The router (serving/protocols/router.py) sends /v2 paths here; errors are `{"error": "..."}` with the status of
 the ServingError (serving/errors.py), as on v1. Inference goes through the same Predictor as v1 (batching,
 limits, metrics, request log, drift).
