@@ -20,7 +20,7 @@ from collections import deque
 import httptools
 
 from serving.errors import JSON, error_body
-from serving.http.encoding import BodyInflater, compress, request_coding, response_coding
+from serving.http.encoding import BodyInflater, compress, compressible, request_coding, response_coding
 from serving.http.messages import CONTINUE, PendingRequest, Rejected, render
 from serving.http.shared import ConnectionBudget, RequestHandler
 from serving.observability.request_log import request_id_from
@@ -200,10 +200,8 @@ class HttpConnection(asyncio.Protocol):
         self._set_phase("body", self.limits.body_timeout_s)
 
     def on_body(self, chunk: bytes) -> None:
-        if self._inflater is None:
-            self._hold(chunk)
-            return
-        for piece in self._inflater.feed(chunk):  # a bomb is 413 once its output passes --max_body_bytes
+        # A compressed body is inflated as it arrives: a bomb is 413 once its output passes --max_body_bytes.
+        for piece in (chunk,) if self._inflater is None else self._inflater.feed(chunk):
             self._hold(piece)
 
     def _hold(self, chunk: bytes) -> None:
@@ -240,7 +238,7 @@ class HttpConnection(asyncio.Protocol):
             self.parser.should_keep_alive(),
             request_id=request_id_from(self._request_id),
             header_length=self._header_length,
-            accept=self._accept,
+            accept=self._accept if compressible(path) else None,
         )
         self._chunks, self._size, self._inflater = [], 0, None
         self.pending.append(request)

@@ -4,7 +4,8 @@ A request's `Content-Encoding: gzip` or `deflate` body is fed to a streaming dec
 socket delivers it, each call bounded by `max_length`, so the body limit (`--max_body_bytes`) applies to the
 *decompressed* size and a decompression bomb is refused (413) as soon as its output passes the limit, having
 held at most that much. Any other coding is 415, naming it. A response is compressed when the client's
-`Accept-Encoding` takes gzip (or deflate) and its body is over `--response_compression_min_bytes`.
+`Accept-Encoding` takes gzip (or deflate) and its body is over `--response_compression_min_bytes`; on /v2, only
+an inference answer is, as Triton does (`compressible`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,16 @@ def response_coding(accept: bytes) -> str | None:
     if "gzip" in taken or "x-gzip" in taken or "*" in taken:
         return "gzip"
     return "deflate" if "deflate" in taken else None
+
+
+def compressible(path: str) -> bool:
+    """Whether the answer to `path` may be compressed: any but a v2 answer other than an inference.
+
+    Triton compresses only inference responses, and tritonclient's aio HTTP client relies on it: aiohttp offers
+    `Accept-Encoding: gzip, deflate` on every request, but the client inflates only what `infer` gets back, so
+    a compressed model metadata, config, statistics or repository index answer fails its JSON parse.
+    """
+    return not path.startswith("/v2") or path.endswith("/infer")
 
 
 def compress(body: bytes, coding: str) -> bytes:
