@@ -11,6 +11,7 @@ from ctr_contract.repository import parse_version_dir
 from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.app.cpu_plan import cpu_plan
 from serving.app.tls import load_tls_config
+from serving.http.shared import COMPRESS_MIN_BYTES
 from serving.repository.model_config import read_model_config
 from serving.repository.policy import VersionPolicy
 from serving.runtime.backends import BACKENDS
@@ -80,7 +81,7 @@ class ServerConfig:
     max_connections: int = 1024
     max_output_bytes: int = 1 << 20
     max_buffered_bytes: int = 64 << 20
-    response_compression_min_bytes: int = 1024  # serving/http/shared.py COMPRESS_MIN_BYTES
+    response_compression_min_bytes: int = COMPRESS_MIN_BYTES
     # Version folders (serving/repository/manager.py)
     manifest_wait_timeout_seconds: float = 600.0
     model_load_timeout_seconds: float = 600.0
@@ -352,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument(
         "--response_compression_min_bytes",
         type=int,
-        default=1024,
+        default=COMPRESS_MIN_BYTES,
         help="REST responses larger than this are compressed (gzip, else deflate) for a client whose "
         "Accept-Encoding takes it; 0 compresses every non-empty response (measured: "
         "docs/perf/serving-compression.md)",
