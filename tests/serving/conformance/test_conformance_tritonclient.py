@@ -290,3 +290,13 @@ def test_v2_compresses_only_inference_answers_as_triton(server: ServerProcess) -
         ]
     }
     assert encoding("/v2/models/ctr/infer", json.dumps(infer).encode()) == "gzip"
+
+
+def test_calls_we_do_not_serve_are_not_found_or_unimplemented(
+    server: ServerProcess, flavour: Flavour
+) -> None:
+    """Shared memory, trace and log settings: a clear 404 / UNIMPLEMENTED, never a 5xx."""
+    for method in ("get_system_shared_memory_status", "get_trace_settings", "get_log_settings"):
+        with pytest.raises(InferenceServerException) as caught:
+            call(server, flavour, lambda c, m, name=method: getattr(c, name)())
+        assert caught.value.status() in ("404", "StatusCode.UNIMPLEMENTED"), (method, caught.value)
