@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import resource
 import shutil
 import socket
@@ -157,6 +158,35 @@ class Engine:
         labels = [f"com.docker.compose.project={project}", f"com.docker.compose.service={service}"]
         params = {"filters": json.dumps({"label": labels}), **({"all": "1"} if stopped else {})}
         return [c["Id"] for c in self.call("GET", "/containers/json", params=params) or []]
+
+
+def prune_stale_images(engine: Engine, build_output: str) -> int:
+    """Remove the untagged images (build layers) that this run's builds did not use and no kept image descends
+    from: an earlier build's layers of a changed Dockerfile step or pyproject.toml. Tagged images, the layers
+    the builds made or took from the cache, and their ancestors stay, so the next run is as cached as this one
+    and the store does not grow with every dependency change. Returns how many were removed."""
+    images = engine.call("GET", "/images/json", params={"all": "1"}) or []
+    by_id = {i["Id"].removeprefix("sha256:"): i for i in images}
+    used = set(re.findall(r"--> (?:Using cache )?([0-9a-f]{11,64})\b", build_output))
+    keep = {
+        image_id
+        for image_id, image in by_id.items()
+        if [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"]
+        or any(image_id.startswith(u) for u in used)
+    }
+    frontier = list(keep)
+    while frontier:
+        parent = (by_id[frontier.pop()].get("ParentId") or "").removeprefix("sha256:")
+        if parent in by_id and parent not in keep:
+            keep.add(parent)
+            frontier.append(parent)
+    removed = 0
+    # Children before parents: the newest first.
+    for image_id in sorted(set(by_id) - keep, key=lambda i: by_id[i].get("Created", 0), reverse=True):
+        with contextlib.suppress(EngineError):
+            engine.call("DELETE", f"/images/{image_id}", timeout=120)
+            removed += 1
+    return removed
 
 
 def _demux(stream: bytes) -> str:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checks
 import jobs
 from compose_run import REPO_ROOT, Failure, Project, build_failure, timed
-from engine import Engine, EngineError, PrivatePodman, explain_start_failure
+from engine import Engine, EngineError, PrivatePodman, explain_start_failure, prune_stale_images
 from sources import (
     CACHE,
     WheelServer,
@@ -95,6 +95,8 @@ def main() -> int:
     server: WheelServer | None = None
     project: Project | None = None
     projects: list[Project] = []
+    engine: Engine | None = None
+    build_output = ""
     failed = False
     try:
         host, podman = engine_host(state)
@@ -119,6 +121,7 @@ def main() -> int:
             proc = project.run("build", "model", "serving", timeout=3600, log="build.log", check_rc=False)
         if proc.returncode != 0:
             raise Failure(f"build: {build_failure(proc.stdout + proc.stderr)} (log: {LOGS / 'build.log'})")
+        build_output = proc.stdout + proc.stderr
         say(f"both images built in {times['build_s']:.0f} s")
         checks.image_contents(project, engine, times)
         checks.bootstrap_and_serve(project, engine, times)
@@ -152,6 +155,13 @@ def main() -> int:
                 print(f"test-containers: `down -v` of {each.name} failed:\n{problem}", file=sys.stderr)
         if server:
             server.stop()
+        if podman and build_output and engine:  # only in our own store, and knowing what the builds used
+            try:
+                say(
+                    f"removed {prune_stale_images(engine, build_output)} stale build layers from {podman.store}"
+                )
+            except EngineError as exc:
+                say(f"could not remove stale build layers: {exc}")
         if podman:
             podman.stop()
         shutil.rmtree(state, ignore_errors=True)
