@@ -18,6 +18,7 @@ import tritonclient.http as triton
 
 from ctr_contract.schema import NUMERIC_FIELDS
 from ctr_features.spec import FeatureSpec
+from serving.http.encoding import BodyInflater
 from tests.serving.raw_model_repo import fit_spec, seen_values, write_raw_version
 from tests.serving.server_process import ServerProcess
 from tests.serving.v2_inputs import raw_columns
@@ -264,3 +265,21 @@ def test_bomb_is_refused_before_the_rest_is_sent(server: ServerProcess) -> None:
     assert answer.endswith(
         b'decompresses to over the limit of 4194304 bytes (--max_body_bytes); send a smaller batch"}'
     )
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, 4096, 1 << 20])
+@pytest.mark.parametrize("coding", ["gzip", "gzip-members", "deflate", "raw-deflate"])
+def test_inflater_gives_the_body_in_any_chunking(coding: str, step: int) -> None:
+    """serving/http/encoding.py's BodyInflater alone: any split of the compressed bytes, concatenated members."""
+    body = np.random.default_rng(3).integers(0, 10, 300_000).astype(np.uint8).tobytes()
+    packed = (
+        gzip.compress(body[:1000]) + gzip.compress(body[1000:])
+        if coding == "gzip-members"
+        else CODINGS[coding](body)
+    )
+    inflater = BodyInflater("gzip" if coding.startswith("gzip") else "deflate", len(body))
+    out = b"".join(
+        piece for i in range(0, len(packed), step) for piece in inflater.feed(packed[i : i + step])
+    )
+    inflater.finish()
+    assert out == body
