@@ -66,7 +66,10 @@ def run_schemathesis(url: str, report: Path) -> tuple[subprocess.CompletedProces
         "--report=json",
         f"--report-json-path={report}",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env_without_proxy())
+    # Run in the report's folder: schemathesis keeps a crash cache (.schemathesis/) in its working directory.
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env=env_without_proxy(), cwd=report.parent
+    )
     return done, json.loads(report.read_text()) if report.is_file() else {}
 
 
