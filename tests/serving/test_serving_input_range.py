@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from ctr_contract.repository import FEATURE_RANGES_PATH
@@ -180,18 +181,24 @@ def test_raw_rows_with_the_largest_counts_score_finite(server: ServerProcess, co
     assert status == 200 and np.isfinite(body["outputs"][0]["data"]).all(), body
 
 
-def test_raw_rows_with_infinite_counts_over_grpc_are_a_400_or_finite(server: ServerProcess) -> None:
-    """Binary FP64 can carry inf, which JSON cannot: it is refused or scored, never a 5xx."""
+def test_raw_rows_with_infinite_counts_in_binary_are_a_400(server: ServerProcess) -> None:
+    """Binary FP64 (gRPC contents, REST binary data) can carry inf, which JSON cannot: a 400 naming the field."""
+    message = "row 0 field 'I1' is Infinity, out of range; counts must be within ±9007199254740992 (2**53)"
+    values = np.array([np.inf, -np.inf])
     client = grpcclient.InferenceServerClient(server.grpc_target)
     tensor = grpcclient.InferInput("I1", [2], "FP64")
-    tensor.set_data_from_numpy(np.array([np.inf, -np.inf]))
-    try:
-        result = client.infer("ctr_raw", [tensor])
-    except InferenceServerException as exc:
-        assert exc.status() == "StatusCode.INVALID_ARGUMENT", exc
-    else:
-        assert np.isfinite(result.as_numpy("ctr")).all()
+    tensor.set_data_from_numpy(values)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("ctr_raw", [tensor])
+    assert (caught.value.status(), caught.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
     client.close()
+    rest = httpclient.InferenceServerClient(f"127.0.0.1:{server.rest_port}")
+    tensor = httpclient.InferInput("I1", [2], "FP64")
+    tensor.set_data_from_numpy(values, binary_data=True)
+    with pytest.raises(InferenceServerException) as caught:
+        rest.infer("ctr_raw", [tensor])
+    assert (caught.value.status(), caught.value.message()) == ("400", message)
+    rest.close()
 
 
 def test_ranges_are_read_with_the_version_and_a_broken_file_turns_the_check_off(tmp_path: Path) -> None:
