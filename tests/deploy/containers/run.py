@@ -11,13 +11,17 @@ compose project (new volumes) through an override file (compose_run.py):
 3. `up serving`: the `model` service trains and exports version 1 and exits 0; the server passes its own
    healthcheck command; the README's raw row and a 128-float vector answer over REST and gRPC; the metrics
    route answers and a request log is written; the root filesystem is read-only;
-4. `stop` drains within the grace period and exits 0; a second `up` does not retrain; the server killed
-   mid-load, then `up` again, serves version 1 (no half-published version) without a second training;
-5. the Kubernetes data Job, PyTorchJob (one node, --devices 1) and export Job commands in the trainer image;
-6. the stock tensorflow_model_server on the same repository, when an image or binary for it can be had.
+4. `stop` under load drains within the grace period and exits 0; a second `up` does not retrain; the server
+   SIGKILLed before its version is AVAILABLE, then `up` again, serves version 1 without a second training;
+5. on a second fresh project, the `model` service SIGKILLed during its export: nothing is published, and `up`
+   again exports the finished run (no second training) and serves version 1 (jobs.py, as the rest below);
+6. the Kubernetes data Job, PyTorchJob (one node, --devices 1) and export Job commands in the trainer image;
+7. the stock tensorflow_model_server on the same repository, when an image or binary for it can be had;
+8. builds from an unreachable TORCH_INDEX_URL, PIP_INDEX_URL and PYTHON_IMAGE: one line naming the argument.
 
-Everything started is removed at the end (`down -v`, the API service, the wheel server), after a failure too.
-The timings are printed and written to artifacts/test-containers/times.json; logs are in that folder.
+Everything started is removed at the end (`down -v`, the API service, the wheel server), after a failure too,
+and so are build layers of earlier runs that this run's builds did not use. The timings are printed and
+written to artifacts/test-containers/times.json; logs are in that folder.
 """
 
 from __future__ import annotations
