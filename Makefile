@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml setup.py ctr_features/compiled/_table_native.c ctr_feat
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q 'tensorflow>=2.21,<2.22'
-	$(PIP) install -q -e '.[train,export,serve,bench,tune,dev]'
+	$(PIP) install -q -e '.[train,export,serve,tracing,bench,tune,dev]'
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install every stage (skipped when done)

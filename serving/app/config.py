@@ -12,6 +12,7 @@ from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.app.cpu_plan import cpu_plan
 from serving.app.tls import load_tls_config
 from serving.http.shared import COMPRESS_MIN_BYTES
+from serving.observability.tracing import read_config as read_tracing_config
 from serving.repository.model_config import read_model_config
 from serving.repository.policy import VersionPolicy
 from serving.runtime.backends import BACKENDS
@@ -95,6 +96,8 @@ class ServerConfig:
     # Several models from TF Serving's model config file (serving/repository/model_config.py)
     model_config_file: Path | None = None
     model_config_file_poll_wait_seconds: int = 0
+    # OpenTelemetry tracing (serving/observability/tracing.py); None: only the OTEL_* variables turn it on
+    tracing_config: Path | None = None
 
     def __post_init__(self) -> None:
         """Check every bound here, so that `dataclasses.replace()` is checked as much as the command line."""
@@ -350,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=64 << 20,
         help="request body bytes held by all connections of a worker; larger bodies past it get 503",
     )
+    p.add_argument_group("tracing (OpenTelemetry, opt-in: docs/serving.md)").add_argument(
+        "--tracing_config",
+        type=Path,
+        default=None,
+        help="export spans over OTLP as this JSON file says (default: none; tracing is then on only when "
+        "OTEL_TRACES_EXPORTER=otlp or OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+    )
     http.add_argument(
         "--response_compression_min_bytes",
         type=int,
@@ -375,6 +385,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
             load_tls_config(cfg.ssl_config_file)  # a bad file stops the start here, before any port opens
         if cfg.model_config_file is not None:
             read_model_config(cfg.model_config_file)  # likewise: the first config must be good
+        read_tracing_config(cfg.tracing_config)
     except ValueError as exc:  # the file is wrong, not the command line: one line naming it, no usage
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     if cfg.backend == "tf":  # before any worker imports TensorFlow; `--log_level debug` keeps its C++ log

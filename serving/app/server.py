@@ -33,6 +33,7 @@ from serving.dataplane.model_set import ModelSet, ServedModels
 from serving.dataplane.predictor import Predictor
 from serving.dataplane.validation import Limits
 from serving.http.server import HttpLimits, HttpServer
+from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.observability.metrics_shared import SharedServingMetrics
@@ -121,7 +122,9 @@ async def _open_ports(
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder.start()
-        app = RestRouter(models, decoder, lambda: metrics.render() + models.drift_text())
+        app = RestRouter(
+            models, decoder, lambda: metrics.render() + models.drift_text() + tracing.metrics_text()
+        )
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
         log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")
@@ -157,6 +160,7 @@ async def _worker_chores(worker: WorkerRole, metrics: SharedServingMetrics, stop
 async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
     loop = asyncio.get_running_loop()
+    tracing.setup(cfg.tracing_config)  # in each worker: the exporter's thread belongs to its process
     metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
     # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
     # a slow disk never delays inference. Each model load gets a thread of its own (serving/repository/loading.py).
@@ -234,6 +238,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     for predictor in models.current().values():
         if predictor.request_log is not None:
             predictor.request_log.stop()
+    tracing.shutdown()
     log.info("stopped")
 
 

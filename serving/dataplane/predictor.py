@@ -13,6 +13,7 @@ import numpy as np
 from serving.dataplane.output_check import check_outputs
 from serving.dataplane.validation import Limits, check_request
 from serving.errors import ServingError, Unavailable
+from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.observability.request_log import RequestLog
@@ -71,6 +72,7 @@ class Predictor:
         timing = self.metrics.model_stats.begin()  # Triton's statistics extension
         servable: LoadedVersion | None = None
         request: DecodedRequest | None = None
+        span = tracing.current() if tracing.ACTIVE else None  # the request's span, when sampled
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
@@ -79,8 +81,12 @@ class Predictor:
             self.manager.acquire(servable)
             self.inflight += 1
             try:
+                decode_start = time.perf_counter()
                 request = await decode(servable.backend.signature)
                 timing.decoded = time.perf_counter_ns()
+                if span is not None:
+                    tracing.child(span, "decode", decode_start)
+                    tracing.annotate(span, name, servable.version, request.signature, len(request.batch))
                 check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
                 scores = await servable.run(request)
                 timing.ran = time.perf_counter_ns()
@@ -105,6 +111,8 @@ class Predictor:
             raise
         finally:
             self.metrics.request_count.inc(model_label, status)
+            if span is not None:
+                tracing.status(span, status)
             elapsed_us = (time.perf_counter() - started) * 1e6
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
             if servable is not None:

@@ -21,7 +21,7 @@ import httptools
 
 from serving.errors import JSON, error_body
 from serving.http.encoding import BodyInflater, compress, compressible, request_coding, response_coding
-from serving.http.messages import CONTINUE, PendingRequest, Rejected, render
+from serving.http.messages import CONTINUE, TRACEPARENT, PendingRequest, Rejected, render
 from serving.http.shared import ConnectionBudget, RequestHandler
 from serving.observability.request_log import request_id_from
 
@@ -44,8 +44,7 @@ class HttpConnection(asyncio.Protocol):
         self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.pending: deque[PendingRequest] = deque()
-        self.pending_bytes = 0
-        self.busy = False
+        self.pending_bytes, self.busy = 0, False
         self.deadline, self.write_deadline, self._phase = NEVER, NEVER, "header"
         self._task: asyncio.Task[None] | None = None  # held so the running task is not garbage-collected
         self._in_message = False
@@ -58,11 +57,10 @@ class HttpConnection(asyncio.Protocol):
         self._reset_request()
 
     def _reset_request(self) -> None:
-        self._url = b""
-        self._headers = 0
+        self._url, self._headers = b"", 0
         self._length: int | None = None
         self._expect = False
-        self._request_id = b""
+        self._request_id = self._traceparent = b""
         self._header_length: int | None = None
         self._chunks: list[bytes] = []
         self._size = 0  # body bytes held: decompressed, when the body has a Content-Encoding
@@ -173,6 +171,8 @@ class HttpConnection(asyncio.Protocol):
             self._expect = True
         elif name == b"x-request-id":
             self._request_id = value
+        elif name == b"traceparent":
+            self._traceparent = value
         elif name == b"inference-header-content-length":
             self._header_length = int(value) if value.isdigit() and len(value) < 19 else -1  # -1: a 400 later
         elif name == b"content-encoding":
@@ -239,6 +239,7 @@ class HttpConnection(asyncio.Protocol):
             request_id=request_id_from(self._request_id),
             header_length=self._header_length,
             accept=self._accept if compressible(path) else None,
+            traceparent=self._traceparent,
         )
         self._chunks, self._size, self._inflater = [], 0, None
         self.pending.append(request)
@@ -269,6 +270,7 @@ class HttpConnection(asyncio.Protocol):
                     return
                 head_only = request.method == "HEAD"
                 method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
+                TRACEPARENT.set(request.traceparent)  # the router's span (tracing on) continues its trace
                 status, body, content_type = await self.app.handle(
                     method, request.path, request.body, request.request_id, request.header_length
                 )

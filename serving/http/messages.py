@@ -7,6 +7,7 @@ check of every REST route (405 naming the method to use, with `Allow`).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
@@ -14,12 +15,25 @@ from serving.errors import MethodNotAllowed
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# The `traceparent` header of the request being answered, set by the connection before the router runs
+# (read only while tracing is on: serving/observability/tracing.py).
+TRACEPARENT: ContextVar[bytes] = ContextVar("traceparent", default=b"")
 
 
 class PendingRequest:
     """A complete request queued on its connection until the answers before it are written."""
 
-    __slots__ = ("accept", "body", "error", "header_length", "keep_alive", "method", "path", "request_id")
+    __slots__ = (
+        "accept",
+        "body",
+        "error",
+        "header_length",
+        "keep_alive",
+        "method",
+        "path",
+        "request_id",
+        "traceparent",
+    )
 
     def __init__(
         self,
@@ -31,12 +45,14 @@ class PendingRequest:
         request_id: str = "",
         header_length: int | None = None,
         accept: str | None = None,
+        traceparent: bytes = b"",
     ) -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
         self.accept = accept  # the response's coding when its body is large enough (gzip, deflate), or None
         self.header_length = (
             header_length  # the v2 binary extension's JSON header length (serving/protocols/v2_rest.py)
         )
+        self.traceparent = traceparent  # W3C trace context header, as sent (b"": none)
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
         self.request_id = (
             request_id  # the client's x-request-id, or a fresh one (serving/observability/request_log.py)

@@ -23,7 +23,8 @@ import grpc
 from ctr_contract.ratelog import RateLimitedLog
 from serving.dataplane.model_set import ServedModels
 from serving.errors import JSON, MethodNotAllowed, ServingError, error_body
-from serving.http.messages import RequestPath, require_method
+from serving.http.messages import TRACEPARENT, RequestPath, require_method
+from serving.observability import tracing
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.tfs_grpc import tfs_handlers
 from serving.protocols.tfs_rest import TfsRestApp
@@ -55,6 +56,7 @@ class RestRouter:
         body: bytes | bytearray,
         request_id: str | None = None,
         header_length: int | None = None,
+        traced: bool = False,
     ) -> tuple[int, bytes, bytes]:
         """Answer one request; never raises. Returns (status, body, content type).
 
@@ -62,7 +64,10 @@ class RestRouter:
 
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
         `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
+        `traced`: the request's span is started already (with tracing on, every POST gets one).
         """
+        if tracing.ACTIVE and not traced and method == "POST":
+            return await self._traced(method, path, body, request_id, header_length)
         try:
             route = RequestPath(path)
             segments = route.segments
@@ -85,6 +90,27 @@ class RestRouter:
                 logging.ERROR, "rest-500", "unhandled error on %s %.200s", method, path, exc_info=True
             )
             return 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), JSON
+
+    async def _traced(
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray,
+        request_id: str | None,
+        header_length: int | None,
+    ) -> tuple[int, bytes, bytes]:
+        """`handle` inside the request's span, under the client's traceparent, which the answer returns."""
+        span, token, answer = tracing.begin(
+            "infer" if path.startswith("/v2") else "predict", TRACEPARENT.get(), "REST"
+        )
+        status = 500
+        try:
+            status, out, content_type = await self.handle(method, path, body, request_id, header_length, True)
+        finally:
+            if token is not None:
+                span.set_attribute("http.response.status_code", status)
+            tracing.end(span, token, None if status < 400 else str(status))
+        return status, out, content_type + b"\r\ntraceparent: " + answer
 
 
 def build_grpc_server(

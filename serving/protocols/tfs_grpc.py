@@ -7,6 +7,7 @@ router (serving/protocols/router.py) registers them on the gRPC server beside th
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -16,6 +17,7 @@ from serving.codecs.grpc_codec import to_request
 from serving.codecs.tensors import from_ndarray
 from serving.dataplane.model_set import ServedModels
 from serving.errors import InvalidArgument
+from serving.observability import tracing
 from serving.observability.request_log import request_id_from
 from serving.protocols.grpc_calls import unary
 from serving.protocols.model_info import metadata_response, status_response
@@ -38,6 +40,22 @@ class PredictionServicer:
         self.models = models
 
     async def predict(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not tracing.ACTIVE:
+            return await self._predict(request, context, ())
+        metadata = dict(context.invocation_metadata() or ())
+        span, token, answer = tracing.begin("predict", metadata.get("traceparent"), "GRPC")
+        error: str | None = "INTERNAL"
+        try:
+            response = await self._predict(request, context, (("traceparent", answer.decode()),))
+            error = None
+            return response
+        finally:
+            tracing.end(span, token, error)
+
+    async def _predict(
+        self, request: Any, context: grpc.aio.ServicerContext, trailing: tuple[tuple[str, str], ...]
+    ) -> Any:
+        """Predict; `trailing`: metadata the answer ends with (the traceparent, with tracing on)."""
         name, version, label = _spec(request.model_spec)
 
         async def decode(sig: Signature) -> DecodedRequest:
@@ -48,13 +66,19 @@ class PredictionServicer:
         if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
-            context.set_trailing_metadata((("x-request-id", request_id),))
+            trailing = (*trailing, ("x-request-id", request_id))
+        if trailing:
+            context.set_trailing_metadata(trailing)
         scores, servable, decoded = await predictor.predict(name, version, label, decode, "GRPC", request_id)
         response = protos.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = servable.version
         response.model_spec.signature_name = decoded.signature
+        started = time.perf_counter()
         from_ndarray(scores, response.outputs[servable.backend.signature.output_name])
+        span = tracing.current() if tracing.ACTIVE else None
+        if span is not None:
+            tracing.child(span, "encode", started)
         return response
 
     async def get_model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -11,12 +11,14 @@ The router (serving/protocols/router.py) sends these paths here and renders ever
 from __future__ import annotations
 
 import json
+import time
 
 from serving.codecs.rest_codec import encode_predictions
 from serving.dataplane.model_set import ServedModels
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, NotFound, Unavailable, Unimplemented
 from serving.http.messages import RequestPath, model_route, require_method
+from serving.observability import tracing
 from serving.protocols.model_info import metadata_json, status_response, to_json
 from serving.protocols.rest_body import BodyDecoder, BodyOverLimits
 from serving.requests import DecodedRequest
@@ -88,7 +90,12 @@ class TfsRestApp:
             return request
 
         prediction = await predictor.predict(name, version, label, decode, "REST", request_id)
-        return encode_predictions(prediction.scores, columnar)
+        started = time.perf_counter()
+        answer = encode_predictions(prediction.scores, columnar)
+        span = tracing.current() if tracing.ACTIVE else None
+        if span is not None:
+            tracing.child(span, "encode", started)
+        return answer
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         predictor = self.models.lookup(name)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
+from serving.observability import tracing
 from serving.observability.metrics import ServingMetrics, note_batching
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class _Pending:
     deadline: float
     queued_s: float = 0.0  # its wait, once taken into a batch
     carries_execution: bool = False  # its batch's one execution is counted on it (statistics extension)
+    span: Any = None  # its request's span when traced (serving/observability/tracing.py)
 
 
 class DynamicBatcher:
@@ -80,6 +82,8 @@ class DynamicBatcher:
     async def run(self, batch: Any) -> np.ndarray:
         """Queue `batch` and wait for its scores (the servable's runner interface)."""
         item = self._enqueue(batch)
+        if tracing.ACTIVE:
+            item.span = tracing.current()
         scores = await item.future
         note_batching(int(item.queued_s * 1e9), item.carries_execution)
         return scores
@@ -162,6 +166,8 @@ class DynamicBatcher:
                 )
                 continue
             item.queued_s = now - item.enqueued
+            if item.span is not None:
+                tracing.child(item.span, "queue_wait", item.enqueued, now)
             self._metrics.queuing_latency.observe(item.queued_s * 1e6, "batch_threads")
             item.carries_execution = not batch
             batch.append(item)
@@ -174,9 +180,11 @@ class DynamicBatcher:
         features = parts[0] if len(parts) == 1 else self._concat(parts)
         self._metrics.batch_size.observe(len(features), self._model)
         started = time.perf_counter()
+        traced = [item.span for item in batch if item.span is not None] if tracing.ACTIVE else None
         try:
             if self._prepare is not None:
                 features = self._prepare(features)
+            prepared = time.perf_counter()
             if len(features) <= INLINE_MAX_ROWS:
                 # A few rows on the loop cost less than a thread hop; requests keep queueing meanwhile anyway.
                 scores = self._run(features)
@@ -188,14 +196,25 @@ class DynamicBatcher:
                 if not item.future.done():
                     item.future.set_exception(ServingError(f"model execution failed: {exc}"))
             return
-        elapsed_us = (time.perf_counter() - started) * 1e6
-        self._metrics.runtime_latency.observe(elapsed_us, self._model, "predict", self._runtime)
+        ran = time.perf_counter()
+        self._metrics.runtime_latency.observe((ran - started) * 1e6, self._model, "predict", self._runtime)
+        if traced:
+            _trace_batch(traced, started, prepared if self._prepare is not None else None, ran, len(features))
         start = 0
         for item in batch:
             end = start + len(item.features)
             if not item.future.done():
                 item.future.set_result(scores[start:end])
             start = end
+
+
+def _trace_batch(spans: list[Any], started: float, prepared: float | None, ran: float, rows: int) -> None:
+    """The batch's span (linked to each traced request) with its transform and model run as children."""
+    span = tracing.batch(spans, started, rows)
+    if prepared is not None:
+        tracing.child(span, "transform", started, prepared)
+    tracing.child(span, "model_run", prepared or started, ran)
+    tracing.finish(span, ran)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ctr_features.compiled.raw_batch import RawBatch
 from serving.errors import InvalidArgument
+from serving.observability import tracing
 from serving.observability.metrics import ServingMetrics
 from serving.requests import DecodedRequest
 from serving.runtime.backends import Backend
@@ -80,16 +81,22 @@ class DirectRunner:
 
     async def run(self, batch: Any) -> np.ndarray:
         """One batch -> its scores, timed as the runtime's latency."""
-        started = time.perf_counter()
+        started = prepared = time.perf_counter()
         if self._prepare is not None:
             batch = self._prepare(batch)
+            prepared = time.perf_counter()
         if len(batch) <= INLINE_MAX_ROWS:
             scores = self._predict(batch)
         else:
             loop = asyncio.get_running_loop()
             scores = await loop.run_in_executor(self._executor, self._predict, batch)
-        elapsed_us = (time.perf_counter() - started) * 1e6
-        self._metrics.runtime_latency.observe(elapsed_us, self._model, "predict", self._runtime)
+        ran = time.perf_counter()
+        self._metrics.runtime_latency.observe((ran - started) * 1e6, self._model, "predict", self._runtime)
+        span = tracing.current() if tracing.ACTIVE else None
+        if span is not None:  # one request, no batch: its transform and model run are its own children
+            if self._prepare is not None:
+                tracing.child(span, "transform", started, prepared)
+            tracing.child(span, "model_run", prepared, ran, **{"ctr.batch_size": len(batch)})
         return scores
 
     def close(self) -> None:

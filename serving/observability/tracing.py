@@ -1,0 +1,215 @@
+"""Opt-in OpenTelemetry tracing of the predict path: one span per request, children for each stage.
+
+Off unless `--tracing_config FILE` is given or the SDK's own variables ask for it (`OTEL_TRACES_EXPORTER=otlp`,
+or an `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT`; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` keep it
+off). While off, the OpenTelemetry SDK is never imported and the request path pays one test of `ACTIVE`.
+
+The tree of one request (docs/serving.md shows one):
+    predict | infer                 the request (SERVER): model name, version, signature, batch size, status
+      decode                        the body or the TensorProtos -> a DecodedRequest
+      queue_wait                    from the batcher's queue into a batch (`--enable_batching`)
+      batch                         one model call: links to every request it carries, its rows
+        transform                   the raw signature's FeatureSpec transform
+        model_run                   the model itself
+      encode                        the scores -> the response body
+A batch carrying several requests is the child of the first and linked from all (a span has one parent).
+
+W3C `traceparent` is read from the REST header and the gRPC metadata, and returned (a response header, the
+trailing metadata); a malformed one is ignored and a new trace started. Sampling is parent-based with a
+ratio. Spans leave through a BatchSpanProcessor whose queue is bounded: when the collector is down or slow,
+spans are dropped, never waited for; the drops are counted (`ctr_serving_trace_spans_dropped_total`) and
+a warning is logged at most once a minute.
+
+The config file is JSON; every key is optional (defaults in `DEFAULTS`):
+    {"endpoint": "http://127.0.0.1:4317", "protocol": "grpc" | "http/protobuf", "sample_ratio": 0.01,
+     "max_queue_size": 2048, "schedule_delay_ms": 1000, "export_timeout_s": 5, "service_name": "ctr-serving"}
+Variables set in the environment (OTEL_TRACES_SAMPLER, OTEL_TRACES_SAMPLER_ARG, OTEL_BSP_*,
+OTEL_EXPORTER_OTLP_*) apply where the file does not name the setting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+ACTIVE = False  # True once setup() has installed a tracer: the request path tests only this
+_CURRENT: ContextVar[Any] = ContextVar("ctr_request_span", default=None)  # the request's recording span
+_OFFSET_NS = 0  # time.time_ns() - time.perf_counter_ns(): perf_counter stamps to span times
+_state: dict[str, Any] = {}
+DEFAULTS: dict[str, Any] = {
+    "endpoint": None,  # None: the SDK's (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost)
+    "protocol": None,  # None: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc
+    "sample_ratio": None,  # None: OTEL_TRACES_SAMPLER(_ARG), else 1.0
+    "max_queue_size": None,  # None: OTEL_BSP_MAX_QUEUE_SIZE, else 2048
+    "schedule_delay_ms": None,  # None: OTEL_BSP_SCHEDULE_DELAY, else 1000
+    "export_timeout_s": 5.0,
+    "service_name": None,  # None: OTEL_SERVICE_NAME, else ctr-serving
+}
+WARN_EVERY_S = 60.0
+
+
+def wanted(config_file: Path | None, env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Whether tracing is asked for: a config file, or the SDK's variables (see the module docstring)."""
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if config_file is not None:
+        return True
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return "otlp" in exporter.split(",")
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def read_config(config_file: Path | None) -> dict[str, Any]:
+    """The settings of `config_file` over DEFAULTS; ValueError naming the file for a bad one."""
+    settings = dict(DEFAULTS)
+    if config_file is None:
+        return settings
+    try:
+        given = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tracing_config {config_file}: {exc}") from exc
+    if not isinstance(given, dict) or set(given) - set(DEFAULTS):
+        raise ValueError(f"--tracing_config {config_file}: a JSON object with keys among {sorted(DEFAULTS)}")
+    settings.update(given)
+    ratio = settings["sample_ratio"]
+    if ratio is not None and not (isinstance(ratio, int | float) and 0.0 <= ratio <= 1.0):
+        raise ValueError(f"--tracing_config {config_file}: sample_ratio must be in [0, 1], got {ratio!r}")
+    if settings["protocol"] not in (None, "grpc", "http/protobuf"):
+        raise ValueError(f"--tracing_config {config_file}: protocol must be grpc or http/protobuf")
+    return settings
+
+
+def setup(config_file: Path | None, service_name: str = "ctr-serving") -> bool:
+    """Install the tracer when tracing is wanted; True when it is on. Called once per serving process."""
+    global ACTIVE, _OFFSET_NS
+    if ACTIVE or not wanted(config_file):
+        return ACTIVE
+    from serving.observability.tracing_sdk import build_tracer  # the SDK is imported only from here
+
+    settings = read_config(config_file)
+    settings["service_name"] = settings["service_name"] or os.environ.get("OTEL_SERVICE_NAME") or service_name
+    _state.update(build_tracer(settings, _dropped))
+    _state["dropped"], _state["warned_at"] = 0, -WARN_EVERY_S
+    _OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+    ACTIVE = True
+    log.info("tracing on: OTLP %s to %s", _state["protocol"], _state["endpoint"])
+    return True
+
+
+def shutdown(timeout_s: float = 2.0) -> None:
+    """Flush what can be flushed within `timeout_s` and stop exporting (a dead collector never holds it up)."""
+    global ACTIVE
+    provider = _state.get("provider")
+    if not ACTIVE or provider is None:
+        return
+    ACTIVE = False
+    thread = threading.Thread(target=provider.shutdown, name="trace-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+
+
+def _dropped(n: int) -> None:
+    """Count `n` spans dropped (a full queue or a failed export); warn at most once a minute."""
+    _state["dropped"] = _state.get("dropped", 0) + n
+    now = time.monotonic()
+    if now - _state.get("warned_at", -WARN_EVERY_S) >= WARN_EVERY_S:
+        _state["warned_at"] = now
+        log.warning(
+            "tracing: %d spans dropped so far (collector %s down, slow or refusing); predictions go on",
+            _state["dropped"],
+            _state.get("endpoint"),
+        )
+
+
+def dropped() -> int:
+    """Spans dropped since setup."""
+    return int(_state.get("dropped", 0))
+
+
+def metrics_text() -> str:
+    """The dropped-span counter for the Prometheus page; empty while tracing is off."""
+    if not ACTIVE:
+        return ""
+    name = "ctr_serving_trace_spans_dropped_total"
+    return (
+        f"# HELP {name} Spans dropped because the trace exporter's queue was full or an export failed.\n"
+        f"# TYPE {name} counter\n{name} {dropped()}\n"
+    )
+
+
+# --- the request path (called only when ACTIVE) ------------------------------------------------------------
+
+
+def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[Any, Any, bytes]:
+    """Start a request's span under the caller's `traceparent` (malformed or absent: a new trace).
+
+    Returns (span, token for end(), the traceparent to answer with). Only a sampled span is made the
+    current one, so an unsampled request records no children at all.
+    """
+    span = _state["begin"](name, traceparent, entrypoint)
+    ctx = span.get_span_context()
+    answer = b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
+    return span, (_CURRENT.set(span) if span.is_recording() else None), answer
+
+
+def end(span: Any, token: Any, error: str | None = None) -> None:
+    """End the request's span (started by begin) and restore the current span before it."""
+    if token is not None:
+        _CURRENT.reset(token)
+        if error is not None and "ctr.status" not in (span.attributes or {}):  # the predictor's code first
+            span.set_attribute("ctr.status", error)
+            _state["set_error"](span, error)
+    span.end()
+
+
+def current() -> Any:
+    """The request's span when it is sampled, else None."""
+    return _CURRENT.get()
+
+
+def annotate(span: Any, model: str, version: int, signature: str, rows: int) -> None:
+    """The request span's attributes once the version and the batch are known."""
+    span.set_attributes(
+        {
+            "ctr.model.name": model,
+            "ctr.model.version": version,
+            "ctr.signature": signature,
+            "ctr.batch_size": rows,
+        }
+    )
+
+
+def status(span: Any, code: str) -> None:
+    """The request's outcome: OK or the error's code (INVALID_ARGUMENT, ...)."""
+    span.set_attribute("ctr.status", code)
+    if code != "OK":
+        _state["set_error"](span, code)
+
+
+def child(parent: Any, name: str, start_s: float, end_s: float | None = None, **attributes: Any) -> Any:
+    """Record a finished child span of `parent` from perf_counter stamps (end: now); returns it."""
+    end_ns = time.perf_counter_ns() if end_s is None else int(end_s * 1e9)
+    span = _state["child"](parent, name, _OFFSET_NS + int(start_s * 1e9), attributes or None, None)
+    span.end(end_time=_OFFSET_NS + end_ns)
+    return span
+
+
+def batch(parents: list[Any], start_s: float, rows: int) -> Any:
+    """Start the span of one model call: the child of the first traced request, linked to each of them."""
+    return _state["child"](
+        parents[0], "batch", _OFFSET_NS + int(start_s * 1e9), {"ctr.batch_size": rows}, parents
+    )
+
+
+def finish(span: Any, end_s: float | None = None) -> None:
+    """End a span started by batch() (end: now)."""
+    span.end(end_time=_OFFSET_NS + (time.perf_counter_ns() if end_s is None else int(end_s * 1e9)))

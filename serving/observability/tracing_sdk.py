@@ -1,0 +1,168 @@
+"""The OpenTelemetry SDK behind serving/observability/tracing.py: imported only when tracing is on.
+
+A TracerProvider with a parent-based ratio sampler, an OTLP exporter (gRPC or HTTP), and a
+BatchSpanProcessor whose queue is bounded: a span that finds it full is dropped and counted, and a failed
+export counts its spans as dropped. The SDK's own per-span "Queue full" warning and the exporter's retry
+lines are let through at most once a minute (tracing.py warns with the count).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased, _get_from_env_or_default
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+QUIET_LOGGERS = (
+    "opentelemetry.sdk._shared_internal",  # "Queue full, dropping spans." once per span
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+)
+
+
+class _OncePerMinute(logging.Filter):
+    """Lets one record a minute through (per logger)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = -60.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        if now - self._last < 60.0:
+            return False
+        self._last = now
+        return True
+
+
+class _CountingExporter(SpanExporter):
+    """The OTLP exporter; the spans of an export that fails are counted as dropped."""
+
+    def __init__(self, inner: SpanExporter, on_drop: Callable[[int], None]) -> None:
+        self._inner, self._on_drop = inner, on_drop
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception:  # an exporter bug must not stop the processor's thread
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self._on_drop(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class _DroppingProcessor(BatchSpanProcessor):
+    """A BatchSpanProcessor that counts the spans its full queue drops (it never blocks the caller)."""
+
+    def __init__(self, exporter: SpanExporter, on_drop: Callable[[int], None], **kwargs: Any) -> None:
+        super().__init__(exporter, **kwargs)
+        self._on_drop = on_drop
+        inner = getattr(self, "_batch_processor", None)
+        self._queue = getattr(inner, "_queue", None)  # a deque(maxlen=max_queue_size): appends past it drop
+
+    def on_end(self, span: ReadableSpan) -> None:
+        queue = self._queue
+        if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
+            self._on_drop(1)
+        super().on_end(span)
+
+
+def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
+    protocol = settings["protocol"] or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    )
+    endpoint = settings["endpoint"]
+    timeout = float(settings["export_timeout_s"])
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        exporter: SpanExporter = GrpcExporter(endpoint=endpoint, timeout=timeout)
+        return (
+            exporter,
+            protocol,
+            str(endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317")),
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
+        endpoint = endpoint.rstrip("/") + "/v1/traces"  # as the SDK appends it to OTEL_EXPORTER_OTLP_ENDPOINT
+    exporter = HttpExporter(endpoint=endpoint, timeout=timeout)
+    return (
+        exporter,
+        "http/protobuf",
+        str(endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318")),
+    )
+
+
+def _sampler(ratio: float | None) -> Sampler:
+    """The file's ratio, parent-based; else OTEL_TRACES_SAMPLER(_ARG); else every root is sampled."""
+    if ratio is not None:
+        return ParentBased(TraceIdRatioBased(float(ratio)))
+    if os.environ.get("OTEL_TRACES_SAMPLER"):
+        return _get_from_env_or_default()
+    return ParentBased(TraceIdRatioBased(1.0))
+
+
+def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> dict[str, Any]:
+    """The provider and the three calls tracing.py makes on the request path."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).addFilter(_OncePerMinute())
+    exporter, protocol, endpoint = _exporter(settings)
+    batch_options: dict[str, Any] = {}
+    if settings["max_queue_size"] is not None:
+        batch_options["max_queue_size"] = int(settings["max_queue_size"])
+        batch_options["max_export_batch_size"] = min(512, batch_options["max_queue_size"])
+    if settings["schedule_delay_ms"] is not None:
+        batch_options["schedule_delay_millis"] = float(settings["schedule_delay_ms"])
+    resource = Resource.create({"service.name": settings["service_name"]})
+    provider = TracerProvider(sampler=_sampler(settings["sample_ratio"]), resource=resource)
+    provider.add_span_processor(
+        _DroppingProcessor(_CountingExporter(exporter, on_drop), on_drop, **batch_options)
+    )
+    tracer = provider.get_tracer("ctr-serving")
+    propagator = TraceContextTextMapPropagator()
+    set_span_in_context = trace.set_span_in_context
+
+    def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> Any:
+        context: Context | None = None
+        if traceparent:
+            if isinstance(traceparent, bytes):
+                traceparent = traceparent.decode("latin-1")
+            context = propagator.extract({"traceparent": traceparent})  # malformed: an empty context
+        return tracer.start_span(
+            name, context=context, kind=SpanKind.SERVER, attributes={"ctr.entrypoint": entrypoint}
+        )
+
+    def child(parent: Any, name: str, start_ns: int, attributes: Any, linked: Any) -> Any:
+        links = None if linked is None else [Link(s.get_span_context()) for s in linked]
+        return tracer.start_span(
+            name, context=set_span_in_context(parent), start_time=start_ns, attributes=attributes, links=links
+        )
+
+    def set_error(span: Any, code: str) -> None:
+        span.set_status(Status(StatusCode.ERROR, code))
+
+    return {
+        "provider": provider,
+        "begin": begin,
+        "child": child,
+        "set_error": set_error,
+        "protocol": protocol,
+        "endpoint": endpoint,
+    }
