@@ -38,12 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--val-features",
         type=Path,
-        help=f"float32 [N,width] .npy parity rows (default: RUN/{run_dir.VAL_FEATURES})",
+        help=f"float32 [N,width] .npy parity rows, also the drift reference's (default: RUN/{run_dir.VAL_FEATURES}; "
+        "without --run, the one beside --feature-spec)",
     )
     src.add_argument(
         "--val-raw",
         type=Path,
-        help=f"raw validation rows (.npz) for the raw-signature gate (default: RUN/{run_dir.VAL_RAW})",
+        help=f"raw validation rows (.npz) for the raw-signature gate (default: RUN/{run_dir.VAL_RAW}; without "
+        "--run, the one beside --feature-spec)",
     )
     dst = p.add_argument_group("destination")
     dst.add_argument(
@@ -162,6 +164,9 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         raise InputError(
             f"--max-auc-drop and --max-ece-rise must be >= 0, got {args.max_auc_drop}, {args.max_ece_rise}"
         )
+    # The drift reference's rows: a run's, or, for a lone --checkpoint, those of the run that wrote the spec
+    # (python -m training writes them beside it); export refuses a version it could not write one for.
+    rows_from = args.run if args.run is not None else spec.parent
     if args.eval_data is not None and not args.eval_data.is_file():
         raise InputError(f"--eval-data {args.eval_data} is not a file; expected Criteo rows")
     return ExportRequest(
@@ -169,7 +174,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         feature_spec=spec,
         repo=args.repo,
         target=resolve_target(args.target, args.target_ops),
-        val_features=_default(args.val_features, args.run, run_dir.VAL_FEATURES, False),
+        val_features=_default(args.val_features, rows_from, run_dir.VAL_FEATURES, False),
         metrics=_default(None, args.run, run_dir.METRICS, False),
         version=args.version,
         keep=args.keep,
@@ -178,12 +183,12 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         parity_rows=args.parity_rows,
         parity_tol=args.parity_tol,
         val_labels=_default(None, args.run, run_dir.VAL_LABELS, False),
-        train_features=_default(None, args.run, run_dir.TRAIN_FEATURES_SAMPLE, False),
+        train_features=_default(None, rows_from, run_dir.TRAIN_FEATURES_SAMPLE, False),
         eval_data=args.eval_data,
         max_auc_drop=args.max_auc_drop,
         max_ece_rise=args.max_ece_rise,
         force=args.force,
-        val_raw=_default(args.val_raw, args.run, run_dir.VAL_RAW, False),
+        val_raw=_default(args.val_raw, rows_from, run_dir.VAL_RAW, False),
     )
 
 

@@ -146,6 +146,11 @@ def export_version(req: ExportRequest) -> ExportResult:
     """Run the whole export; on any error nothing is published and the staging folder is removed."""
     started = time.perf_counter()
     net, ckpt, width, val = load_inputs(req)
+    if val is None:  # before the slow steps: every version carries its drift reference
+        raise InputError(
+            f"no validation rows: the version would have no {DRIFT_REFERENCE_PATH}, so the server could not "
+            f"export drift metrics for it; give --val-features FILE (the run's val_features.npy) or --run DIR"
+        )
     spec = load_spec(req.feature_spec)
     metrics = read_metrics(req.metrics)  # read before the slow steps: a bad file fails fast
     quality = gate_export(req, net, metrics)  # also before them: a refused candidate costs seconds
@@ -191,7 +196,10 @@ def export_version(req: ExportRequest) -> ExportResult:
 
         (stage / ASSETS_EXTRA).mkdir()
         shutil.copyfile(req.feature_spec, stage / FEATURE_SPEC_PATH)
-        write_reference(stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw)
+        if not write_reference(
+            stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw
+        ):
+            raise InputError(f"{DRIFT_REFERENCE_PATH} could not be written")  # no rows: refused above
         write_ranges(stage / FEATURE_RANGES_PATH, req.train_features, val)
         warm_rows = val if val is not None and len(val) >= 64 else rows.features
         write_warmup(

@@ -12,6 +12,9 @@ and, at every scrape, bins them with the reference of the newest loaded version 
 
 PSI = sum over bins of (live - ref) * ln(live / ref), with both shares floored at PSI_FLOOR so that an empty
 bin costs a bounded amount. Nothing is exported for a group with fewer than MIN_ROWS rows in the window.
+A version without a readable reference (hand-made, or exported before every export wrote one) is named in
+one warning within REFERENCE_CHECK_S of becoming the newest loaded version; while it is, none of the three
+gauges has a sample and its rows are not kept: an absent series, not a window that counts rows no PSI covers.
 Requests of engineered features feed the feature series; raw requests (whose features only exist inside the
 model graph) feed the raw:* series. Both feed the score.
 
@@ -25,6 +28,7 @@ every worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -40,6 +44,7 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
 from serving.observability.drift_window import RingBuffer, shared_windows
+from serving.observability.metrics import escape_label_value as esc
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
 
@@ -173,6 +178,15 @@ class DriftMonitor:
         self._tick_scheduled = False
         self._reference: tuple[Path, int, Reference | None] | None = None
         self._recheck_at = 0.0  # when the reference file is looked at again (a new version's at once)
+        self._warned: set[Path] = set()  # versions whose missing reference was logged
+        # A version loaded without a reference is named at once, not at the first flush or scrape; with no
+        # event loop (a unit test) the checks at flush and scrape remain.
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().call_soon(self._watch_reference)
+
+    def _watch_reference(self) -> None:
+        self.reference()
+        asyncio.get_running_loop().call_later(REFERENCE_CHECK_S, self._watch_reference)
 
     def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
         """Hot path: remember one request's batch (features (N, width), or raw rows) and its scores (N, 1)."""
@@ -218,6 +232,8 @@ class DriftMonitor:
         features, scores, raw = self._features, self._feature_scores, self._raw
         self._features, self._feature_scores, self._raw, self._pending_rows = [], [], [], 0
         self._pending_requests = 0
+        if features and self.reference() is None:
+            features = []  # a version without a reference: its rows would count towards no PSI
         if features:
             try:
                 block = np.concatenate(features)
@@ -281,8 +297,13 @@ class DriftMonitor:
                 ref = Reference(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring drift reference %s: %s; no drift metrics for this version", path, exc)
-        else:
-            log.warning("%s has no %s; no drift metrics for this version", version_dir, DRIFT_REFERENCE_PATH)
+        elif version_dir not in self._warned:
+            self._warned.add(version_dir)
+            log.warning(
+                "%s has no %s; no drift metrics for this version (re-export it to get them)",
+                version_dir,
+                DRIFT_REFERENCE_PATH,
+            )
         self._reference = (path, stamp, ref)
         return ref
 
@@ -299,7 +320,7 @@ class DriftMonitor:
         self.flush()
         ref = self.reference()
         dense, raw = self._window(self.features), self._window(self.raw)
-        m = f'model_name="{self.model_name}"'
+        m = f'model_name="{esc(self.model_name)}"'
         series = []
         if ref is not None and len(dense) >= MIN_ROWS and dense.shape[1] == ref.width + 1:
             for j, (name, (edges, shares)) in enumerate(zip(ref.names, ref.features, strict=True)):
@@ -321,11 +342,14 @@ class DriftMonitor:
         lines = [
             "# HELP ctr_serving_drift_window_rows Recent scored rows the drift figures cover (all workers).",
             "# TYPE ctr_serving_drift_window_rows gauge",
-            f"ctr_serving_drift_window_rows{{{m}}} {len(scores)}",
+            *([f"ctr_serving_drift_window_rows{{{m}}} {len(scores)}"] if ref is not None else []),
             "# HELP ctr_serving_feature_drift_psi Population stability index of a model-input feature (raw:* a raw "
             "field) over recent rows against the training reference of the newest loaded version.",
             "# TYPE ctr_serving_feature_drift_psi gauge",
-            *(f'ctr_serving_feature_drift_psi{{{m},feature="{name}"}} {value:.6g}' for name, value in series),
+            *(
+                f'ctr_serving_feature_drift_psi{{{m},feature="{esc(name)}"}} {value:.6g}'
+                for name, value in series
+            ),
             "# HELP ctr_serving_score_drift_psi Population stability index of the predicted CTR: recent scores "
             "against the validation scores of the newest loaded version.",
             "# TYPE ctr_serving_score_drift_psi gauge",

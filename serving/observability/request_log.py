@@ -17,7 +17,16 @@ DIR/requests-<pid>-<n>.jsonl, and starts the next file once one holds `--request
 
 A predict never waits for the disk and never fails because of it: lines go into a bounded queue that one
 writer thread drains. A full queue (slow disk), or a write that fails (full disk, unwritable directory),
-drops the line and counts it in `ctr_serving_request_log_dropped_total`.
+drops the line and counts it in `ctr_serving_request_log_dropped_total` (alert: CtrServingRequestLogDropping);
+every other line is counted in `ctr_serving_request_log_lines_total`.
+
+Shipping the files (docs/daily-loop.md): before each line, the writer compares the path it opened with the file
+it holds (device and inode), and does the same once a second when idle. A file that was removed or renamed
+(`mv`, logrotate's default style) is closed and the line goes to a new file, DIR/requests-<pid>-<n+1>.jsonl: no
+line goes into a file that is no longer in the folder, and a renamed file is let go within a second. A file
+that shrank under the writer (logrotate's `copytruncate`) is written on at its new end. Lines written between
+a shipper's copy and its truncate or removal cannot be known to it and are lost: move the file out first, then
+ship it (logrotate: the default rename style, no `copytruncate`).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_LINES = 10_000  # lines waiting for the writer; beyond this a slow disk costs lines, not latency
 RETRY_OPEN_S = 1.0  # after a failed open, lines are dropped for this long before the next try
+IDLE_CHECK_S = 1.0  # with no line to write, how often the writer checks that its file is still in the folder
 _STOP = object()
 
 
@@ -90,6 +100,8 @@ class RequestLog:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._file: io.FileIO | None = None
+        self._path: Path | None = None  # the path self._file was opened at
+        self._file_id = (0, 0)  # its (st_dev, st_ino)
         self._size = 0
         self._seq = itertools.count(1)
         self._retry_at = 0.0
@@ -130,7 +142,11 @@ class RequestLog:
     # --- the writer thread ---------------------------------------------------------------------
     def _drain(self) -> None:
         while True:
-            entry = self._queue.get()
+            try:
+                entry = self._queue.get(timeout=IDLE_CHECK_S)
+            except queue.Empty:
+                self._check_file()  # a quiet server lets go of a shipped (renamed) file too
+                continue
             if entry is _STOP:
                 break
             self._write(entry)
@@ -184,7 +200,30 @@ class RequestLog:
         if self._size >= self.max_bytes:
             self._close()
 
+    def _check_file(self) -> None:
+        """Close the file when its path no longer names it (removed, renamed); follow a truncation."""
+        if self._file is None or self._path is None:
+            return
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:  # EACCES, EIO: keep writing where we are rather than lose lines
+            log.warning("request log: cannot stat %s: %s", self._path, exc)
+            return
+        if st is None or (st.st_dev, st.st_ino) != self._file_id:
+            if st is not None:
+                how = "replaced"
+            else:
+                how = "removed" if os.fstat(self._file.fileno()).st_nlink == 0 else "renamed"
+            log.info("request log: %s was %s; starting a new file", self._path, how)
+            self._close()
+        elif st.st_size < self._size:  # copytruncate: O_APPEND writes go to the new end
+            log.info("request log: %s was truncated to %d bytes; writing on", self._path, st.st_size)
+            self._size = st.st_size
+
     def _current_file(self) -> io.FileIO | None:
+        self._check_file()
         if self._file is not None:
             return self._file
         if time.monotonic() < self._retry_at:
@@ -192,13 +231,15 @@ class RequestLog:
         path = self.directory / f"requests-{os.getpid()}-{next(self._seq)}.jsonl"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("ab", buffering=0)
+            f = path.open("ab", buffering=0)
         except OSError as exc:
             log.warning("request log: dropping lines for %.0f s, cannot open %s: %s", RETRY_OPEN_S, path, exc)
             self._retry_at = time.monotonic() + RETRY_OPEN_S
             return None
-        self._size = 0
-        return self._file
+        self._file, self._path = f, path
+        st = os.fstat(f.fileno())  # an OSError here is the caller's: the line is dropped, the file closed
+        self._file_id, self._size = (st.st_dev, st.st_ino), st.st_size
+        return f
 
     def _close(self, quiet: bool = False) -> None:
         f, self._file = self._file, None

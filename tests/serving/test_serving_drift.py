@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -166,3 +167,31 @@ def test_raw_requests_get_raw_field_psi_and_drifted_fields_cross_0_2(drift_world
         max(v for f, v in features.items() if f not in drifted and f not in {"raw:C2", "raw:C7", "raw:C26"})
         < 0.1
     )
+
+
+def test_a_version_without_a_reference_is_named_once_and_has_no_drift_samples(
+    drift_world, start_server, tmp_path: Path
+):
+    """A hand-made version (or one exported before every export wrote the reference): one warning at load,
+    and no sample of any drift gauge, the window's row count included, however much traffic comes."""
+    base, spec, _ = drift_world
+    bare = tmp_path / "ctr"
+    shutil.copytree(base / "1", bare / "1")
+    (bare / "1" / DRIFT_REFERENCE_PATH).unlink()
+    write_manifest(bare / "1", 1)  # a manifest that does not list it: the version loads
+    server = start_server(bare, f"--drift_window={WINDOW}")
+    warning = f"{bare / '1'} has no {DRIFT_REFERENCE_PATH}; no drift metrics for this version"
+    deadline = time.monotonic() + 10
+    while warning not in server.log() and time.monotonic() < deadline:  # at load: before any request
+        time.sleep(0.1)
+    assert warning in server.log()
+
+    send(server, spec.transform(*raw_rows(5, 600, seed=5)))
+    send(server, raw_instances(*raw_rows(5, 300, seed=6)))
+    for _ in range(3):
+        status, text = http(server.url("/monitoring/prometheus/metrics"))
+        assert status == 200
+        samples = [line for line in str(text).splitlines() if "drift" in line and not line.startswith("#")]
+        assert samples == []  # absent, not a window_rows that counts rows no PSI covers
+    time.sleep(1.5)  # the reference is looked for again every second: still one warning
+    assert server.log().count(warning) == 1

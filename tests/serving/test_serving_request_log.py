@@ -1,11 +1,13 @@
-"""Sampled request logs: the sample rate, the x-request-id round trip, size rotation, and lines dropped
-(and counted) instead of failing or slowing a predict when the disk is full, unwritable or slow.
+"""Sampled request logs: the sample rate, the x-request-id round trip, size rotation, lines dropped (and
+counted) instead of failing or slowing a predict when the disk is full, unwritable or slow, and files removed,
+renamed or truncated by a shipper without a line lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -179,3 +181,111 @@ def test_grpc_requests_are_logged_with_the_clients_id_in_the_trailing_metadata(
     assert wait_for(lambda: counter(server, "ctr_serving_request_log_lines_total"), 1) == 1
     [line] = log_lines(logs)
     assert line["request_id"] == "grpc-7" and np.allclose(line["inputs"]["instances"], ROWS)
+
+
+def shipped_ids(directory: Path, shipped: list[str]) -> list[str]:
+    """Request ids of every line in the folder's files (shipped copies included) and in `shipped`."""
+    ids = [json.loads(line)["request_id"] for line in shipped]
+    for f in sorted(directory.glob("requests-*")):
+        ids += [json.loads(line)["request_id"] for line in f.read_text().splitlines()]
+    return ids
+
+
+def open_logs(server: ServerProcess, directory: Path) -> set[str]:
+    """The request-log paths the server's process holds open (Linux /proc), as the kernel names them."""
+    fds = Path(f"/proc/{server.proc.pid}/fd")
+    held = set()
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since the listing
+            continue
+        if target.startswith(str(directory)):
+            held.add(target)
+    return held
+
+
+def test_removed_renamed_and_copy_truncated_files_lose_no_line(
+    model_repo: Path, start_server, tmp_path: Path
+):
+    """At rate 1, the file the server writes is shipped three ways between requests: copied and removed, renamed
+    (logrotate's default) and copied then truncated (logrotate's copytruncate). Every id is in exactly one file."""
+    logs = tmp_path / "logs"
+    server = start_server(model_repo, f"--request_log_dir={logs}", "--request_log_sample_rate=1")
+    ids: list[str] = []
+    shipped: list[str] = []  # lines of the removed file, as a shipper copied them before removing it
+
+    def burst(tag: str) -> Path:
+        for i in range(25):
+            ids.append(f"{tag}-{i}")
+            assert predict(server, ids[-1])[0] == 200
+        lines = lambda: counter(server, "ctr_serving_request_log_lines_total")  # noqa: E731
+        assert wait_for(lines, len(ids)) == len(ids)
+        [current] = [f for f in logs.glob("requests-*.jsonl")]  # one file at a time: the one being written
+        return current
+
+    current = burst("a")
+    shipped += current.read_text().splitlines()
+    current.unlink()  # ship, then remove
+
+    current = burst("b")
+    assert current.name.endswith("-2.jsonl")  # the removal was noticed at the next line
+    current.rename(current.with_name(current.name + ".1"))  # logrotate, rename style (no postrotate)
+
+    current = burst("c")
+    assert current.name.endswith("-3.jsonl")
+    copy = current.with_name(current.name + ".2")
+    copy.write_bytes(current.read_bytes())  # logrotate, copytruncate style
+    with current.open("r+b") as f:
+        f.truncate(0)
+
+    current = burst("d")
+    assert current.name.endswith("-3.jsonl")  # written on after the truncation: it holds d-* only
+    assert [json.loads(line)["request_id"] for line in current.read_text().splitlines()] == [
+        f"d-{i}" for i in range(25)
+    ]
+    found = shipped_ids(logs, shipped)
+    assert sorted(found) == sorted(ids) and len(found) == len(set(found)) == 100  # each id exactly once
+    assert counter(server, "ctr_serving_request_log_dropped_total") == 0
+
+    # A quiet server lets go of a renamed file within a second: the shipper may take it.
+    moved = current.with_name("shipped-now.jsonl")
+    current.rename(moved)
+    deadline = time.monotonic() + 5
+    while str(moved) in open_logs(server, logs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert str(moved) not in open_logs(server, logs)
+    assert "was removed; starting a new file" in server.log() and "was renamed" in server.log()
+
+
+def test_files_renamed_under_concurrent_traffic_keep_every_line(
+    model_repo: Path, start_server, tmp_path: Path
+):
+    """8 clients at rate 1 while the file is renamed every 40 requests: written + dropped = sent, and every
+    id is in exactly one file."""
+    logs = tmp_path / "logs"
+    server = start_server(model_repo, f"--request_log_dir={logs}", "--request_log_sample_rate=1")
+    ids = [f"conc-{i}" for i in range(320)]
+    done = threading.Semaphore(0)
+
+    def client(mine: list[str]) -> None:
+        for request_id in mine:
+            assert predict(server, request_id)[0] == 200
+            done.release()
+
+    threads = [threading.Thread(target=client, args=(ids[k::8],)) for k in range(8)]
+    for t in threads:
+        t.start()
+    moved = 0
+    for n in range(len(ids)):
+        assert done.acquire(timeout=30)
+        if n % 40 == 39:
+            for f in logs.glob("requests-*.jsonl"):
+                f.rename(f.with_name(f"{f.name}.shipped-{moved}"))
+                moved += 1
+    for t in threads:
+        t.join(30)
+    lines = wait_for(lambda: counter(server, "ctr_serving_request_log_lines_total"), len(ids))
+    assert lines + counter(server, "ctr_serving_request_log_dropped_total") == len(ids) == lines
+    found = shipped_ids(logs, [])
+    assert sorted(found) == sorted(ids) and moved >= 3
