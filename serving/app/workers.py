@@ -14,7 +14,8 @@ address, so a worker that is starting or restarting gets none. Both protocols sc
 gRPC in one worker only would make it a single point of failure.
 
 Metrics. The parent creates a per-run directory for serving/observability/metrics_shared.py, deletes a worker's gauges
-when it exits (its counters stay in the totals), and removes the directory at exit.
+and drift windows when it exits, folds its counters into the exited workers' totals (one file however many
+restarts), and removes the directory at exit.
 
 Failures. A worker that dies is logged at ERROR and restarted. If a worker dies within CRASH_WINDOW_S of its
 start CRASH_LOOP_LIMIT times in a row, that is a crash loop, which no restart will fix: the parent then
@@ -41,6 +42,7 @@ from pathlib import Path
 
 from serving.app.config import ServerConfig
 from serving.app.server import WorkerRole, run_server
+from serving.observability.metrics_shared import retire_worker
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +182,10 @@ class Supervisor:
 
     def _on_exit(self, slot: _Slot, pid: int, code: int) -> None:
         """A worker exited with `code` (negative: killed by that signal)."""
-        with contextlib.suppress(FileNotFoundError):
-            (self.metrics_dir / f"live_{pid}.db").unlink()  # its gauges; its counters stay in the totals
+        try:  # its gauges and drift windows go; its counters are folded into the exited workers' totals
+            retire_worker(self.metrics_dir, pid)
+        except (OSError, ValueError) as exc:  # its totals file is kept, and still counted by every scrape
+            log.error("could not clear up the metrics files of worker %d (pid %d): %s", slot.index, pid, exc)
         how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         # Stopping (Ctrl-C reaches the workers too, so one may exit before the parent forwards SIGTERM):
         # exit 0 is clean, and so is a stop signal that arrived before the worker installed its handlers.

@@ -45,8 +45,19 @@ def _fmt(value: float) -> str:
     return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
 
+def escape_label_value(value: str) -> str:
+    """`value` as the text format's label value needs it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_help(text: str) -> str:
+    """`text` as a HELP line needs it: backslash and newline escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
 def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    pairs = [f'{n}="{v}"' for n, v in zip(names, values, strict=True)]
+    """`{name="value",...}`, every value escaped (model names and statuses come from configs and clients)."""
+    pairs = [f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True)]
     if extra:
         pairs.append(extra)
     return "{" + ",".join(pairs) + "}" if pairs else ""
@@ -61,7 +72,7 @@ class Metric:
         self.name, self.help, self.labelnames = name, help_text, tuple(labelnames)
 
     def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        return [f"# HELP {self.name} {escape_help(self.help)}", f"# TYPE {self.name} {self.kind}"]
 
     def render(self) -> list[str]:
         raise NotImplementedError

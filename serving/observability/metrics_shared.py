@@ -2,24 +2,29 @@
 and a scrape on any worker reads all of them, so every scrape shows the totals of all workers.
 
 The directory is created and removed by the parent (serving/app/workers.py) and holds, per worker pid:
-    totals_<pid>.db  counters and histogram buckets. Kept after the worker exits, so the totals never go
-                     back when a worker is restarted.
+    totals_<pid>.db  counters and histogram buckets. When the worker exits the parent folds them into
+                     totals_dead.db (`fold_totals`), so the totals never go back when a worker is restarted
+                     and restarts do not add files.
     live_<pid>.db    gauges. The parent deletes it when the worker exits; over the live workers the
                      in-flight gauge is summed ("livesum") and the loaded version is the maximum ("max").
+    drift-*_<pid>.*  the recent rows of serving/observability/drift_window.py, deleted with the gauges.
 The files are prometheus_client's MmapedDict, the storage of its own multiprocess mode: append-only keys
 and 8-byte aligned doubles, written by one process and readable by others at any time. Its collector is
 not used because it would rename TF Serving's counters (`*_total`, `*_created`); serving/observability/metrics.py
 formats the text. A write-through is a dict lookup and a 16-byte store into the mmap (no lock: only the
-event-loop thread of a worker writes).
+event-loop thread of a worker writes). A fold and a scrape exclude each other with flock(2) on the directory
+(the fold exclusive, the scrape shared), so no scrape sees an exited worker's totals twice or not at all.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import functools
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +35,7 @@ from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetr
 SUM_SLOT = "sum"  # slot of a histogram's sum; its buckets are slots 0..len(bounds) (+Inf last)
 VALUE_SLOT = ""  # slot of a counter's or gauge's value
 GAUGE_MODES: dict[str, Callable[[Iterable[float]], float]] = {"livesum": sum, "max": max}
+DEAD_TOTALS = "totals_dead.db"  # the exited workers' totals, folded; matches the totals_*.db of a scrape
 
 Sample = tuple[str, tuple[str, ...], int | str]  # (metric name, label values, slot)
 
@@ -131,6 +137,57 @@ def read_samples(paths: Iterable[Path]) -> dict[Sample, list[float]]:
     return samples
 
 
+@contextlib.contextmanager
+def directory_lock(directory: Path, exclusive: bool) -> Iterator[None]:
+    """flock(2) on the directory itself: exclusive for a fold, shared for a scrape's reads."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@functools.cache
+def _max_in_totals() -> frozenset[str]:
+    """Names of the gauges kept in the totals files, whose values combine by max, not by sum."""
+    return frozenset({ServingMetrics().model_stats.last_inference.name})
+
+
+def fold_totals(directory: Path, pid: int) -> bool:
+    """Fold the totals of the exited worker `pid` into totals_dead.db and remove its file.
+
+    Run by the parent once the worker is reaped (nothing writes the file any more). Counters and buckets
+    add up, the totals' gauges keep their maximum. Returns False when the worker left no totals.
+    """
+    source = directory / f"totals_{pid}.db"
+    with directory_lock(directory, exclusive=True):
+        try:
+            entries = MmapedDict.read_all_values_from_file(str(source))
+        except FileNotFoundError:
+            return False
+        dead = MmapedDict(str(directory / DEAD_TOTALS))
+        try:
+            for key, value, _, _ in entries:
+                before = dead.read_value(key)[0]
+                combined = max(before, value) if _parse_key(key)[0] in _max_in_totals() else before + value
+                dead.write_value(key, combined, 0.0)
+        finally:
+            dead.close()
+        source.unlink()
+    return True
+
+
+def retire_worker(directory: Path, pid: int) -> None:
+    """Clear up after the exited worker `pid`: its gauges (live_<pid>.db) and recent-rows windows
+    (serving/observability/drift_window.py) are deleted, its totals folded into totals_dead.db."""
+    for path in directory.glob(f"*_{pid}.*"):
+        if path.name != f"totals_{pid}.db":
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    fold_totals(directory, pid)
+
+
 class SharedServingMetrics(ServingMetrics):
     """ServingMetrics of one worker: updates also go to `directory`; `render()` shows all workers' totals."""
 
@@ -158,12 +215,10 @@ class SharedServingMetrics(ServingMetrics):
     def merged(self, metric: Counter) -> dict[tuple[str, ...], float]:
         """`metric`'s values over every worker's files: summed, or combined by a gauge's mode."""
         combine = GAUGE_MODES[metric.mode] if isinstance(metric, SharedGauge) else sum
-        paths = sorted([*self.directory.glob("totals_*.db"), *self.directory.glob("live_*.db")])
-        return {
-            labels: combine(values)
-            for (name, labels, _), values in read_samples(paths).items()
-            if name == metric.name
-        }
+        with directory_lock(self.directory, exclusive=False):
+            paths = sorted([*self.directory.glob("totals_*.db"), *self.directory.glob("live_*.db")])
+            found = read_samples(paths)
+        return {labels: combine(values) for (name, labels, _), values in found.items() if name == metric.name}
 
     def publish(self) -> None:
         """Write this worker's tracked gauges (in-flight requests) for the other workers' scrapes."""
@@ -175,9 +230,12 @@ class SharedServingMetrics(ServingMetrics):
         """The exposition of all workers: counters and histograms summed, gauges combined by their mode."""
         self.publish()
         by_name: dict[str, dict[tuple[tuple[str, ...], int | str], list[float]]] = {}
-        for pattern in ("totals_*.db", "live_*.db"):
-            for (name, labels, slot), values in read_samples(sorted(self.directory.glob(pattern))).items():
-                by_name.setdefault(name, {})[(labels, slot)] = values
+        with directory_lock(self.directory, exclusive=False):
+            found = read_samples(
+                sorted([*self.directory.glob("totals_*.db"), *self.directory.glob("live_*.db")])
+            )
+        for (name, labels, slot), values in found.items():
+            by_name.setdefault(name, {})[(labels, slot)] = values
         lines: list[str] = []
         for metric in self.metrics():
             samples = by_name.get(metric.name, {})
