@@ -323,7 +323,7 @@ class HttpConnection(asyncio.Protocol):
             self.budget.refused(kind)
         self.parser = None
         self._in_message, self._continue_owed = False, False
-        self.budget.release_body(self._size)  # the partial body is dropped now
+        self.budget.drop_body(self._size)  # the partial body is dropped now: memory to hand back
         self._chunks, self._size = [], 0
         # Over the body budget the client is likely one of many holding bodies: drop it as soon as it
         # sends more, rather than reading megabytes only to discard them.

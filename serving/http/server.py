@@ -19,7 +19,7 @@ import ssl
 import time
 
 from serving.http.connection import HttpConnection
-from serving.http.memory import release_freed_memory
+from serving.http.memory import install_report_signal, release_freed_memory
 from serving.http.shared import ConnectionBudget, HttpLimits, RequestHandler
 from serving.observability.metrics import ServingMetrics
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SWEEP_S = 0.25  # how often deadlines are checked: a timeout fires at most this late
 TRIM_AFTER_BYTES = 16 << 20  # hand freed memory back to the OS once this much request data was dropped
+TRIM_QUIET_S = 1.0  # or once any was and no large body was dropped for this long (the end of a burst)
 
 
 class HttpServer:
@@ -59,6 +60,7 @@ class HttpServer:
             ssl_handshake_timeout=self.budget.limits.header_timeout_s if tls is not None else None,
         )
         self._sweeper = loop.create_task(self._sweep_forever())
+        install_report_signal(loop.add_signal_handler)  # CTR_SERVING_MEMORY_REPORT: off unless set
 
     async def _sweep_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -67,7 +69,7 @@ class HttpServer:
             now = time.monotonic()
             for conn in [c for c in self.budget.open if c.deadline < now or c.write_deadline < now]:
                 conn.expire()
-            if not self._trimming and self.budget.take_freed(TRIM_AFTER_BYTES):
+            if not self._trimming and self.budget.take_freed(TRIM_AFTER_BYTES, TRIM_QUIET_S):
                 # glibc keeps freed heap pages; malloc_trim gives them back (in a thread: it walks the heap).
                 self._trimming = True
                 try:

@@ -77,6 +77,7 @@ class ConnectionBudget:
         self.open: set[OpenConnection] = set()
         self.buffered_bytes = 0  # request body bytes held by all connections now
         self.freed_bytes = 0  # large request bodies dropped since the last memory hand-back
+        self.freed_at = 0.0  # when the last one was dropped (time.monotonic)
         self._date = b""
         self._date_at = 0.0
         metrics.open_connections.track(lambda: float(len(self.open)))
@@ -104,14 +105,23 @@ class ConnectionBudget:
         """`n` body bytes are no longer held by a connection (handed to the app, or dropped)."""
         self.buffered_bytes -= n
 
+    def drop_body(self, n: int) -> None:
+        """A connection dropped `n` body bytes it held (a refused body): no longer held, and freed."""
+        self.release_body(n)
+        self.count_freed(n)
+
     def count_freed(self, n: int) -> None:
         """A body of `n` bytes was freed: a large one counts towards handing memory back to the OS."""
         if n >= LARGE_BODY_BYTES:
             self.freed_bytes += n
+            self.freed_at = time.monotonic()
 
-    def take_freed(self, at_least: int) -> bool:
-        """True (and the count restarts) once `at_least` bytes of large bodies were dropped."""
-        if self.freed_bytes < at_least:
+    def take_freed(self, at_least: int, quiet_s: float) -> bool:
+        """True (and the count restarts) once `at_least` bytes of large bodies were dropped, or any were and
+        none for `quiet_s` since: the end of a burst is handed back too, not only each `at_least` of it."""
+        if self.freed_bytes == 0:
+            return False
+        if self.freed_bytes < at_least and time.monotonic() - self.freed_at < quiet_s:
             return False
         self.freed_bytes = 0
         return True
