@@ -59,6 +59,7 @@ from export.publish.manifest import build_manifest, read_metrics, write_manifest
 from export.publish.repository import ModelRepository
 from export.raw_graphs import build_raw_model
 from export.request import ExportRequest
+from export.stage_trace import stage as trace_stage
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,8 @@ def raw_io(raw_proto: onnx.ModelProto) -> dict[str, Any]:
 def export_version(req: ExportRequest) -> ExportResult:
     """Run the whole export; on any error nothing is published and the staging folder is removed."""
     started = time.perf_counter()
-    net, ckpt, width, val = load_inputs(req)
+    with trace_stage("prepare"):
+        net, ckpt, width, val = load_inputs(req)
     if val is None:  # before the slow steps: every version carries its drift reference
         raise InputError(
             f"no validation rows: the version would have no {DRIFT_REFERENCE_PATH}, so the server could not "
@@ -153,7 +155,8 @@ def export_version(req: ExportRequest) -> ExportResult:
         )
     spec = load_spec(req.feature_spec)
     metrics = read_metrics(req.metrics)  # read before the slow steps: a bad file fails fast
-    quality = gate_export(req, net, metrics)  # also before them: a refused candidate costs seconds
+    with trace_stage("quality_gate"):
+        quality = gate_export(req, net, metrics)  # also before them: a refused candidate costs seconds
     repo = ModelRepository(req.repo)
     repo.prepare()
     version = repo.choose_version(req.version)
@@ -161,7 +164,8 @@ def export_version(req: ExportRequest) -> ExportResult:
         patched, applied = apply_patches(net, req.target.ops)
         for p in applied:
             log.info("patched %s: %s -> %s", p.module, p.op, p.replacement)
-        proto = export_onnx(patched, width, stage / ONNX_MODEL, req.opset)
+        with trace_stage("onnx"):
+            proto = export_onnx(patched, width, stage / ONNX_MODEL, req.opset)
         ops_used = check_target_ops(proto, req.target)
 
         raw_proto = build_raw_model(proto, spec)  # the `raw` signature: FeatureSpec nodes + the model graph
@@ -169,7 +173,8 @@ def export_version(req: ExportRequest) -> ExportResult:
 
         from export.raw_graphs import save_saved_model_with_raw  # TensorFlow loads only once ONNX passed
 
-        save_saved_model_with_raw(proto, spec, stage)
+        with trace_stage("savedmodel"):
+            save_saved_model_with_raw(proto, spec, stage)
         backends = {"pytorch": torch_predictor(net)}  # the unpatched model is the reference
         if req.torchscript:
             write_torchscript(net, width, stage / TORCHSCRIPT_MODEL)
@@ -178,7 +183,8 @@ def export_version(req: ExportRequest) -> ExportResult:
         backends["savedmodel"] = savedmodel_predictor(stage)
 
         rows = build_rows(net, width, req.parity_rows, val)
-        report = run_gate(rows, backends, req.parity_tol)
+        with trace_stage("parity", rows=len(rows.features)):
+            report = run_gate(rows, backends, req.parity_tol)
         report["saturation"] = saturation(net, rows.features)
         from export.tf.warmup import WARMUP_BATCHES, write_warmup  # TensorFlow again: after the ONNX steps
 
@@ -190,7 +196,8 @@ def export_version(req: ExportRequest) -> ExportResult:
             "savedmodel_raw": savedmodel_raw_predictor(stage),
             "serving_transform": serving_predictor(spec, backends["onnxruntime"]),
         }
-        report[RAW_SIGNATURE] = run_raw_gate(spec, raw_rows, raw_groups, raw_backends, req.parity_tol)
+        with trace_stage("raw_parity"):
+            report[RAW_SIGNATURE] = run_raw_gate(spec, raw_rows, raw_groups, raw_backends, req.parity_tol)
         warm_raw = (raw_rows[0][: max(WARMUP_BATCHES)], raw_rows[1][: max(WARMUP_BATCHES)])
         raw_expected = raw_backends["python"](*warm_raw)  # the load gate's expected scores
 
@@ -229,7 +236,8 @@ def export_version(req: ExportRequest) -> ExportResult:
             quality_gate=quality,
         )
         write_manifest(stage / MANIFEST_PATH, manifest)
-        final = repo.publish(stage, version)
+        with trace_stage("publish", version=version):
+            final = repo.publish(stage, version)
     repo.write_triton_config(width, INPUT_NAME, OUTPUT_NAME)
     removed = repo.retain(req.keep, protect=version) if req.keep else []
     return ExportResult(version, final, time.perf_counter() - started, report, removed, quality)

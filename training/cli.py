@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
 from ctr_model.net import ACTIVATIONS
+from training import stage_trace
 from training.config import LOADERS, TrainConfig
 from training.errors import TrainingError
 from training.runtime.speed import ADAM_IMPLS
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     from training.train import run_training  # heavy imports after argument checks (fast --help)
 
     try:
-        run_training(cfg)
+        with stage_trace.run("training"):  # a span per stage with the OTEL_* variables (stage_trace.py)
+            run_training(cfg)
     except (TrainingError, OSError) as e:
         return _user_error(e, 1)
     return 0

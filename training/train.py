@@ -32,6 +32,7 @@ from training.model.lightning_module import CTRModule
 from training.model.warm_start import load_warm_start
 from training.runtime.malloc import keep_freed_memory, return_large_blocks, step_tensor_bytes
 from training.runtime.speed import SpeedSettings
+from training.stage_trace import stage as trace_stage
 from training.synth import oracle_paths
 
 VAL_FEATURES_ROWS = 10_000
@@ -84,7 +85,8 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         say(
             f"warm start from {warm.source}: its weights and its frozen feature spec (width {warm.spec.width})"
         )
-    data = load_inputs(cfg, warm.spec if warm else None, say)
+    with trace_stage("prepare"):
+        data = load_inputs(cfg, warm.spec if warm else None, say)
     say(
         f"features: {data.rows('train')} train / {data.rows('val')} val rows -> float32 [N, {data.spec.width}] in {time.perf_counter() - t0:.1f}s"
     )
@@ -147,12 +149,13 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         warnings.filterwarnings(
             "ignore", message=".*LeafSpec.*is deprecated.*"
         )  # inside Lightning 2.6 + torch 2.13
-        with explain_rendezvous_failures(cfg.ddp_timeout, cfg.world_size > 1):
+        with explain_rendezvous_failures(cfg.ddp_timeout, cfg.world_size > 1), trace_stage("fit"):
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
     if not trainer.is_global_zero:
         _leave_process_group()
         return None
-    metrics = _final_metrics(cfg, data, trainer, throughput, best)
+    with trace_stage("evaluate"):
+        metrics = _final_metrics(cfg, data, trainer, throughput, best)
     metrics["speed"] = speed.to_dict()
     for governor in speed_callbacks:
         metrics["speed"]["thread_governor"] = governor.summary()

@@ -153,8 +153,16 @@ def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[
     """Start a request's span under the caller's `traceparent` (malformed or absent: a new trace).
 
     Returns (span, token for end(), the traceparent to answer with). Only a sampled span is made the
-    current one, so an unsampled request records no children at all.
+    current one, so an unsampled request records no children at all; most requests are not sampled, and
+    those never reach the SDK (span None).
     """
+    unsampled = _state["unsampled"]
+    if unsampled is not None:
+        answer = unsampled(
+            traceparent.encode("latin-1") if isinstance(traceparent, str) else traceparent or b""
+        )
+        if answer is not None:
+            return None, None, answer
     span = _state["begin"](name, traceparent, entrypoint)
     ctx = span.get_span_context()
     answer = b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
@@ -163,6 +171,8 @@ def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[
 
 def end(span: Any, token: Any, error: str | None = None) -> None:
     """End the request's span (started by begin) and restore the current span before it."""
+    if span is None:
+        return
     if token is not None:
         _CURRENT.reset(token)
         if error is not None and "ctr.status" not in (span.attributes or {}):  # the predictor's code first

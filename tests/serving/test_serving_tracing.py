@@ -296,3 +296,38 @@ def test_which_settings_turn_tracing_on(tmp_path) -> None:
         bad.write_text(text)
         with pytest.raises(ValueError, match=re.escape(message)):
             read_config(bad)
+
+
+def test_the_fast_sampling_decision_is_the_sdks() -> None:
+    """Unsampled requests never reach the SDK: the decision made without it must be ParentBased(ratio)'s."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from serving.observability.tracing_sdk import unsampled_answer
+
+    never = unsampled_answer(0.0)
+    span = "00f067aa0ba902b7"
+    for header in (
+        f"00-{CLIENT_TRACE}-{span}-01",
+        f"00-{CLIENT_TRACE}-{span}-00",
+        f"00-{CLIENT_TRACE}-{span}-03",
+        f"01-{CLIENT_TRACE}-{span}-01-future",
+        f"00-{CLIENT_TRACE}-{span}-01-extra",
+        f"00-{CLIENT_TRACE.upper()}-{span}-01",
+        f"ff-{CLIENT_TRACE}-{span}-01",
+        f"00-{'0' * 32}-{span}-01",
+        f"00-{CLIENT_TRACE}-{'0' * 16}-01",
+        "garbage",
+        "",
+    ):
+        parent = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": header}))
+        context = parent.get_span_context()
+        answer = never(header.encode())
+        if context.is_valid and context.trace_flags.sampled:
+            assert answer is None, header  # the SDK records it, following its parent
+        else:
+            assert answer is not None and answer.endswith(b"-00"), header
+            assert (answer[3:35].decode() == CLIENT_TRACE) == context.is_valid, (header, answer)
+    quarter = unsampled_answer(0.25)
+    sampled = sum(quarter(b"") is None for _ in range(20_000))
+    assert 4_500 < sampled < 5_500  # roots at the ratio
