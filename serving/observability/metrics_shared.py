@@ -24,6 +24,7 @@ import fcntl
 import functools
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -36,6 +37,7 @@ SUM_SLOT = "sum"  # slot of a histogram's sum; its buckets are slots 0..len(boun
 VALUE_SLOT = ""  # slot of a counter's or gauge's value
 GAUGE_MODES: dict[str, Callable[[Iterable[float]], float]] = {"livesum": sum, "max": max}
 DEAD_TOTALS = "totals_dead.db"  # the exited workers' totals, folded; matches the totals_*.db of a scrape
+FOLD_WAIT_S = 2.0  # the parent waits this long at most for the scrapes to let it fold (it has workers to run)
 
 Sample = tuple[str, tuple[str, ...], int | str]  # (metric name, label values, slot)
 
@@ -138,11 +140,26 @@ def read_samples(paths: Iterable[Path]) -> dict[Sample, list[float]]:
 
 
 @contextlib.contextmanager
-def directory_lock(directory: Path, exclusive: bool) -> Iterator[None]:
-    """flock(2) on the directory itself: exclusive for a fold, shared for a scrape's reads."""
+def directory_lock(directory: Path, exclusive: bool, wait_s: float | None = None) -> Iterator[None]:
+    """flock(2) on the directory itself: exclusive for a fold, shared for a scrape's reads.
+
+    `wait_s`: give up with TimeoutError after that long (None: wait as long as it takes).
+    """
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        if wait_s is None:
+            fcntl.flock(fd, mode)
+        else:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{directory} stayed locked for {wait_s:g} s") from None
+                    time.sleep(0.005)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -154,14 +171,16 @@ def _max_in_totals() -> frozenset[str]:
     return frozenset({ServingMetrics().model_stats.last_inference.name})
 
 
-def fold_totals(directory: Path, pid: int) -> bool:
+def fold_totals(directory: Path, pid: int, wait_s: float = FOLD_WAIT_S) -> bool:
     """Fold the totals of the exited worker `pid` into totals_dead.db and remove its file.
 
     Run by the parent once the worker is reaped (nothing writes the file any more). Counters and buckets
     add up, the totals' gauges keep their maximum. Returns False when the worker left no totals.
+    TimeoutError when a scrape holds the directory for `wait_s` (a stopped worker): the file is kept, and
+    every scrape still counts it.
     """
     source = directory / f"totals_{pid}.db"
-    with directory_lock(directory, exclusive=True):
+    with directory_lock(directory, exclusive=True, wait_s=wait_s):
         try:
             entries = MmapedDict.read_all_values_from_file(str(source))
         except FileNotFoundError:

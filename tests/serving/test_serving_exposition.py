@@ -32,7 +32,12 @@ from ctr_contract.repository import DRIFT_REFERENCE_PATH
 from export.publish.drift_reference import build_reference
 from serving.observability.drift import FLUSH_S
 from serving.observability.metrics import ServingMetrics
-from serving.observability.metrics_shared import DEAD_TOTALS, SharedServingMetrics, fold_totals
+from serving.observability.metrics_shared import (
+    DEAD_TOTALS,
+    SharedServingMetrics,
+    directory_lock,
+    fold_totals,
+)
 from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import WIDTH, write_manifest
 from tests.serving.server_process import ServerProcess, http
@@ -247,6 +252,20 @@ def test_folding_exited_workers_keeps_every_total_and_one_file(tmp_path: Path) -
     assert stats_before[("ctr", "1")]["last_inference"] == 4
     own = {f"totals_{os.getpid()}.db", f"live_{os.getpid()}.db"}
     assert {p.name for p in tmp_path.iterdir()} == {DEAD_TOTALS, *own}
+
+
+def test_a_fold_that_cannot_lock_keeps_the_file_and_its_totals(tmp_path: Path) -> None:
+    pid = run_worker(tmp_path, 3)
+    scraper = SharedServingMetrics(tmp_path)
+    before = parse(scraper.render())
+    with directory_lock(tmp_path, exclusive=False):  # a scrape that never ends (a stopped worker)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"stayed locked for 0\.2 s"):
+            fold_totals(tmp_path, pid, wait_s=0.2)
+        assert time.monotonic() - started < 5
+    assert (tmp_path / f"totals_{pid}.db").exists() and not (tmp_path / DEAD_TOTALS).exists()
+    assert parse(scraper.render()) == before
+    assert fold_totals(tmp_path, pid) and parse(scraper.render()) == before
 
 
 def metrics_files(directory: Path, workers: set[int]) -> set[str]:
