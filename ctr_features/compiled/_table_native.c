@@ -19,6 +19,39 @@
 
 #define N_NUM 13
 #define N_CAT 26
+#define MAX_WIDTH (1 << 20) /* a row's features: far above any spec's, and n * width * 4 stays checked */
+
+/* a * b, or 0 (an OverflowError set) when it exceeds PY_SSIZE_T_MAX; a, b >= 0. */
+static int mul_size(Py_ssize_t a, Py_ssize_t b, Py_ssize_t *out, const char *what) {
+    if (b && a > PY_SSIZE_T_MAX / b) {
+        PyErr_Format(PyExc_OverflowError, "%s is too large", what);
+        return 0;
+    }
+    *out = a * b;
+    return 1;
+}
+
+/* Loads from buffers `y*` accepts at any alignment (a memoryview slice): memcpy, one load on x86. */
+static inline uint64_t load_u64(const char *p, Py_ssize_t i) {
+    uint64_t v;
+    memcpy(&v, p + i * 8, 8);
+    return v;
+}
+static inline int32_t load_i32(const char *p, Py_ssize_t i) {
+    int32_t v;
+    memcpy(&v, p + i * 4, 4);
+    return v;
+}
+static inline float load_f32(const char *p, Py_ssize_t i) {
+    float v;
+    memcpy(&v, p + i * 4, 4);
+    return v;
+}
+static inline double load_f64(const char *p, Py_ssize_t i) {
+    double v;
+    memcpy(&v, p + i * 8, 8);
+    return v;
+}
 
 /* ---- 1. the few-row transform ---- */
 
@@ -55,7 +88,8 @@ static void table_free(PyObject *capsule) {
     PyMem_Free(t);
 }
 
-/* table(key, code, salts, shift, default, lift, column, width) -> a capsule: the arrays checked and copied. */
+/* table(key, code, salts, shift, default, lift, column, width) -> a capsule: the arrays checked and copied
+ * (at any alignment), the width from 2 * N_NUM + N_CAT + 1 to MAX_WIDTH. */
 static PyObject *table(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer key, code, salts, lift, column;
@@ -71,27 +105,31 @@ static PyObject *table(PyObject *self, PyObject *args) {
         bad = "the key table must hold 2**(64 - shift) uint64";
     else if (code.len != slots * 4) bad = "one int32 code per slot";
     else if (salts.len != N_CAT * 8) bad = "one uint64 salt per categorical field";
-    else if (column.len != lift.len || entries < 1) bad = "one float32 lift and one int32 column per entry";
+    else if (column.len != lift.len || lift.len % 4 || entries < 1)
+        bad = "one float32 lift and one int32 column per entry";
+    else if (width <= 2 * N_NUM + N_CAT || width > MAX_WIDTH) bad = "the width must be from 53 to 1048576";
     if (!bad) {
-        const int32_t *c = code.buf, *col = column.buf;
+        const char *c = code.buf, *col = column.buf;
         for (Py_ssize_t i = 0; i < slots && !bad; i++)
-            if (c[i] < 0 || c[i] >= entries) bad = "a code is not an entry";
+            if (load_i32(c, i) < 0 || load_i32(c, i) >= entries) bad = "a code is not an entry";
         for (Py_ssize_t i = 0; i < entries && !bad; i++)
-            if (col[i] < 2 * N_NUM + N_CAT || col[i] >= width) bad = "a column is not a bucket column";
+            if (load_i32(col, i) < 2 * N_NUM + N_CAT || load_i32(col, i) >= width)
+                bad = "a column is not a bucket column";
         if (missing < 0 || missing >= entries) bad = "the default is not an entry";
     }
     Table *t = NULL;
     if (bad) {
         PyErr_SetString(PyExc_ValueError, bad);
+    } else if (slots > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Slot) ||
+               entries > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(Entry)) {
+        PyErr_SetString(PyExc_OverflowError, "the table is too large");
     } else if (!(t = PyMem_Calloc(1, sizeof(Table))) || !(t->slot = PyMem_Malloc((size_t)slots * sizeof(Slot))) ||
                !(t->entry = PyMem_Malloc((size_t)entries * sizeof(Entry)))) {
         PyErr_NoMemory();
     } else {
-        const uint64_t *k = key.buf;
-        const int32_t *c = code.buf, *col = column.buf;
-        const float *l = lift.buf;
-        for (Py_ssize_t i = 0; i < slots; i++) t->slot[i] = (Slot){k[i], c[i], 0};
-        for (Py_ssize_t i = 0; i < entries; i++) t->entry[i] = (Entry){l[i], col[i]};
+        const char *k = key.buf, *c = code.buf, *col = column.buf, *l = lift.buf;
+        for (Py_ssize_t i = 0; i < slots; i++) t->slot[i] = (Slot){load_u64(k, i), load_i32(c, i), 0};
+        for (Py_ssize_t i = 0; i < entries; i++) t->entry[i] = (Entry){load_f32(l, i), load_i32(col, i)};
         memcpy(t->salt, salts.buf, sizeof t->salt);
         t->shift = shift;
         t->missing = missing;
@@ -123,37 +161,49 @@ static inline int32_t lookup(const Table *t, uint64_t key, int field) {
 
 /* rows(table, z, counts, keys, n) -> (features, entries), or None when a present count has no z-score.
  *
- * z: 13 * n floats or None, field-major (the cached z-score of each count; None: not cached);
- * counts: float64 (13, n); keys: uint64 (26, n), every value keyed. A count without a z-score is missing when
- * it is NaN (z 0, missing flag 1), else the caller's numpy transform must run (None). Returns the float32
- * (n, width) features and the int32 (n, 26) entries (row-major: each row's contiguous, for drift) in bytearrays. */
+ * z: a list of 13 * n floats or None, field-major (the cached z-score of each count; None: not cached), read
+ * from a tuple copy (an item's __float__ may change the list, not the copy); counts: float64 (13, n); keys:
+ * uint64 (26, n), every value keyed, at any alignment. A count without a z-score is missing when it is NaN
+ * (z 0, missing flag 1), else the caller's numpy transform must run (None). Every size is checked against
+ * PY_SSIZE_T_MAX (an OverflowError). Returns the float32 (n, width) features and the int32 (n, 26) entries
+ * (row-major: each row's contiguous, for drift) in bytearrays. */
 static PyObject *rows(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *capsule, *z;
+    PyObject *capsule, *list;
     Py_buffer counts, keys;
     Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "OO!y*y*n", &capsule, &PyList_Type, &z, &counts, &keys, &n)) return NULL;
-    PyObject *result = NULL, *features = NULL, *entries = NULL;
+    if (!PyArg_ParseTuple(args, "OO!y*y*n", &capsule, &PyList_Type, &list, &counts, &keys, &n)) return NULL;
+    PyObject *result = NULL, *features = NULL, *entries = NULL, *z = NULL;
+    Py_ssize_t n_num, n_cat, cells, size;
     Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
     if (!t) goto done;
-    if (n < 1 || PyList_GET_SIZE(z) != N_NUM * n || counts.len != N_NUM * n * 8 || keys.len != N_CAT * n * 8) {
+    if (n < 1) {
         PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
         goto done;
     }
-    features = PyByteArray_FromStringAndSize(NULL, n * t->width * 4);
-    entries = PyByteArray_FromStringAndSize(NULL, N_CAT * n * 4);
+    if (!mul_size(n, N_CAT * 8, &size, "n") || !mul_size(n, t->width * 4, &size, "n * width")) goto done;
+    n_num = N_NUM * n;
+    n_cat = N_CAT * n;
+    cells = n * t->width;
+    if (PyList_GET_SIZE(list) != n_num || counts.len != n_num * 8 || keys.len != n_cat * 8) {
+        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
+        goto done;
+    }
+    if (!(z = PyList_AsTuple(list))) goto done; /* strong references: __float__ cannot free them */
+    features = PyByteArray_FromStringAndSize(NULL, cells * 4);
+    entries = PyByteArray_FromStringAndSize(NULL, n_cat * 4);
     if (!features || !entries) goto done;
     float *out = (float *)PyByteArray_AS_STRING(features);
     int32_t *found = (int32_t *)PyByteArray_AS_STRING(entries);
-    const double *x = counts.buf;
-    const uint64_t *k = keys.buf;
-    memset(out, 0, (size_t)(n * t->width) * 4);
+    const char *x = counts.buf, *k = keys.buf;
+    memset(out, 0, (size_t)cells * 4);
     for (Py_ssize_t j = 0; j < N_NUM; j++) {
         for (Py_ssize_t r = 0; r < n; r++) {
-            PyObject *v = PyList_GET_ITEM(z, j * n + r);
+            PyObject *v = PyTuple_GET_ITEM(z, j * n + r);
             float *row = out + r * t->width;
             if (v == Py_None) {
-                if (x[j * n + r] == x[j * n + r]) { /* present, not cached: numpy's turn */
+                double c = load_f64(x, j * n + r);
+                if (c == c) { /* present, not cached: numpy's turn */
                     result = Py_NewRef(Py_None);
                     goto done;
                 }
@@ -167,7 +217,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     }
     for (int f = 0; f < N_CAT; f++) {
         for (Py_ssize_t r = 0; r < n; r++) {
-            int32_t e = lookup(t, k[f * n + r], f);
+            int32_t e = lookup(t, load_u64(k, f * n + r), f);
             float *row = out + r * t->width;
             found[r * N_CAT + f] = e; /* row-major: a row's 26 are contiguous */
             row[2 * N_NUM + f] = t->entry[e].lift;
@@ -176,6 +226,7 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     }
     result = Py_BuildValue("OO", features, entries);
 done:
+    Py_XDECREF(z);
     Py_XDECREF(features);
     Py_XDECREF(entries);
     PyBuffer_Release(&counts);
@@ -194,8 +245,9 @@ static PyObject *keys(PyObject *self, PyObject *values) {
         PyErr_SetString(PyExc_TypeError, "keys() takes a list of str");
         return NULL;
     }
-    Py_ssize_t m = PyList_GET_SIZE(values);
-    PyObject *out = PyByteArray_FromStringAndSize(NULL, m * 8);
+    Py_ssize_t m = PyList_GET_SIZE(values), size;
+    if (!mul_size(m, 8, &size, "the list")) return NULL;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, size);
     if (!out) return NULL;
     uint64_t *key = (uint64_t *)PyByteArray_AS_STRING(out);
     for (Py_ssize_t i = 0; i < m; i++) {

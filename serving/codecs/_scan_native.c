@@ -169,7 +169,11 @@ static int categorical(Scan *s, uint64_t *out) {
     return 1;
 }
 
+/* Sizes of n rows never pass PY_SSIZE_T_MAX: a larger one is a failed allocation (a MemoryError). */
+#define MAX_CELLS (PY_SSIZE_T_MAX / (N_CAT * 8))
+
 static int grow(Scan *s) {
+    if (s->cap > MAX_CELLS / 2) return 0;
     Py_ssize_t cap = s->cap ? 2 * s->cap : 128;
     double *num = PyMem_RawRealloc(s->num, (size_t)cap * N_NUM * sizeof(double));
     if (!num) return 0;
@@ -224,6 +228,10 @@ static Py_ssize_t column(Scan *s, int f, uint64_t **tmp, Py_ssize_t *cap) {
     do {
         if (m == s->max_rows) return -1;
         if (m == *cap) {
+            if (*cap > MAX_CELLS / 2) {
+                s->nomem = 1;
+                return -1;
+            }
             Py_ssize_t grown = *cap ? 2 * *cap : 128;
             uint64_t *more = PyMem_RawRealloc(*tmp, (size_t)grown * 8);
             if (!more) {
@@ -262,7 +270,7 @@ static int inputs(Scan *s) {
         Py_ssize_t m = column(s, f, &tmp, &cap);
         if (m < 0 || (n >= 0 && m != n)) goto done; /* another length: the exact path names them */
         if (n < 0) {
-            n = m;
+            n = m; /* m <= s->cap <= MAX_CELLS: n * 26 * 8 fits */
             s->num = PyMem_RawMalloc((size_t)(n ? n : 1) * N_NUM * sizeof(double));
             s->key = PyMem_RawMalloc((size_t)(n ? n : 1) * N_CAT * sizeof(uint64_t));
             if (!s->num || !s->key) {
@@ -272,6 +280,7 @@ static int inputs(Scan *s) {
             for (Py_ssize_t i = 0; i < n * N_NUM; i++) s->num[i] = NAN;
             for (Py_ssize_t i = 0; i < n * N_CAT; i++) s->key[i] = RAW_EMPTY_KEY;
         }
+        if (n == 0) continue; /* an empty column: nothing to copy (tmp is NULL) */
         if (f < N_NUM) memcpy(s->num + (Py_ssize_t)f * n, tmp, (size_t)n * 8);
         else memcpy(s->key + (Py_ssize_t)(f - N_NUM) * n, tmp, (size_t)n * 8);
     } while (eat(s, ','));
