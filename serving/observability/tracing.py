@@ -206,20 +206,14 @@ def status(span: Any, code: str) -> None:
 
 
 def child(parent: Any, name: str, start_s: float, end_s: float | None = None, **attributes: Any) -> Any:
-    """Record a finished child span of `parent` from perf_counter stamps (end: now); returns it."""
+    """Record a finished child span of `parent` (a span, or what child() and batch() return) from
+    perf_counter stamps (end: now); returns its context, to be the parent of others."""
     end_ns = time.perf_counter_ns() if end_s is None else int(end_s * 1e9)
-    span = _state["child"](parent, name, _OFFSET_NS + int(start_s * 1e9), attributes or None, None)
-    span.end(end_time=_OFFSET_NS + end_ns)
-    return span
+    start_ns = _OFFSET_NS + int(start_s * 1e9)
+    return _state["record"](parent, name, start_ns, _OFFSET_NS + end_ns, attributes, ())
 
 
-def batch(parents: list[Any], start_s: float, rows: int) -> Any:
-    """Start the span of one model call: the child of the first traced request, linked to each of them."""
-    return _state["child"](
-        parents[0], "batch", _OFFSET_NS + int(start_s * 1e9), {"ctr.batch_size": rows}, parents
-    )
-
-
-def finish(span: Any, end_s: float | None = None) -> None:
-    """End a span started by batch() (end: now)."""
-    span.end(end_time=_OFFSET_NS + (time.perf_counter_ns() if end_s is None else int(end_s * 1e9)))
+def batch(parents: list[Any], start_s: float, end_s: float, rows: int) -> Any:
+    """Record the span of one model call: the child of the first traced request, linked to each of them."""
+    start_ns, end_ns = _OFFSET_NS + int(start_s * 1e9), _OFFSET_NS + int(end_s * 1e9)
+    return _state["record"](parents[0], "batch", start_ns, end_ns, {"ctr.batch_size": rows}, parents)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from random import getrandbits
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -27,7 +26,8 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     _get_from_env_or_default,
 )
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 QUIET_LOGGERS = (
@@ -187,12 +187,10 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     resource = Resource.create({"service.name": settings["service_name"]})
     ratio = _ratio(settings["sample_ratio"])
     provider = TracerProvider(sampler=_sampler(ratio), resource=resource)
-    provider.add_span_processor(
-        _DroppingProcessor(_CountingExporter(exporter, on_drop), on_drop, **batch_options)
-    )
+    provider_processor = _DroppingProcessor(_CountingExporter(exporter, on_drop), on_drop, **batch_options)
+    provider.add_span_processor(provider_processor)
     tracer = provider.get_tracer("ctr-serving")
     propagator = TraceContextTextMapPropagator()
-    set_span_in_context = trace.set_span_in_context
 
     def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> Any:
         context: Context | None = None
@@ -204,11 +202,28 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
             name, context=context, kind=SpanKind.SERVER, attributes={"ctr.entrypoint": entrypoint}
         )
 
-    def child(parent: Any, name: str, start_ns: int, attributes: Any, linked: Any) -> Any:
-        links = None if linked is None else [Link(s.get_span_context()) for s in linked]
-        return tracer.start_span(
-            name, context=set_span_in_context(parent), start_time=start_ns, attributes=attributes, links=links
+    # The children are finished when they are made (from timestamps taken on the way): built as the
+    # ReadableSpan the processor gets, they skip the SDK's live-span machinery (a fifth of the cost).
+    scope, processor = InstrumentationScope("ctr-serving"), provider_processor
+
+    def record(parent: Any, name: str, start_ns: int, end_ns: int, attributes: Any, linked: Any) -> Any:
+        up = parent if isinstance(parent, SpanContext) else parent.get_span_context()
+        context = SpanContext(up.trace_id, getrandbits(64) or 1, False, up.trace_flags)
+        links = [Link(s.get_span_context()) for s in linked] if linked else ()
+        span = ReadableSpan(
+            name=name,
+            context=context,
+            parent=up,
+            resource=resource,
+            attributes=attributes,
+            links=links,
+            kind=SpanKind.INTERNAL,
+            instrumentation_scope=scope,
+            start_time=start_ns,
+            end_time=end_ns,
         )
+        processor.on_end(span)
+        return context
 
     def set_error(span: Any, code: str) -> None:
         span.set_status(Status(StatusCode.ERROR, code))
@@ -216,7 +231,7 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     return {
         "provider": provider,
         "begin": begin,
-        "child": child,
+        "record": record,
         "set_error": set_error,
         "unsampled": None if ratio is None else unsampled_answer(ratio),
         "protocol": protocol,

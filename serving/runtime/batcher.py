@@ -210,11 +210,10 @@ class DynamicBatcher:
 
 def _trace_batch(spans: list[Any], started: float, prepared: float | None, ran: float, rows: int) -> None:
     """The batch's span (linked to each traced request) with its transform and model run as children."""
-    span = tracing.batch(spans, started, rows)
+    span = tracing.batch(spans, started, ran, rows)
     if prepared is not None:
         tracing.child(span, "transform", started, prepared)
     tracing.child(span, "model_run", prepared or started, ran)
-    tracing.finish(span, ran)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
