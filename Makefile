@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean
+.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean fuzz
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -96,6 +96,24 @@ bench-http: $(STAMP) sysdeps ## HTTP layer: ours vs uvicorn vs granian under loa
 bench-compare: $(STAMP) ## Compare two bench runs: make bench-compare A=dir B=dir
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make bench-compare A=bench/results/<run1> B=bench/results/<run2>" >&2; exit 2; }
 	$(PY) -m bench.compare $(A) $(B)
+
+# The native code under ASan + UBSan with atheris (fuzz/run.py): Debian's clang and its sanitizer runtime
+# (installed here when missing), the extensions built into build/fuzz/lib (the in-place ones untouched), the
+# regression corpus (fuzz/corpus/) replayed, then FUZZ_SECONDS of coverage-guided fuzzing a target.
+FUZZ_SECONDS ?= 60
+FUZZ_LIB     := build/fuzz/lib
+FUZZ_CFLAGS  := -fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=all -g -O1 -fno-omit-frame-pointer -fPIC -shared
+fuzz: $(STAMP) ## Fuzz scan, keys, table, rows and scan-vs-exact under ASan + UBSan (FUZZ_SECONDS=60 a target; corpus replayed first)
+	@if ! command -v clang >/dev/null || [ ! -e "$$(clang -print-file-name=libclang_rt.asan-x86_64.so)" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang libclang-rt-dev >/dev/null; \
+	  else echo "fuzz: run 'sudo apt-get install clang libclang-rt-dev' first" >&2; exit 1; fi; fi
+	$(PIP) install -q -r fuzz/requirements.txt
+	mkdir -p $(FUZZ_LIB)/ctr_features/compiled $(FUZZ_LIB)/serving/codecs
+	clang $(FUZZ_CFLAGS) -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+	  ctr_features/compiled/_table_native.c -o $(FUZZ_LIB)/ctr_features/compiled/_table_native.so
+	clang $(FUZZ_CFLAGS) -I"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" -Ictr_features/compiled \
+	  serving/codecs/_scan_native.c -o $(FUZZ_LIB)/serving/codecs/_scan_native.so
+	$(PY) fuzz/run.py --lib $(FUZZ_LIB) --seconds $(FUZZ_SECONDS)
 
 clean: ## Remove generated data, runs and models (keeps .venv)
 	rm -rf artifacts bench/results .pytest_cache .mypy_cache .ruff_cache
