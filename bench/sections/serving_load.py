@@ -2,7 +2,8 @@
 
 Same machine, same load generator (wrk, POST through a Lua script), single-instance requests at 1, 8 and 64
 connections, the servers measured in interleaved rounds; then 100-instance requests against our server, as
-128-float vectors and as raw Criteo rows (the ranking rows).
+128-float vectors and as raw Criteo rows (the ranking rows); then what OpenTelemetry tracing costs our server
+at 64 connections: off, 1% and 100% sampling (bench/sections/serving_tracing.py), interleaved in its own rounds.
 Every server gets 1 worker process and 1 intra-op thread; each one's RSS (whole process group) is taken after
 the load. TorchServe gets the same JSON body on its own predictions API (see `bench.peers.torchserve_server`).
 Called by `make bench` (`bench.section_runner`).
@@ -29,6 +30,7 @@ from bench.harness.servers import (
     write_wrk_script,
 )
 from bench.peers.torchserve_server import REQUEST_API as TS_REQUEST_API
+from bench.sections import serving_tracing
 from ctr_contract.repository import RAW_ONNX_MODEL
 
 # Run by path with .venv-kserve's python (importing it here would need kserve in this venv).
@@ -213,6 +215,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         rss_mib = {s.name: procs.group_rss_mib(s.proc.pid) for s in servers if s.proc is not None}
     finally:
         procs.stop_all()
+    tracing = serving_tracing.run(rounds, seconds, base, workdir / "tracing", commands)
     return {
         "rows": list(single_rows.values()),
         **rankings,
@@ -226,6 +229,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         "request_apis": {
             s.name: TS_REQUEST_API if s.name == TORCHSERVE else f"POST {PREDICT_PATH}" for s in servers
         },
+        "tracing": tracing,
         "commands": commands,
         "notes": notes,
     }

@@ -146,9 +146,9 @@ def unsampled_answer(ratio: float) -> Callable[[bytes], bytes | None]:
     """The parent-based ratio decision without the SDK: the traceparent to answer when the request is not
     sampled (a new span id; the caller's trace, or a new one), or None when it is (the SDK then makes it).
 
-    What the SDK's ParentBased(TraceIdRatioBased(ratio)) decides, for a few hundred nanoseconds instead of
-    microseconds: a sampled parent is followed, an unsampled one too, and a root (no parent, or a malformed
-    one) is sampled when its trace id's low 64 bits are under ratio * 2^64.
+    What the SDK's ParentBased(TraceIdRatioBased(ratio)) decides, at a fraction of the SDK's cost (the
+    figures: docs/perf/tracing.md): a sampled parent is followed, an unsampled one too, and a root (no
+    parent, or a malformed one) is sampled when its trace id's low 64 bits are under ratio * 2^64.
     """
     bound = round(ratio * (TRACE_ID_LIMIT + 1))
 

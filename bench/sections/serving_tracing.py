@@ -1,0 +1,145 @@
+"""What OpenTelemetry tracing costs the server: QPS with tracing off, at 1% sampling and at 100%.
+
+Our server (batching on, 1 worker, 1 intra-op thread) three times over, measured in interleaved rounds with
+wrk at 64 connections on one 128-float instance and on one raw Criteo row: tracing off (no flag, no OTEL_*
+variable), `sample_ratio` 0.01 and 1.0. Every span goes to an OTLP receiver on 127.0.0.1 (OTLP's
+TraceService from opentelemetry-proto, in this process: it counts the spans it is sent). `before`, when
+given, is the same server from another checkout (the code before tracing), so "off" is compared with it.
+The serving section of `make bench` (bench/sections/serving_load.py) runs it; standalone:
+    python -m bench.sections.serving_tracing BASE_PATH [--rounds 5] [--seconds 4] [--before DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.harness import procs
+from bench.harness.inputs import PROJECT_ROOT
+from bench.harness.servers import Server, free_port, measure, write_lua, write_wrk_script
+
+CONNECTIONS = 64
+MIN_ROUNDS = 5  # medians of at least 5 interleaved rounds: the differences sought are a few percent
+OFF, ONE_PCT, ALL = "tracing off", "tracing 1%", "tracing 100%"
+BEFORE = "before tracing"
+
+
+class SpanSink:
+    """An OTLP/gRPC trace receiver that only counts what it gets."""
+
+    def __init__(self) -> None:
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        sink = self
+        self.spans, self._lock = 0, threading.Lock()
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> Any:
+                n = sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans)
+                with sink._lock:
+                    sink.spans += n
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self.server = grpc.server(ThreadPoolExecutor(2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(grace=None)
+
+
+def _server(name: str, base: Path, workdir: Path, tracing: Path | None, cwd: Path = PROJECT_ROOT) -> Server:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--host=127.0.0.1",
+        f"--port={free_port()}",
+        f"--rest_api_port={port}",
+        "--model_name=ctr",
+        f"--model_base_path={base}",
+        "--intra_op_threads=1",
+        "--log_level=warning",
+        "--enable_batching=true",
+        *([f"--tracing_config={tracing}"] if tracing is not None else []),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
+    return Server(name, cmd, port, cwd=cwd, env=env)
+
+
+def run(
+    rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str], before: Path | None = None
+) -> dict[str, Any]:
+    """Measure; returns {"rows": [...], "qps_loss_1pct_*", "qps_loss_100pct_*", "cpu_us_*", "off_vs_before_*",
+    "spans_received"} (* = features, raw)."""
+    from serving.app.curl_example import CRITEO_ROW
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    rounds = max(rounds, MIN_ROUNDS) if seconds >= 4 else rounds  # tiny mode (2 s points) keeps its budget
+    sink = SpanSink()
+    configs = {}
+    for name, ratio in ((ONE_PCT, 0.01), (ALL, 1.0)):
+        configs[name] = workdir / f"tracing_{int(ratio * 100)}.json"
+        configs[name].write_text(
+            json.dumps(
+                {"endpoint": f"http://127.0.0.1:{sink.port}", "protocol": "grpc", "sample_ratio": ratio}
+            )
+        )
+    servers = [_server(OFF, base, workdir, None)]
+    if before is not None:
+        servers.insert(0, _server(BEFORE, base, workdir, None, cwd=before))
+    servers += [_server(name, base, workdir, path) for name, path in configs.items()]
+    raw = write_wrk_script(workdir / "raw_single.lua", {"instances": [CRITEO_ROW]})
+    scripts = [write_lua(workdir / "single.lua", 1), raw]
+    try:
+        for server in servers:
+            server.start(workdir, commands)
+        rows = measure(servers, [(CONNECTIONS, s) for s in scripts], rounds, seconds, commands)
+    finally:
+        procs.stop_all()
+        sink.stop()
+    out: dict[str, Any] = {"rows": list(rows.values()), "spans_received": sink.spans}
+    for script in scripts:
+        qps = {k[0]: r["qps"] for k, r in rows.items() if k[2] == script.name}
+        kind = "raw" if script.name.startswith("raw") else "features"
+        out[f"cpu_us_{kind}"] = {k[0]: r.get("cpu_us") for k, r in rows.items() if k[2] == script.name}
+        out[f"qps_loss_1pct_{kind}"] = 1 - qps[ONE_PCT] / qps[OFF]
+        out[f"qps_loss_100pct_{kind}"] = 1 - qps[ALL] / qps[OFF]
+        if BEFORE in qps:
+            out[f"off_vs_before_{kind}"] = qps[OFF] / qps[BEFORE] - 1
+    return out
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", type=Path, help="the model base path (versions inside)")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds")
+    parser.add_argument("--seconds", type=int, default=4, help="seconds of wrk per point")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="a checkout of the code before tracing (default: none)"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=PROJECT_ROOT / "bench" / "results" / "serving_tracing",
+        help="logs and wrk scripts",
+    )
+    args = parser.parse_args()
+    procs.install_cleanup()
+    commands: list[str] = []
+    result = run(args.rounds, args.seconds, args.base.resolve(), args.workdir, commands, args.before)
+    print(json.dumps({**result, "commands": commands}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
