@@ -31,16 +31,17 @@ MAX_MODULES_PER_FOLDER = 12
 MIN_SUB_PACKAGES = 2
 MAX_LINES = 400
 MAX_FMT_SKIPS = 10
-# Where the repository's Python lives (the virtual environment and generated folders are not ours).
-SOURCE_ROOTS = (*OURS, "tests", "docker", "scripts")
+# Folders of the repository that are not its source: virtual environments, caches, build and run outputs.
+NOT_SOURCE = {"build", "artifacts", "results", "node_modules", "__pycache__"}
 
 
 def python_files(root: Path) -> list[Path]:
-    """The repository's own .py files: our packages, tests/, docker/, scripts/ and the top level."""
-    found = sorted(root.glob("*.py"))
-    for folder in SOURCE_ROOTS:
-        found += sorted(p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts)
-    return found
+    """The repository's own .py files, wherever they are (hidden folders, `.venv*` and `NOT_SOURCE` left out)."""
+    return sorted(
+        p
+        for p in root.rglob("*.py")
+        if not any(part.startswith(".") or part in NOT_SOURCE for part in p.relative_to(root).parts[:-1])
+    )
 
 
 def folders(root: Path, package: str) -> dict[str, list[str]]:
@@ -352,3 +353,14 @@ def test_folders_counts_each_room_apart(tmp_path: Path) -> None:
     found = folders(tmp_path, "pkg")
 
     assert {f: len(m) for f, m in found.items()} == {"pkg": 12, "pkg/room": 2}
+
+
+def test_python_files_are_the_repositorys_own(tmp_path: Path) -> None:
+    names = ["setup.py", "pkg/a.py", "fuzz/run.py", ".venv/lib/x.py", "build/fuzz/y.py", "bench/results/z.py"]
+    _write(tmp_path, {name: "" for name in names})
+
+    assert [p.relative_to(tmp_path).as_posix() for p in python_files(tmp_path)] == [
+        "fuzz/run.py",
+        "pkg/a.py",
+        "setup.py",
+    ]

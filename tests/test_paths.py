@@ -24,7 +24,7 @@ from pathlib import Path
 from tests.ast_imports import OURS, modules
 from tests.helpers import REPO_ROOT
 
-ROOTS = (*OURS, "tests", "docs", "docker", "k8s", "scripts", ".ci")
+ROOTS = (*OURS, "tests", "docs", "docker", "k8s", "scripts", "fuzz", ".ci")
 # What a run writes (gitignored): named in prose, absent from a fresh checkout.
 GENERATED = ("bench/results/",)
 GENERATED_SUFFIXES = (".so", ".pyc", ".egg-info")
