@@ -9,6 +9,7 @@ UNIMPLEMENTED. Inference goes through the same Predictor as v1.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -18,6 +19,7 @@ from google.protobuf import json_format
 from serving.codecs.v2_codec import V2Tensor, check_shape, from_bytes, from_values, to_request
 from serving.dataplane.validation import parse_version
 from serving.errors import InvalidArgument, NotFound
+from serving.observability import tracing
 from serving.observability.request_log import request_id_from
 from serving.protocols.grpc_calls import unary
 from serving.protocols.v2_models import V2Models
@@ -96,6 +98,20 @@ class InferenceServicer:
         self.models.load_or_unload("unload", request.model_name)
 
     async def model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not tracing.ACTIVE:
+            return await self._model_infer(request, context)
+        metadata = dict(context.invocation_metadata() or ())
+        span, token, answer = tracing.begin("infer", metadata.get("traceparent"), "GRPC")
+        context.set_trailing_metadata((("traceparent", answer.decode()),))
+        error: str | None = "INTERNAL"
+        try:
+            response = await self._model_infer(request, context)
+            error = None
+            return response
+        finally:
+            tracing.end(span, token, error)
+
+    async def _model_infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         predictor, signature = self.models.lookup(request.model_name)
         version = parse_version(request.model_version or None)
         tensors = decode_inputs(request)
@@ -119,6 +135,7 @@ class InferenceServicer:
         scores, servable, _ = await predictor.predict(
             predictor.manager.name, version, None, decode, "GRPC", request_id
         )
+        started = time.perf_counter()
         response = protos.ModelInferResponse(
             model_name=request.model_name, model_version=str(servable.version), id=request.id
         )
@@ -127,6 +144,9 @@ class InferenceServicer:
             name=servable.backend.signature.output_name, datatype="FP32", shape=list(scores.shape)
         )
         response.raw_output_contents.append(np.ascontiguousarray(scores, "<f4").tobytes())
+        span = tracing.current() if tracing.ACTIVE else None
+        if span is not None:
+            tracing.child(span, "encode", started)
         return response
 
 

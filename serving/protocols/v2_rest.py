@@ -19,6 +19,7 @@ limits, metrics, request log, drift).
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from serving.codecs.v2_codec import (
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, InvalidArgument, NotFound
 from serving.http.messages import RequestPath, model_route, require_method
+from serving.observability import tracing
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.v2_models import V2Models
 from serving.requests import DecodedRequest
@@ -156,7 +158,12 @@ class V2RestApp:
         binary_default = boolean_parameter(request.parameters, "binary_data_output", "parameters")
         output_name = servable.backend.signature.output_name
         binary = wanted.get(output_name, binary_default) if wanted else binary_default
-        return encode_response(v2_name, servable.version, request.id, output_name, scores, binary)
+        started = time.perf_counter()
+        answer = encode_response(v2_name, servable.version, request.id, output_name, scores, binary)
+        span = tracing.current() if tracing.ACTIVE else None
+        if span is not None:
+            tracing.child(span, "encode", started)
+        return answer
 
 
 class InferRequest:

@@ -161,6 +161,42 @@ def test_grpc_request_traceparent_in_metadata_and_back_in_trailers(traced, recei
     assert tree["predict"] == ["batch", "decode", "encode", "queue_wait"] and tree["batch"] == ["model_run"]
 
 
+def test_v2_grpc_infer_is_traced_too(traced, receiver) -> None:
+    from serving.protos import v2
+
+    trace_id = "f" * 31 + "2"
+    request = v2.RPCS["ModelInfer"][0](model_name="ctr", id="traced")
+    request.inputs.add(name="features", datatype="FP32", shape=[2, 128])
+    request.raw_input_contents.append(np.zeros((2, 128), "<f4").tobytes())
+    with grpc.insecure_channel(traced.grpc_target) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        raw, state = call.with_call(
+            request.SerializeToString(),
+            metadata=(("traceparent", f"00-{trace_id}-{CLIENT_SPAN}-01"),),
+            timeout=10,
+        )
+    assert v2.ModelInferResponse.FromString(raw).id == "traced"
+    match = TRACEPARENT.match(dict(state.trailing_metadata())["traceparent"])
+    assert match and match.group(1) == trace_id
+    spans = receiver.wait(lambda: (t := receiver.trace(trace_id)) and len(t) >= 5 and t)
+    root = next(s for s in spans if s["name"] == "infer")
+    assert root["parent_span_id"] == CLIENT_SPAN and root["attributes"]["ctr.batch_size"] == 2
+    assert _tree(spans)["infer"] == ["batch", "decode", "encode", "queue_wait"]
+
+
+def test_v2_rest_infer_is_traced_too(traced, receiver) -> None:
+    trace_id = "f" * 31 + "3"
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 128], "data": [0.5] * 128}]}
+    request = urllib.request.Request(
+        traced.url("/v2/models/ctr/infer"), data=json.dumps(body).encode(), method="POST"
+    )
+    request.add_header("traceparent", f"00-{trace_id}-{CLIENT_SPAN}-01")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200 and response.headers["traceparent"].startswith(f"00-{trace_id}-")
+    spans = receiver.wait(lambda: (t := receiver.trace(trace_id)) and len(t) >= 5 and t)
+    assert _tree(spans)["infer"] == ["batch", "decode", "encode", "queue_wait"]
+
+
 def test_a_batch_span_links_every_request_it_carries(traced, receiver, raw_base) -> None:
     parents = [f"00-{i:032x}-{CLIENT_SPAN}-01" for i in range(0xB0, 0xB6)]
     with ThreadPoolExecutor(len(parents)) as pool:
