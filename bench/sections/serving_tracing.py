@@ -6,7 +6,7 @@ variable), `sample_ratio` 0.01 and 1.0. Every span goes to an OTLP receiver on 1
 TraceService from opentelemetry-proto, in this process: it counts the spans it is sent). `before`, when
 given, is the same server from another checkout (the code before tracing), so "off" is compared with it.
 The serving section of `make bench` (bench/sections/serving_load.py) runs it; standalone:
-    python -m bench.sections.serving_tracing BASE_PATH [--rounds 5] [--seconds 4] [--before DIR]
+    python -m bench.sections.serving_tracing BASE_PATH [--rounds 6] [--seconds 4] [--before DIR]
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 
 from bench.harness import procs
 from bench.harness.inputs import PROJECT_ROOT
-from bench.harness.servers import Server, free_port, measure, write_lua, write_wrk_script
+from bench.harness.servers import Server, free_port, median_row, write_lua, write_wrk_script, wrk_point
 
 CONNECTIONS = 64
-MIN_ROUNDS = 5  # medians of at least 5 interleaved rounds: the differences sought are a few percent
+MIN_ROUNDS = 6  # medians of at least 6 interleaved rounds (3 in each order): the differences sought are small
 OFF, ONE_PCT, ALL = "tracing off", "tracing 1%", "tracing 100%"
 BEFORE = "before tracing"
 
@@ -75,6 +75,20 @@ def _server(name: str, base: Path, workdir: Path, tracing: Path | None, cwd: Pat
     return Server(name, cmd, port, cwd=cwd, env=env)
 
 
+def _alternating(
+    servers: list[Server], scripts: list[Path], rounds: int, seconds: int, commands: list[str]
+) -> dict[tuple[str, int, str], dict[str, Any]]:
+    """Interleaved rounds as bench.harness.servers.measure runs them, the servers' order reversed every other
+    round: the server measured first in a round did better often enough to matter at these differences."""
+    runs: dict[tuple[str, int, str], list[dict[str, float]]] = {}
+    for round_ in range(rounds):
+        for script in scripts:
+            for server in servers if round_ % 2 == 0 else servers[::-1]:
+                key = (server.name, CONNECTIONS, script.name)
+                runs.setdefault(key, []).append(wrk_point(server, CONNECTIONS, script, seconds, commands))
+    return {key: median_row(key[0], key[1], r) for key, r in runs.items()}
+
+
 def run(
     rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str], before: Path | None = None
 ) -> dict[str, Any]:
@@ -102,7 +116,7 @@ def run(
     try:
         for server in servers:
             server.start(workdir, commands)
-        rows = measure(servers, [(CONNECTIONS, s) for s in scripts], rounds, seconds, commands)
+        rows = _alternating(servers, scripts, rounds, seconds, commands)
     finally:
         procs.stop_all()
         sink.stop()
