@@ -137,8 +137,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", type=Path, help="the model base path (versions inside)")
-    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds")
-    parser.add_argument("--seconds", type=int, default=4, help="seconds of wrk per point")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=MIN_ROUNDS,
+        help="interleaved rounds (default: 6; at least 6 when points are 4 s or longer)",
+    )
+    parser.add_argument("--seconds", type=int, default=4, help="seconds of wrk per point (default: 4)")
     parser.add_argument(
         "--before", type=Path, default=None, help="a checkout of the code before tracing (default: none)"
     )
@@ -146,7 +151,7 @@ def main() -> None:
         "--workdir",
         type=Path,
         default=PROJECT_ROOT / "bench" / "results" / "serving_tracing",
-        help="logs and wrk scripts",
+        help="logs and wrk scripts (default: bench/results/serving_tracing)",
     )
     args = parser.parse_args()
     procs.install_cleanup()
