@@ -21,6 +21,7 @@ import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -122,9 +123,7 @@ async def _open_ports(
         # Workers name themselves in each response, so a client can tell which one answered.
         served_by = b"x-served-by-pid: %d\r\n" % os.getpid() if reuse_port else b""
         decoder.start()
-        app = RestRouter(
-            models, decoder, lambda: metrics.render() + models.drift_text() + tracing.metrics_text()
-        )
+        app = RestRouter(models, decoder, lambda: metrics.render() + models.drift_text())
         http_server = HttpServer(app, http_limits(cfg), metrics, served_by)
         await http_server.start(rest_socket, tls.ssl_context() if tls is not None else None)
         log.info("REST listening on %s:%d%s", cfg.host, cfg.rest_api_port, " (TLS)" if tls else "")
@@ -160,8 +159,13 @@ async def _worker_chores(worker: WorkerRole, metrics: SharedServingMetrics, stop
 async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
     loop = asyncio.get_running_loop()
-    tracing.setup(cfg.tracing_config)  # in each worker: the exporter's thread belongs to its process
     metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
+    # In each worker: the exporter's thread belongs to its process; its drops are counted on the event loop (the
+    # shared counters' files are written from one thread), in the counter every worker's page merges.
+    tracing.setup(
+        cfg.tracing_config,
+        on_drop=lambda n: loop.call_soon_threadsafe(partial(metrics.trace_spans_dropped.inc, amount=n)),
+    )
     # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
     # a slow disk never delays inference. Each model load gets a thread of its own (serving/repository/loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")

@@ -316,6 +316,12 @@ class ServingMetrics:
             "Sampled request log lines dropped: the queue was full (slow disk) or the write failed (full disk).",
             ("model_name",),
         )
+        # Spans the trace exporter dropped (serving/observability/tracing.py); merged over workers like the rest.
+        self.trace_spans_dropped = self._counter(
+            "ctr_serving_trace_spans_dropped_total",
+            "Spans dropped because the trace exporter's queue was full or an export failed.",
+            (),
+        )
         # The REST connections (serving/http/server.py): what slow or hostile clients cost, and what stopped them.
         self.open_connections = self._gauge(
             "ctr_serving_open_connections", "Open REST connections.", (), "livesum"

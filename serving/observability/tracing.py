@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,13 @@ def read_config(config_file: Path | None) -> dict[str, Any]:
     return settings
 
 
-def setup(config_file: Path | None, service_name: str = "ctr-serving") -> bool:
-    """Install the tracer when tracing is wanted; True when it is on. Called once per serving process."""
+def setup(
+    config_file: Path | None,
+    service_name: str = "ctr-serving",
+    on_drop: Callable[[int], object] | None = None,
+) -> bool:
+    """Install the tracer when tracing is wanted; True when it is on. Called once per serving process.
+    `on_drop(n)` counts dropped spans where the metrics page reads them (the shared counter under workers)."""
     global ACTIVE, _OFFSET_NS
     if ACTIVE or not wanted(config_file):
         return ACTIVE
@@ -98,7 +104,7 @@ def setup(config_file: Path | None, service_name: str = "ctr-serving") -> bool:
     settings = read_config(config_file)
     settings["service_name"] = settings["service_name"] or os.environ.get("OTEL_SERVICE_NAME") or service_name
     _state.update(build_tracer(settings, _dropped))
-    _state["dropped"], _state["warned_at"] = 0, -WARN_EVERY_S
+    _state["dropped"], _state["warned_at"], _state["on_drop"] = 0, -WARN_EVERY_S, on_drop
     _OFFSET_NS = time.time_ns() - time.perf_counter_ns()
     ACTIVE = True
     log.info("tracing on: OTLP %s to %s", _state["protocol"], _state["endpoint"])
@@ -120,6 +126,9 @@ def shutdown(timeout_s: float = 2.0) -> None:
 def _dropped(n: int) -> None:
     """Count `n` spans dropped (a full queue or a failed export); warn at most once a minute."""
     _state["dropped"] = _state.get("dropped", 0) + n
+    on_drop = _state.get("on_drop")
+    if on_drop is not None:
+        on_drop(n)
     now = time.monotonic()
     if now - _state.get("warned_at", -WARN_EVERY_S) >= WARN_EVERY_S:
         _state["warned_at"] = now
@@ -133,17 +142,6 @@ def _dropped(n: int) -> None:
 def dropped() -> int:
     """Spans dropped since setup."""
     return int(_state.get("dropped", 0))
-
-
-def metrics_text() -> str:
-    """The dropped-span counter for the Prometheus page; empty while tracing is off."""
-    if not ACTIVE:
-        return ""
-    name = "ctr_serving_trace_spans_dropped_total"
-    return (
-        f"# HELP {name} Spans dropped because the trace exporter's queue was full or an export failed.\n"
-        f"# TYPE {name} counter\n{name} {dropped()}\n"
-    )
 
 
 # --- the request path (called only when ACTIVE) ------------------------------------------------------------
