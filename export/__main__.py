@@ -7,10 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
-from ctr_contract import run_dir
+from ctr_contract import run_dir, stage_trace
 from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import quiet_tensorflow_import
-from export import stage_trace
 from export.errors import ExportError, InputError
 from export.gates.parity import MIN_ROWS
 from export.onnx.targets import DEFAULT_PROFILE, PROFILES, resolve_target
@@ -204,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             import tensorflow  # noqa: F401
         from export.pipeline import export_version
 
-        with stage_trace.run("export"):  # a span per stage with the OTEL_* variables (export/stage_trace.py)
+        with stage_trace.run(
+            "export"
+        ):  # a span per stage with the OTEL_* variables (ctr_contract/stage_trace.py)
             result = export_version(req)
     except (ExportError, OSError) as e:  # OSError: e.g. the disk filled up while writing the version
         print(f"export: error: {e}", file=sys.stderr)

@@ -27,6 +27,7 @@ from ctr_contract.repository import (
 )
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
+from ctr_contract.stage_trace import stage as trace_stage
 from ctr_features.compiled.onnx_graph import raw_ops
 from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
@@ -59,7 +60,6 @@ from export.publish.manifest import build_manifest, read_metrics, write_manifest
 from export.publish.repository import ModelRepository
 from export.raw_graphs import build_raw_model
 from export.request import ExportRequest
-from export.stage_trace import stage as trace_stage
 
 log = logging.getLogger(__name__)
 

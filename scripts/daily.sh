@@ -18,7 +18,7 @@ EPOCHS="${EPOCHS:-1}"                     # warm-start epochs
 DATA="${DATA:-}"                          # a day's Criteo file (e.g. from python -m pipelines.clicks --format criteo)
 TRAIN_ARGS="${TRAIN_ARGS:-}"              # extra flags for python -m training (split into words)
 EXPORT_ARGS="${EXPORT_ARGS:-}"            # extra flags for python -m export, e.g. --force
-# With the OTEL_* variables set, training and export send a span per stage (training/stage_trace.py), both
+# With the OTEL_* variables set, training and export send a span per stage (ctr_contract/stage_trace.py), both
 # under this trace context, so a day is one trace (a caller's own TRACEPARENT is kept).
 TRACEPARENT="${TRACEPARENT:-00-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')-$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')-01}"
 export TRACEPARENT

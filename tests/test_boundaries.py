@@ -59,13 +59,22 @@ def forbidden_imports(root: Path, package: str, allowed: dict[str, set[str]] = A
     return found
 
 
+# An optional extra the contract may import lazily, inside the function that needs it and guarded by ImportError:
+# the stages' span per stage (ctr_contract/stage_trace.py). At import the contract stays standard library only.
+OPTIONAL_LAZY = frozenset({"opentelemetry"})
+
+
 def non_stdlib_imports(root: Path, package: str) -> list[str]:
-    """`path:line imports target` for each import in `package` of neither the standard library nor itself."""
+    """`path:line imports target` for each import in `package` of neither the standard library nor itself
+    (a lazy import of an OPTIONAL_LAZY package excepted)."""
     return [
         f"{_where(root, path, i)} imports {i.target}"
         for name, path in modules(root, package).items()
         for i in imports(name, path)
-        if i.top != package and i.top not in sys.stdlib_module_names and i.top != "__future__"
+        if i.top != package
+        and i.top not in sys.stdlib_module_names
+        and i.top != "__future__"
+        and not (i.lazy and i.top in OPTIONAL_LAZY)
     ]
 
 

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from ctr_contract import stage_trace
 from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
 from ctr_model.net import ACTIVATIONS
-from training import stage_trace
 from training.config import LOADERS, TrainConfig
 from training.errors import TrainingError
 from training.runtime.speed import ADAM_IMPLS

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from ctr_contract import cgroup, run_dir
+from ctr_contract.stage_trace import stage as trace_stage
 from ctr_model.checkpoint import load_net
 from ctr_model.errors import CheckpointError
 from ctr_model.metrics import log_loss, roc_auc
@@ -32,7 +33,6 @@ from training.model.lightning_module import CTRModule
 from training.model.warm_start import load_warm_start
 from training.runtime.malloc import keep_freed_memory, return_large_blocks, step_tensor_bytes
 from training.runtime.speed import SpeedSettings
-from training.stage_trace import stage as trace_stage
 from training.synth import oracle_paths
 
 VAL_FEATURES_ROWS = 10_000

@@ -39,6 +39,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from ctr_contract import stage_trace
+
 log = logging.getLogger(__name__)
 
 ACTIVE = False  # True once setup() has installed a tracer: the request path tests only this
@@ -61,12 +63,7 @@ def wanted(config_file: Path | None, env: dict[str, str] | os._Environ[str] = os
     """Whether tracing is asked for: a config file, or the SDK's variables (see the module docstring)."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    if config_file is not None:
-        return True
-    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter:
-        return "otlp" in exporter.split(",")
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    return config_file is not None or stage_trace.wanted(env)
 
 
 def read_config(config_file: Path | None) -> dict[str, Any]:

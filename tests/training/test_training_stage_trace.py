@@ -1,6 +1,6 @@
 """Training and export send a span per stage to a real OTLP receiver when the OTEL_* variables say so, under
 the TRACEPARENT of the caller (scripts/daily.sh), so a day is one trace; without the variables nothing is
-imported (training/stage_trace.py, export/stage_trace.py)."""
+imported (ctr_contract/stage_trace.py, which both stages use)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.serving.otlp_receiver import OtlpReceiver
 
 DAY_TRACE, DAY_SPAN = "5" * 32, "6" * 16
 CODE = """
-from {stage}.stage_trace import run, stage
+from ctr_contract.stage_trace import run, stage
 with run("{name}", day=3):
     for s in {stages}:
         with stage(s):

@@ -1,10 +1,11 @@
-"""A span per stage of an export, when the OpenTelemetry variables ask for it (as the server reads them).
+"""A span per stage of a training run or an export, when the OpenTelemetry variables ask for it (as the server reads them).
 
 `OTEL_TRACES_EXPORTER=otlp` or an `OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT` turns it on (`OTEL_SDK_DISABLED=true`
 or `OTEL_TRACES_EXPORTER=none` keep it off); the SDK (pyproject.toml's `tracing` extra) is imported only then,
-and its absence only logs a line. `run("export")` is the run's span, the child of `TRACEPARENT` when the
+and its absence only logs a line. `run("training")` (or `run("export")`) is the run's span, the child of `TRACEPARENT` when the
 environment has one (scripts/daily.sh sets one, so training and export of a day are one trace);
-`stage("parity")` is one stage inside it. Training has the same helper for its stages (training/stage_trace.py).
+`stage("fit")` is one stage inside it. The OpenTelemetry import is lazy and optional: the contract still runs on
+the standard library alone. `wanted` is also the server's rule for the variables (serving/observability/tracing.py).
 """
 
 from __future__ import annotations
