@@ -1,10 +1,15 @@
-"""Ranking and calibration metrics in numpy: exact AUC (ties averaged) and log loss."""
+"""Ranking and calibration metrics in numpy: exact AUC (ties averaged), log loss, ECE, the calibration ratio
+and the field-level calibration error."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 _EPS = 1e-7
+ECE_BINS = 10
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -39,3 +44,97 @@ def log_loss(labels: np.ndarray, probs: np.ndarray) -> float:
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
     p = np.clip(np.asarray(probs, dtype=np.float64).reshape(-1), _EPS, 1.0 - _EPS)
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Row-weighted mean |mean(prob) - mean(label)| over `bins` equal-size bins of rows sorted by prob."""
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    _same_rows(y, p, "ECE")
+    order = np.argsort(p, kind="mergesort")
+    gaps = [
+        abs(float(p[part].mean()) - float(y[part].mean())) * len(part)
+        for part in np.array_split(order, bins)
+        if len(part)
+    ]
+    return float(sum(gaps) / len(p))
+
+
+def calibration_ratio(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean predicted ÷ observed click rate (1 = calibrated; Facebook's expected/observed clicks).
+
+    With no clicks observed it is inf when something was predicted and NaN when nothing was (0/0).
+    Raises ValueError on no rows or a length mismatch.
+    """
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    _same_rows(y, p, "the calibration ratio")
+    predicted, observed = float(p.mean()), float(y.mean())
+    if observed == 0.0:
+        return float("nan") if predicted == 0.0 else float("inf")
+    return predicted / observed
+
+
+def field_calibration_error(
+    labels: np.ndarray,
+    probs: np.ndarray,
+    categorical: np.ndarray,
+    fields: Sequence[str],
+    top: int = 10,
+    min_rows: int = 50,
+) -> dict[str, Any]:
+    """The worst field's calibration error over its most frequent values.
+
+    For each field (a column of `categorical`), its `top` values by row count that have at least `min_rows`
+    rows; per value the gap |mean prob - mean label|; the field's error is the row-weighted mean gap.
+
+    Args:
+        labels, probs: (N,) clicks and predicted probabilities.
+        categorical: (N, len(fields)) raw values of any dtype (None counts as the empty string).
+        fields: the column names, e.g. ctr_contract.schema.CATEGORICAL_FIELDS.
+    Returns:
+        {"field", "value_error", "worst_value" (the field's value with the largest gap), "rows" (the rows of
+        the values measured)} of the field with the largest error.
+    Raises:
+        ValueError: on mismatched shapes, or when no field has a value with `min_rows` rows.
+    """
+    y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    _same_rows(y, p, "the field calibration error")
+    cat = np.asarray(categorical)
+    if cat.ndim != 2 or cat.shape != (len(y), len(fields)):
+        raise ValueError(f"categorical must be (rows, fields) = ({len(y)}, {len(fields)}), got {cat.shape}")
+    if top < 1 or min_rows < 1:
+        raise ValueError(f"top and min_rows must be >= 1, got top={top}, min_rows={min_rows}")
+    worst: dict[str, Any] | None = None
+    largest = 0
+    for j, field in enumerate(fields):
+        col = cat[:, j]
+        if col.dtype == object:
+            col = np.asarray(["" if v is None else str(v) for v in col.tolist()])
+        values, inverse, counts = np.unique(col, return_inverse=True, return_counts=True)
+        largest = max(largest, int(counts.max()))
+        chosen = [k for k in np.argsort(-counts, kind="stable")[:top] if counts[k] >= min_rows]
+        if not chosen:
+            continue
+        n = counts[chosen].astype(np.float64)
+        gaps = np.abs(
+            np.bincount(inverse, weights=p)[chosen] / n - np.bincount(inverse, weights=y)[chosen] / n
+        )
+        error = float((gaps * n).sum() / n.sum())
+        if worst is None or error > worst["value_error"]:
+            value = values[chosen[int(np.argmax(gaps))]]
+            worst = {"field": field, "value_error": error, "worst_value": str(value), "rows": int(n.sum())}
+    if worst is None:
+        raise ValueError(
+            f"no categorical field has a value with {min_rows} rows among {len(y)} rows "
+            f"(the most frequent value has {largest}); the field calibration error needs more rows"
+        )
+    return worst
+
+
+def _same_rows(y: np.ndarray, p: np.ndarray, what: str) -> None:
+    if y.shape != p.shape:
+        raise ValueError(f"labels and probabilities differ in length: {y.shape[0]} vs {p.shape[0]}")
+    if y.size == 0:
+        raise ValueError(f"{what} needs at least one row, got none")
