@@ -5,12 +5,13 @@ high; the exact correction in logit space is q = sigmoid(z + ln w) (= p / (p + (
 then maps q to the served ctr:
 - `platt`: ctr = sigmoid(a * (z + ln w) + b), a and b fitted by Newton's method on the log loss;
 - `isotonic`: the pool-adjacent-violators fit of the labels on q, reduced to at most 32 knots (x_k, y_k),
-  linear between them and flat outside; evaluated as ctr = y_0 + sum_k c_k * relu(q - x_k) (c_k: the slope
-  changes), i.e. only Sub, Relu, MatMul and Add in a graph;
+  linear between them and flat outside; evaluated as ctr = y_0 + sum_k s_k * (relu(q - x_k) - relu(q - x_k+1))
+  (s_k: segment k's slope), i.e. only Sub, Relu, MatMul and Add in a graph;
 - `none`: ctr = q.
 `Calibrator.apply` is the float64 numpy reference; `CalibratedNet` computes the same in float32 with the same op
-order the ONNX graph has. Slopes are capped at MAX_SLOPE, so float32 rounding stays below the 1e-5 parity
-tolerance (the error is about the slopes' total variation times float32's epsilon).
+order the ONNX graph has. Each term lies in [0, s_k * (x_k+1 - x_k)], so the sum has no cancellation; its float32
+rounding is about float32's epsilon times sum_k s_k * (1 - x_k), which the fit and the validation bound by
+MAX_SEGMENT_MASS (and each slope by MAX_SLOPE): well under the 1e-5 parity tolerance.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctr_model.calibration_fit import MAX_SLOPE, PLATT_SLOPE_RANGE, fit_isotonic_knots, fit_platt
+from ctr_model.calibration_fit import MAX_KNOTS, PLATT_SLOPE_RANGE, check_knots, fit_isotonic_knots, fit_platt
 from ctr_model.metrics import calibration_ratio, expected_calibration_error, log_loss, roc_auc
 
 METHODS = ("auto", "isotonic", "platt", "none")
@@ -32,7 +33,6 @@ FITTED_METHODS = ("isotonic", "platt", "none")  # what a Calibrator holds: auto 
 # to about +-0.06 at CTR 0.25; fewer rows make the fit and the figures that choose it mostly noise.
 MIN_CALIBRATION_ROWS = 1000
 MIN_CLASS_ROWS = 10  # positives and negatives each: every half then holds both classes (AUC, isotonic ends)
-MAX_KNOTS = 256  # the most knots a calibrator may hold; fit_calibrator's default is 32
 
 
 class CalibrationDataError(ValueError):
@@ -58,12 +58,16 @@ class Calibrator:
         """ln w: added to the logit before the calibrator (0 without downsampling)."""
         return math.log(self.negative_rate)
 
-    def hinges(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """Isotonic only: (x (K,), c (K,), y_0) with ctr = y_0 + sum_k c_k * relu(q - x_k), float64."""
+    def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Isotonic only: (lo, hi, s, y_0), float64 (K-1,) each, with
+        ctr = y_0 + sum_k s_k * (relu(q - lo_k) - relu(q - hi_k)), lo/hi the segments' ends and s their slopes.
+
+        One knot (a constant map) gives one empty segment lo = hi = x_0 with slope 0.
+        """
         x, y = np.asarray(self.knots_x, np.float64), np.asarray(self.knots_y, np.float64)
-        slopes = np.diff(y) / np.diff(x)  # (K-1,) slope of each segment
-        c = np.diff(np.concatenate(([0.0], slopes, [0.0])))  # (K,) slope changes; the last returns it to 0
-        return x, c, float(y[0])
+        if len(x) == 1:
+            return x, x.copy(), np.zeros(1), float(y[0])
+        return x[:-1], x[1:], np.diff(y) / np.diff(x), float(y[0])
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """The float64 reference: logits z, shape (N,) or (N, 1) -> ctr, the same shape."""
@@ -74,9 +78,10 @@ class Calibrator:
         q = _sigmoid(u)
         if self.method == "none":
             return q
-        x, c, y0 = self.hinges()
-        flat = q.reshape(-1, 1)  # (N, 1) - (K,) -> (N, K)
-        return (y0 + np.maximum(flat - x, 0.0) @ c).reshape(z.shape)
+        lo, hi, slopes, y0 = self.segments()
+        flat = q.reshape(-1, 1)  # (N, 1) - (K-1,) -> (N, K-1): how far q has climbed each segment
+        climbed = np.maximum(flat - lo, 0.0) - np.maximum(flat - hi, 0.0)
+        return (climbed @ slopes + y0).reshape(z.shape)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; `from_dict` reads it back exactly."""
@@ -183,7 +188,7 @@ class CalibratedNet(nn.Module):
 
 
 def calibration_head(calibrator: Calibrator) -> nn.Module:
-    """The module (z (B, 1), raw (B, 1)) -> ctr (B, 1) of one calibrator; raw = sigmoid(z), reused when w = 1."""
+    """The module (z (B, 1), raw (B, 1)) -> ctr (B, 1) of one calibrator, raw = sigmoid(z)."""
     if calibrator.method == "platt":
         return _PlattHead(calibrator)
     if calibrator.method == "isotonic":
@@ -202,7 +207,8 @@ class _RateHead(nn.Module):
         self.register_buffer("log_rate", torch.tensor([[calibrator.log_rate]], dtype=torch.float32))
 
     def forward(self, z: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(z + self.log_rate) if self.shift else raw
+        # w = 1: a Sigmoid of its own, so ctr and raw_score are two tensors (two graph outputs)
+        return torch.sigmoid(z + self.log_rate) if self.shift else torch.sigmoid(z)
 
 
 class _PlattHead(nn.Module):
@@ -222,24 +228,27 @@ class _PlattHead(nn.Module):
 
 
 class _IsotonicHead(nn.Module):
-    """ctr = y_0 + relu(q - x) @ c with q = sigmoid(z + ln w): Sub, Relu, MatMul, Add (and the q Sigmoid)."""
+    """ctr = (relu(q - lo) - relu(q - hi)) @ s + y_0 with q = sigmoid(z + ln w): Sub, Relu, MatMul, Add."""
 
-    knots: torch.Tensor  # (1, K) buffer
-    slopes: torch.Tensor  # (K, 1) buffer
+    lo: torch.Tensor  # (1, K-1) buffer
+    hi: torch.Tensor  # (1, K-1) buffer
+    slopes: torch.Tensor  # (K-1, 1) buffer
     base: torch.Tensor  # (1, 1) buffer
 
     def __init__(self, calibrator: Calibrator) -> None:
         super().__init__()
-        x, c, y0 = calibrator.hinges()
+        lo, hi, slopes, y0 = calibrator.segments()
         self.rate = _RateHead(calibrator)
-        self.register_buffer("knots", torch.tensor(x, dtype=torch.float32).reshape(1, -1))  # (1, K)
-        self.register_buffer("slopes", torch.tensor(c, dtype=torch.float32).reshape(-1, 1))  # (K, 1)
+        self.register_buffer("lo", torch.tensor(lo, dtype=torch.float32).reshape(1, -1))
+        self.register_buffer("hi", torch.tensor(hi, dtype=torch.float32).reshape(1, -1))
+        self.register_buffer("slopes", torch.tensor(slopes, dtype=torch.float32).reshape(-1, 1))
         self.register_buffer("base", torch.tensor([[y0]], dtype=torch.float32))
 
     def forward(self, z: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
         q = self.rate(z, raw)  # (B, 1)
-        hinge = torch.relu(q - self.knots)  # (B, 1) - (1, K) -> (B, K)
-        return hinge @ self.slopes + self.base  # (B, K) @ (K, 1) -> (B, 1)
+        # every term is in [0, s_k * (hi_k - lo_k)]: a sum without cancellation, so float32 stays near float64
+        climbed = torch.relu(q - self.lo) - torch.relu(q - self.hi)  # (B, 1) - (1, K-1) -> (B, K-1)
+        return climbed @ self.slopes + self.base  # (B, K-1) @ (K-1, 1) -> (B, 1)
 
 
 def _fit_one(method: str, z: np.ndarray, y: np.ndarray, w: float, max_knots: int) -> Calibrator:
@@ -331,32 +340,7 @@ def _check(c: Calibrator) -> None:
                 f"platt calibrator needs a in [{lo}, {hi}] and a finite b, got a = {c.a}, b = {c.b}"
             )
     if c.method == "isotonic":
-        _check_knots(c.knots_x, c.knots_y)
-
-
-def _check_knots(kx: tuple[float, ...], ky: tuple[float, ...]) -> None:
-    if not 1 <= len(kx) <= MAX_KNOTS or len(kx) != len(ky):
-        raise ValueError(
-            f"isotonic calibrator needs 1 to {MAX_KNOTS} knots with as many y as x, got {len(kx)} x and {len(ky)} y"
-        )
-    x, y = np.asarray(kx, np.float64), np.asarray(ky, np.float64)
-    for name, v in (("knots_x", x), ("knots_y", y)):
-        if not (np.isfinite(v).all() and (v >= 0).all() and (v <= 1).all()):
-            raise ValueError(f"isotonic {name} must lie in [0, 1], got {v.tolist()}")
-    dx, dy = np.diff(x), np.diff(y)
-    if (dx <= 0).any():
-        k = int(np.flatnonzero(dx <= 0)[0])
-        raise ValueError(f"isotonic knots_x must increase strictly, got {x[k]} then {x[k + 1]} at knot {k}")
-    if (dy < 0).any():
-        k = int(np.flatnonzero(dy < 0)[0])
-        raise ValueError(f"isotonic knots_y must not decrease, got {y[k]} then {y[k + 1]} at knot {k}")
-    steep = np.flatnonzero(dy > MAX_SLOPE * dx * (1 + 1e-9))
-    if len(steep):
-        k = int(steep[0])
-        raise ValueError(
-            f"isotonic slope {dy[k] / dx[k]:.4g} between knots {k} and {k + 1} exceeds {MAX_SLOPE} "
-            "(float32 graphs would drift from the reference)"
-        )
+        check_knots(c.knots_x, c.knots_y)
 
 
 def _number(d: dict[str, Any], key: str, default: float) -> float:
