@@ -123,7 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"early stopping: epochs without val AUC gain (default {d.patience})",
     )
     g.add_argument(
-        "--seed", type=int, default=d.seed, help=f"seed for weights and shuffling (default {d.seed})"
+        "--seed",
+        type=int,
+        default=d.seed,
+        help=f"seed for weights, shuffling and negative sampling (default {d.seed})",
+    )
+    g.add_argument(
+        "--negative-sample-rate",
+        type=float,
+        default=d.negative_sample_rate,
+        metavar="W",
+        help="train on every positive and this share of the training negatives, picked by a hash of "
+        "(row id, --seed); validation keeps every row; export corrects the probabilities by "
+        f"sigmoid(logit + ln W) (0 < W <= 1; default {d.negative_sample_rate:g}: every row)",
     )
     g.add_argument(
         "--threads",

@@ -12,6 +12,7 @@ from ctr_features.layout import HASH_START
 from training.errors import ConfigError
 
 LOADERS = ("auto", "stream", "memory")
+_RANGES = {"negative_sample_rate": " (the share of negatives kept: 0 < w <= 1)"}
 
 
 @dataclass
@@ -37,6 +38,7 @@ class TrainConfig:
     adam_impl: str = "auto"
     patience: int = 1
     seed: int = 42
+    negative_sample_rate: float = 1.0
     threads: int | None = None
     accelerator: str = "cpu"
     devices: int = 1
@@ -72,11 +74,14 @@ class TrainConfig:
             "shuffle_buffer": self.shuffle_buffer >= 1,
             "dropout1": 0 <= self.dropout1 < 1,
             "dropout2": 0 <= self.dropout2 < 1,
+            "negative_sample_rate": 0 < self.negative_sample_rate <= 1,  # NaN fails too
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(
-                ", ".join(f"invalid --{k.replace('_', '-')}: {getattr(self, k)!r}" for k in bad)
+                ", ".join(
+                    f"invalid --{k.replace('_', '-')}: {getattr(self, k)!r}{_RANGES.get(k, '')}" for k in bad
+                )
             )
 
     @property

@@ -138,7 +138,9 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         deterministic=cfg.accelerator == "cpu",
         default_root_dir=cfg.out,
     )
-    module = CTRModule(model_cfg, cfg.lr, cfg.weight_decay, speed.adam_impl, speed.fast_dropout)
+    module = CTRModule(
+        model_cfg, cfg.lr, cfg.weight_decay, speed.adam_impl, speed.fast_dropout, cfg.negative_sample_rate
+    )
     if warm is not None:
         warm.apply(module.net)
     datamodule = CTRDataModule(data, cfg.batch_size, cfg.seed, buffer_rows=cfg.shuffle_buffer)
@@ -149,8 +151,10 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         warnings.filterwarnings(
             "ignore", message=".*LeafSpec.*is deprecated.*"
         )  # inside Lightning 2.6 + torch 2.13
+        t_fit = time.perf_counter()
         with explain_rendezvous_failures(cfg.ddp_timeout, cfg.world_size > 1), trace_stage("fit"):
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_from)
+        fit_seconds = time.perf_counter() - t_fit
     if not trainer.is_global_zero:
         _leave_process_group()
         return None
@@ -159,6 +163,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
     metrics["speed"] = speed.to_dict()
     for governor in speed_callbacks:
         metrics["speed"]["thread_governor"] = governor.summary()
+    metrics |= fit_figures(data, fit_seconds, throughput.seconds)
     metrics["wall_seconds"] = round(time.perf_counter() - t_start, 2)
     # Capped samples for export: parity and the quality gate (first validation rows), drift (spread training rows).
     val_x, val_y, train_sample = samples(data, VAL_FEATURES_ROWS)
@@ -170,6 +175,7 @@ def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict
         json.dumps(metrics, indent=2) + "\n"
     )  # last: marks the run complete
     _print_summary(metrics)
+    print(fit_line(metrics))
     _leave_process_group()
     return metrics
 
@@ -191,6 +197,13 @@ def _resume_checkpoint(cfg: TrainConfig, ckpt_dir: Path) -> str | None:
         raise CheckpointError(
             f"--resume needs {last}, which does not exist; run without --resume to start fresh"
         )
+    hp = torch.load(last, map_location="cpu", weights_only=False).get("hyper_parameters") or {}
+    rate = hp.get("negative_sample_rate", 1.0)
+    if rate != cfg.negative_sample_rate:
+        raise CheckpointError(
+            f"{last} was trained with --negative-sample-rate {rate:g}, not {cfg.negative_sample_rate:g}; "
+            "resume with the same rate or run without --resume"
+        )
     return str(last)
 
 
@@ -201,9 +214,14 @@ def _final_metrics(
     net, ckpt = load_net(best.best_model_path)
     probs, val_y, val_ids = score_val(data, net)
     oracle_auc, oracle_logloss = _oracle(cfg, val_y, val_ids)
+    w = cfg.negative_sample_rate
+    corrected = probs / (probs + (1 - probs) / w)  # = sigmoid(z + ln w); the identity at w = 1
     return {
         "val_auc": roc_auc(val_y, probs),
-        "val_logloss": log_loss(val_y, probs),
+        "val_logloss": log_loss(val_y, corrected),
+        "val_logloss_uncorrected": log_loss(val_y, probs),
+        "negative_sample_rate": w,
+        "negative_sampling": data.kept.summary() if data.kept is not None else None,
         "oracle_auc": oracle_auc,
         "oracle_logloss": oracle_logloss,
         "samples_per_sec": round(throughput.samples_per_sec, 1),
@@ -212,6 +230,7 @@ def _final_metrics(
         "best_epoch": int(ckpt["epoch"]),
         "best_checkpoint": f"checkpoints/{Path(best.best_model_path).name}",  # relative: the run dir can move
         "train_rows": data.rows("train"),
+        "train_rows_kept": data.trained_rows(),
         "val_rows": data.rows("val"),
         "skipped_bad_rows": data.report.skipped_total,
         "loader": data.loader,
@@ -235,6 +254,35 @@ def _oracle(cfg: TrainConfig, val_y: np.ndarray, val_ids: np.ndarray) -> tuple[f
         if s.get("val_fraction") == cfg.val_fraction and s.get("val_rows") == len(val_y):
             return s["oracle_auc"], s["oracle_logloss"]
     return None, None
+
+
+def fit_figures(data: RunInputs, fit_seconds: float, train_seconds: float) -> dict[str, Any]:
+    """The fit's wall time and, under negative sampling, an estimate of what every training row would take.
+
+    The estimate scales the epochs' training time (validation excluded, `TrainThroughput`) by the rows not
+    trained on; validation, which sampling does not shrink, counts as measured.
+    """
+    full, kept = data.rows("train"), data.trained_rows()
+    estimate = fit_seconds + train_seconds * (full / max(kept, 1) - 1)
+    return {
+        "fit_seconds": round(fit_seconds, 2),
+        "fit_train_seconds": round(train_seconds, 2),
+        "fit_seconds_all_rows_estimate": round(estimate, 2) if data.kept is not None else None,
+    }
+
+
+def fit_line(m: dict[str, Any]) -> str:
+    """The fit's time and rows; under negative sampling, the rows kept and the time saved (an estimate)."""
+    s = m["negative_sampling"]
+    if s is None:
+        return f"fit {m['fit_seconds']:.1f}s on {m['train_rows']:,} training rows an epoch"
+    saved = m["fit_seconds_all_rows_estimate"] - m["fit_seconds"]
+    return (
+        f"fit {m['fit_seconds']:.1f}s on {s['rows_kept']:,} of {s['train_rows']:,} training rows an epoch "
+        f"(--negative-sample-rate {s['rate']:g}: all {s['positives']:,} positives, {s['negatives_kept']:,} of "
+        f"{s['negatives']:,} negatives); all rows would take ~{m['fit_seconds_all_rows_estimate']:.1f}s, "
+        f"~{saved:.1f}s saved (estimate: the epochs' training time scaled by rows, validation as measured)"
+    )
 
 
 def _print_summary(m: dict[str, Any]) -> None:

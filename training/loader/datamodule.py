@@ -44,6 +44,8 @@ class EpochFromTrainer(IterableDataset):
 class CTRDataModule(L.LightningDataModule):
     """Training and validation batches, sharded by the trainer's rank and world size.
 
+    Under negative sampling (`inputs.kept`) the training batches visit only the kept rows; validation all.
+
     Args:
         inputs: the run's inputs; their loader says whether batches come from memory or stream from disk.
         batch_size / seed: training batches and shuffling.
@@ -79,6 +81,7 @@ class CTRDataModule(L.LightningDataModule):
                 seed=self.seed,
                 rank=rank,
                 world_size=world,
+                rows=torch.from_numpy(i.kept.indices()) if i.kept is not None else None,
             )
             self.val_set = ShuffledBatches(
                 torch.from_numpy(m.val_x),
@@ -100,6 +103,7 @@ class CTRDataModule(L.LightningDataModule):
                 world_size=world,
                 buffer_rows=self.buffer_rows,
                 encoded=i.encoded["train"],
+                kept=i.kept,
             )
             self.val_set = StreamedBatches(
                 i.data,

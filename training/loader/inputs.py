@@ -22,6 +22,7 @@ from training.data.preparation import prepare_data
 from training.data.rank_group import launched_group
 from training.errors import DataError
 from training.loader.memory import PreparedData, load_in_memory
+from training.loader.negatives import KeptRows, kept_rows
 
 # `--loader auto` holds the data in memory when its float32 features take at most this much per process
 # (about 2M rows at width 128) and at most a quarter of the memory available to the processes on this host.
@@ -30,7 +31,8 @@ MEMORY_LOADER_MAX_BYTES = 1 << 30
 
 @dataclass
 class RunInputs:
-    """The data set, its fitted (or frozen) spec, the loader picked, and the in-memory arrays if any."""
+    """The data set, its fitted (or frozen) spec, the loader picked, the in-memory arrays if any, and the
+    training rows kept by negative sampling (None: all of them)."""
 
     data: ParquetData
     spec: FeatureSpec
@@ -38,9 +40,14 @@ class RunInputs:
     memory: PreparedData | None
     report: ReadReport
     encoded: dict[Split, Path]
+    kept: KeptRows | None = None
 
     def rows(self, split: Split) -> int:
         return self.data.rows(split)
+
+    def trained_rows(self) -> int:
+        """Training rows an epoch visits: the kept ones under negative sampling, else the split's."""
+        return self.kept.rows if self.kept is not None else self.rows("train")
 
 
 def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str], None]) -> RunInputs:
@@ -68,21 +75,27 @@ def load_inputs(cfg: TrainConfig, frozen: FeatureSpec | None, say: Callable[[str
         )
     pa.default_memory_pool().release_unused()  # the preparation's buffers: do not carry them into training
     data, spec, encoded, report = prepared.data, prepared.spec, prepared.encoded, prepared.report
-    if data.rows("train") < cfg.world_size:
+    # 4. negative sampling of the training rows, after the preparation (the same at every rate)
+    kept = kept_rows(data, cfg.negative_sample_rate, cfg.seed)
+    trained = kept.rows if kept is not None else data.rows("train")
+    if trained < cfg.world_size:
+        sampled = f" (--negative-sample-rate {cfg.negative_sample_rate:g})" if kept is not None else ""
         raise DataError(
-            f"{data.rows('train')} training rows cannot be shared by {cfg.world_size} processes; "
+            f"{trained} training rows{sampled} cannot be shared by {cfg.world_size} processes; "
             "use fewer --devices / --num_nodes or more data"
         )
-    loader, why = choose_loader(cfg.loader, data, spec.width, cfg.devices)  # 4. memory or stream
+    loader, why = choose_loader(cfg.loader, data, spec.width, cfg.devices)  # 5. memory or stream
     n_files = f" ({len(data.files)} files)" if len(data.files) > 1 else ""
     say(f"data: {cfg.data}{n_files}: {report.summary()}")
     say(
         f"loader: {loader} ({why})"
         + (f", shuffle buffer {cfg.shuffle_buffer} rows" if loader == "stream" else "")
     )
+    if kept is not None:
+        say(kept.line())
     pa.default_memory_pool().release_unused()
-    memory = load_in_memory(data, spec, encoded) if loader == "memory" else None  # 5. arrays, if memory
-    return RunInputs(data, spec, loader, memory, report, encoded)
+    memory = load_in_memory(data, spec, encoded) if loader == "memory" else None  # 6. arrays, if memory
+    return RunInputs(data, spec, loader, memory, report, encoded, kept)
 
 
 def choose_loader(requested: str, data: ParquetData, width: int, local_ranks: int) -> tuple[str, str]:

@@ -65,6 +65,8 @@ class ShuffledBatches(IterableDataset):
     Every rank gets the same number of batches (DDP needs equal step counts) and the shards partition the
     permutation, so across ranks each sample is seen exactly once per epoch. Call `set_epoch` before each
     epoch; the permutation depends only on (seed, epoch), so a resumed run replays the same order.
+    `rows` (int64 positions into x, e.g. the kept rows of negative sampling) limits the epoch to those rows;
+    the batches' index is then still the position in x.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class ShuffledBatches(IterableDataset):
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        rows: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         if x.shape[0] != y.shape[0]:
@@ -84,8 +87,10 @@ class ShuffledBatches(IterableDataset):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        if x.shape[0] < world_size:
-            raise ValueError(f"{x.shape[0]} rows cannot be sharded over {world_size} ranks")
+        self.rows = rows
+        self.n = x.shape[0] if rows is None else rows.numel()
+        if self.n < world_size:
+            raise ValueError(f"{self.n} rows cannot be sharded over {world_size} ranks")
         self.x, self.y = x, y.reshape(-1, 1)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size = rank, world_size
@@ -96,17 +101,18 @@ class ShuffledBatches(IterableDataset):
 
     def __len__(self) -> int:
         # The largest shard decides, so all ranks agree: ceil(ceil(N / world) / batch).
-        largest = -(-self.x.shape[0] // self.world_size)
+        largest = -(-self.n // self.world_size)
         return -(-largest // self.batch_size)
 
     def shard(self) -> torch.Tensor:
         """Row indices this rank visits this epoch, in visiting order."""
-        n = self.x.shape[0]
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(n, generator=g)
+            order = torch.randperm(self.n, generator=g)
         else:
-            order = torch.arange(n)
+            order = torch.arange(self.n)
+        if self.rows is not None:
+            order = self.rows[order]
         return order[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[Batch]:

@@ -9,7 +9,8 @@ transformed rows, hands out whole batches of randomly drawn rows until half of i
 so rows mix across row groups; while it first fills, it already hands out half of each slice's rows (so the
 first step does not wait for a whole buffer). Every rank makes ceil(ceil(N / world) / batch) batches (DDP needs equal step
 counts): across ranks each row is seen exactly once per epoch. The order depends only on (seed, epoch,
-rank), so a resumed run replays it.
+rank), so a resumed run replays it. With negative sampling (`training.loader.negatives`) the same holds for
+the kept training rows: the plan counts them, and a slice holds only its kept records.
 
 Encoded splits (the usual case) are mapped: the buffer holds row ids, the kernel reads slices ahead, and a
 batch gathers and expands its records as it is drawn; a slice's pages leave the process once its last row
@@ -29,6 +30,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
@@ -38,6 +40,7 @@ from ctr_features.spec import FeatureSpec
 from training.data.parquet import ParquetData, Piece, Split
 from training.errors import DataError
 from training.loader.memory import Batch, shard_bounds
+from training.loader.negatives import KeptRows
 
 DEFAULT_BUFFER_ROWS = 1 << 17  # one cache row group's rows; on the mapped path 16 bytes a row (two int64 ids)
 _PREFETCH = 2  # transformed slices waiting in the queue (one more is being transformed)
@@ -49,10 +52,13 @@ _WORDS = RECORD.itemsize // 8  # a record is 34 int64 words
 
 
 def epoch_plan(
-    pieces: list[Piece], split: Split, order: np.ndarray, rank: int, world: int
+    pieces: list[Piece], piece_rows: np.ndarray, order: np.ndarray, rank: int, world: int
 ) -> list[tuple[Piece, int, int]]:
-    """(piece, lo, hi): the slices of each piece's split rows that `rank` reads, in `order`."""
-    counts = np.array([pieces[i].count(split) for i in order], dtype=np.int64)
+    """(piece, lo, hi): the slices of each piece's rows (`piece_rows[i]` of piece i) that `rank` reads, in `order`.
+
+    With negative sampling, lo and hi count the piece's kept rows, not its split rows.
+    """
+    counts = piece_rows[order].astype(np.int64)
     cum = np.concatenate([[0], np.cumsum(counts)])
     total = int(cum[-1])
     lo, hi = rank * total // world, (rank + 1) * total // world
@@ -79,9 +85,12 @@ class StreamedBatches(IterableDataset):
         world_size: int = 1,
         buffer_rows: int = DEFAULT_BUFFER_ROWS,
         encoded: Path | None = None,
+        kept: KeptRows | None = None,
     ) -> None:
         super().__init__()
-        n = data.rows(split)
+        if kept is not None and split != "train":
+            raise ValueError(f"negative sampling applies to the training split only, not {split!r}")
+        n = kept.rows if kept is not None else data.rows(split)
         if n < world_size:
             raise ValueError(
                 f"{n} {split} rows cannot be shared by {world_size} ranks; use fewer --devices or more data"
@@ -89,7 +98,9 @@ class StreamedBatches(IterableDataset):
         self.data, self.spec, self.split = data, spec, split
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.buffer_rows = rank, world_size, max(buffer_rows, batch_size)
-        self.rows, self.encoded = n, encoded
+        self.rows, self.encoded, self.kept = n, encoded, kept
+        counts = [p.count(split) for p in data.pieces] if kept is None else kept.piece_counts
+        self.piece_rows = np.asarray(counts, dtype=np.int64)  # rows of each piece this loader visits
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -104,18 +115,23 @@ class StreamedBatches(IterableDataset):
         order = np.arange(len(self.data.pieces))
         if self.shuffle:
             order = np.random.default_rng([self.seed, self.epoch]).permutation(order)
-        return epoch_plan(self.data.pieces, self.split, order, self.rank, self.world_size)
+        return epoch_plan(self.data.pieces, self.piece_rows, order, self.rank, self.world_size)
 
     def _chunks(self, plan: list[tuple[Piece, int, int]]) -> Iterator[Batch]:
         """The transforming path's slices; runs on the prefetch thread (see `__iter__`)."""
         first = [True]  # the epoch's first slice is small, so its first batch comes after a few thousand rows
         for piece, lo, hi in plan:
             chunk = self.data.read(piece, self.split)
+            offsets = self.kept.offsets(piece) if self.kept is not None else None
             for a, n in _slices(lo, hi, first):  # slices bound the transform's temporaries
-                table = chunk.table.slice(a, n)
+                if offsets is None:
+                    table, index = chunk.table.slice(a, n), chunk.index[a : a + n]
+                else:  # the slice's kept rows (lo, hi count kept rows)
+                    rows = offsets[a : a + n]
+                    table, index = chunk.table.take(pa.array(rows)), chunk.index[rows]
                 x = torch.from_numpy(transform_chunk(self.spec, table))
                 y = torch.from_numpy(table.column(LABEL).to_numpy().astype(np.float32)).reshape(-1, 1)
-                yield x, y, torch.from_numpy(chunk.index[a : a + len(table)])
+                yield x, y, torch.from_numpy(index)
 
     def _batches(
         self, buf: _Buffer, added: Iterator[int], sizes: list[int], fill: int, g: torch.Generator
@@ -136,9 +152,21 @@ class StreamedBatches(IterableDataset):
         return (yield from buf.drain(sizes, k, 0, g if self.shuffle else None))
 
     def _slices_of(self, plan: list[tuple[Piece, int, int]]) -> list[tuple[int, int]]:
-        """(first record, rows) of each slice of the encoded split this rank reads this epoch, in order."""
-        first = [True]
-        return [(piece.start(self.split) + a, n) for piece, lo, hi in plan for a, n in _slices(lo, hi, first)]
+        """(first record, records spanned) of each slice of the encoded split this rank reads this epoch, in order.
+
+        With negative sampling a slice's span runs from its first kept record to its last; the buffer then
+        holds only the kept records in it (`_MappedBuffer.add_next`).
+        """
+        first, out = [True], []
+        for piece, lo, hi in plan:
+            start = piece.start(self.split)
+            offsets = self.kept.offsets(piece) if self.kept is not None else None
+            for a, n in _slices(lo, hi, first):
+                if offsets is None:
+                    out.append((start + a, n))
+                else:
+                    out.append((start + int(offsets[a]), int(offsets[a + n - 1] - offsets[a]) + 1))
+        return out
 
     @staticmethod
     def _mapped(buf: _MappedBuffer) -> Iterator[int]:
@@ -159,7 +187,8 @@ class StreamedBatches(IterableDataset):
         fill = min(self.buffer_rows, shard) if self.shuffle else max(sizes, default=1)
         buf: _Buffer
         if self.encoded is not None:
-            mapped = _MappedBuffer(fill + largest, self.spec.width, self.encoded, self._slices_of(plan))
+            slices = self._slices_of(plan)
+            mapped = _MappedBuffer(fill + largest, self.spec.width, self.encoded, slices, self.kept)
             buf, added = mapped, self._mapped(mapped)
         else:
             # The transform runs on a prefetch thread; it only makes tensors from numpy (torch ops there would
@@ -206,9 +235,7 @@ class _Buffer:
         while k < len(sizes) and self.n - pos - sizes[k] >= keep:
             yield self.take(order[pos : pos + sizes[k]])
             pos, k = pos + sizes[k], k + 1
-        if (
-            g is None
-        ):  # in order: move the rows kept back to the front, keeping their order (less than a batch)
+        if g is None:  # in order: move the rows kept back to the front, keeping their order (< a batch)
             rest = order[pos:]
             self._move(torch.arange(rest.numel()), rest)
         else:  # shuffled: the next drain draws a fresh order, so only kept rows past the end fill the holes
@@ -265,8 +292,15 @@ class _MappedBuffer(_Buffer):
     are those of the slices that still have rows in the buffer (~32 at the default sizes), not the file.
     """
 
-    def __init__(self, capacity: int, width: int, path: Path, slices: list[tuple[int, int]]) -> None:
-        self.width, self.slices = width, slices
+    def __init__(
+        self,
+        capacity: int,
+        width: int,
+        path: Path,
+        slices: list[tuple[int, int]],
+        kept: KeptRows | None = None,
+    ) -> None:
+        self.width, self.slices, self.kept = width, slices, kept
         with path.open("rb") as f:
             self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # private: nothing is ever written
         if len(self.map) < max((a + n for a, n in slices), default=0) * RECORD.itemsize:
@@ -285,9 +319,14 @@ class _MappedBuffer(_Buffer):
         self._advise(mmap.MADV_WILLNEED, *self.slices[i])
 
     def add_next(self) -> int:
-        """Hold the next slice's rows (no copy); returns their count."""
+        """Hold the next slice's rows (no copy; with negative sampling its kept rows); returns their count."""
         start, count = self.slices[self.added]
-        self.ids[self.n : self.n + count] = torch.arange(start, start + count)
+        if self.kept is None:
+            self.ids[self.n : self.n + count] = torch.arange(start, start + count)
+        else:
+            records = torch.from_numpy(self.kept.records(start, start + count))
+            count = records.numel()
+            self.ids[self.n : self.n + count] = records
         self.slice_of[self.n : self.n + count] = self.added
         self.added += 1
         self.n += count

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -32,6 +33,10 @@ class CTRModule(L.LightningModule):
         adam_impl: "default", "foreach" or "fused" (torch's Adam implementations; same maths).
         fast_dropout: installs the numpy-drawn CPU dropout masks (`training.runtime.fast_dropout.numpy_mask`) in
             the network; same keep probabilities, same state_dict.
+        negative_sample_rate: the share w of training negatives the run keeps (`training.loader.negatives`);
+            saved as `hyper_parameters["negative_sample_rate"]`, which export reads to serve sigmoid(z + ln w).
+            The validation log loss is of that corrected probability (the validation rows are not sampled);
+            AUC does not change with it.
     """
 
     def __init__(
@@ -41,11 +46,15 @@ class CTRModule(L.LightningModule):
         weight_decay: float = 0.0,
         adam_impl: str = "default",
         fast_dropout: bool = False,
+        negative_sample_rate: float = 1.0,
     ) -> None:
         super().__init__()
         if adam_impl not in ADAM_IMPLS:
             raise ValueError(f"adam_impl must be one of {ADAM_IMPLS}, got {adam_impl!r}")
         self.save_hyperparameters()
+        self.logit_shift = math.log(
+            negative_sample_rate
+        )  # ln w: undoes the prior shift of the sampled negatives
         self.net = CTRNet(ModelConfig.from_dict(model), mask_source=numpy_mask if fast_dropout else None)
         # torchmetrics states are gathered from every rank before compute(), so AUC is over the whole val set.
         self.val_auc = BinaryAUROC()
@@ -73,7 +82,7 @@ class CTRModule(L.LightningModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         x, y, _ = batch
-        logits = self.net(x)  # (B, 1)
+        logits = self.net(x) + self.logit_shift  # (B, 1), corrected to the unsampled click rate
         self.val_auc.update(torch.sigmoid(logits).squeeze(1), y.squeeze(1).long())
         self.val_loss_sum.update(F.binary_cross_entropy_with_logits(logits, y, reduction="sum"))
         self.val_count.update(torch.tensor(float(y.shape[0])))
