@@ -235,3 +235,44 @@ def test_a_sampled_run_records_the_rate_trains_on_the_kept_rows_and_keeps_valida
         f"error: {runs['stream'][0] / 'checkpoints' / 'last.ckpt'} was trained with --negative-sample-rate 0.5, "
         "not 0.25; resume with the same rate or run without --resume"
     )
+
+
+def test_two_gloo_ranks_partition_the_kept_rows_of_several_files(
+    data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    lines = data_copy.read_text().splitlines(keepends=True)
+    days = tmp_path / "days"
+    days.mkdir()
+    for i in range(3):
+        (days / f"day_{i}").write_text("".join(lines[i * 1334 : (i + 1) * 1334]))
+    out = tmp_path / "run"
+    run_module(
+        "training",
+        "--data",
+        days,
+        "--out",
+        out,
+        *TINY_RUN,
+        "--devices",
+        "2",
+        "--accelerator",
+        "cpu",
+        "--strategy",
+        "ddp",
+        "--sample-audit",
+        "--loader",
+        "stream",
+        "--shuffle-buffer",
+        "700",
+        "--negative-sample-rate",
+        "0.4",
+        check=True,
+    )
+    m = json.loads((out / "metrics.json").read_text())
+    data = ParquetData.open(sorted(days.glob("day_*.cache.parquet")), 0.1)
+    kept = kept_rows(data, 0.4, seed=42)
+    assert kept is not None and m["world_size"] == 2 and m["negative_sampling"] == kept.summary()
+    for epoch in range(2):
+        shards = [np.load(out / "sample_audit" / f"epoch{epoch}_rank{rank}.npy") for rank in range(2)]
+        assert abs(len(shards[0]) - len(shards[1])) <= 1
+        assert np.array_equal(np.sort(np.concatenate(shards)), kept.indices())
