@@ -114,6 +114,7 @@ def fit_isotonic_knots(
         values = _monotone_fit(uq, fitted, w, knots)
         k = _worst_knot(knots, values)
         if k is None:
+            knots, values = _without_collinear(knots, values)
             return tuple(knots.tolist()), tuple(values.tolist())
         knots = np.delete(knots, k)
 
@@ -127,6 +128,18 @@ def _spaced(knots: np.ndarray) -> np.ndarray:
     if len(kept) > 1 and knots[-1] != kept[-1]:
         kept[-1] = float(knots[-1])
     return np.asarray(kept)
+
+
+def _without_collinear(knots: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop inner knots where the slope does not change (a flat run of knots is one segment): a smaller graph."""
+    if len(knots) < 3:
+        return knots, values
+    slopes = np.diff(values) / np.diff(knots)
+    bend = np.abs(np.diff(slopes)) > 1e-9 * np.maximum(1.0, np.abs(slopes[1:]))
+    keep = np.concatenate(([True], bend, [True]))
+    if not bend.any() and values[0] == values[-1]:
+        keep[-1] = False  # a constant map: one knot
+    return knots[keep], values[keep]
 
 
 def _ramps(u: np.ndarray, knots: np.ndarray) -> np.ndarray:
