@@ -184,11 +184,11 @@ class CalibratedNet(nn.Module):
         # the argument's name is the graph input's (torch.onnx's dynamic_shapes key), as in CTRProbability
         z = self.net(features)  # (B, F) -> (B, 1) logits
         raw = torch.sigmoid(z)
-        return self.head(z, raw), raw
+        return self.head(z), raw
 
 
 def calibration_head(calibrator: Calibrator) -> nn.Module:
-    """The module (z (B, 1), raw (B, 1)) -> ctr (B, 1) of one calibrator, raw = sigmoid(z)."""
+    """The module logits z (B, 1) -> ctr (B, 1) of one calibrator, float32, in `Calibrator.apply`'s op order."""
     if calibrator.method == "platt":
         return _PlattHead(calibrator)
     if calibrator.method == "isotonic":
@@ -206,8 +206,8 @@ class _RateHead(nn.Module):
         self.shift = calibrator.negative_rate != 1.0
         self.register_buffer("log_rate", torch.tensor([[calibrator.log_rate]], dtype=torch.float32))
 
-    def forward(self, z: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        # w = 1: a Sigmoid of its own, so ctr and raw_score are two tensors (two graph outputs)
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        # w = 1: no Add; still a Sigmoid of its own, so ctr and raw_score are two tensors (two graph outputs)
         return torch.sigmoid(z + self.log_rate) if self.shift else torch.sigmoid(z)
 
 
@@ -223,7 +223,7 @@ class _PlattHead(nn.Module):
         self.register_buffer("a", torch.tensor([[calibrator.a]], dtype=torch.float32))
         self.register_buffer("offset", torch.tensor([[offset]], dtype=torch.float32))
 
-    def forward(self, z: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(z * self.a + self.offset)
 
 
@@ -244,8 +244,8 @@ class _IsotonicHead(nn.Module):
         self.register_buffer("slopes", torch.tensor(slopes, dtype=torch.float32).reshape(-1, 1))
         self.register_buffer("base", torch.tensor([[y0]], dtype=torch.float32))
 
-    def forward(self, z: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        q = self.rate(z, raw)  # (B, 1)
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        q = self.rate(z)  # (B, 1)
         # every term is in [0, s_k * (hi_k - lo_k)]: a sum without cancellation, so float32 stays near float64
         climbed = torch.relu(q - self.lo) - torch.relu(q - self.hi)  # (B, 1) - (1, K-1) -> (B, K-1)
         return climbed @ self.slopes + self.base  # (B, K-1) @ (K-1, 1) -> (B, 1)
