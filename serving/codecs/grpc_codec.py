@@ -15,7 +15,8 @@ def to_request(request: Any, sig: Signature) -> DecodedRequest:
     """Decode a `tensorflow.serving.PredictRequest` for the version whose signature is `sig`.
 
     With no `signature_name`, inputs named by raw Criteo fields call `raw`; otherwise `serving_default`.
-    Raises InvalidArgument for an unknown signature, an unknown output, or inputs that do not fit.
+    Raises InvalidArgument for an unknown signature, an output_filter naming an output the version lacks, or
+    inputs that do not fit.
     """
     signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if not request.model_spec.signature_name and looks_raw(dict(request.inputs), True, sig.input_name):
@@ -24,11 +25,7 @@ def to_request(request: Any, sig: Signature) -> DecodedRequest:
         signature_name == RAW_SIGNATURE and not sig.has_raw
     ):
         raise InvalidArgument(f'Serving signature name: "{signature_name}" not found in signature def')
-    unknown = set(request.output_filter) - {sig.output_name}
-    if unknown:
-        raise InvalidArgument(
-            f"output_filter names {sorted(unknown)}; the only output is '{sig.output_name}'"
-        )
+    sig.requested(request.output_filter, "output_filter")  # the answer's outputs: tfs_grpc.py
     if signature_name == RAW_SIGNATURE:
         return DecodedRequest(RAW_SIGNATURE, decode_tensors(request.inputs))
     if set(request.inputs) != {sig.input_name}:

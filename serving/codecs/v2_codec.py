@@ -1,8 +1,9 @@
 """Open Inference Protocol v2 tensors ⇄ the batches the predictor runs, shared by REST and gRPC.
 
 Two v2 models stand for each served model M: `M` is `serving_default` (`features` FP32 [-1, F] -> `ctr`
-FP32 [-1, K]) and `M_raw` is the `raw` signature (I1..I13 FP64 [-1] with NaN = missing, C1..C26 BYTES [-1]; an
-absent input is all missing, as in a Criteo file). Each decoded tensor is a `V2Tensor`; `to_batch` checks its
+FP32 [-1, K], then `raw_score` FP32 [-1, K] in versions that serve it) and `M_raw` is the `raw` signature
+(I1..I13 FP64 [-1] with NaN = missing, C1..C26 BYTES [-1]; an absent input is all missing, as in a Criteo
+file; the same outputs). Each decoded tensor is a `V2Tensor`; `to_batch` checks its
 name, datatype and shape against the signature and builds the float32 (N, F) batch or the RawBatch.
 """
 
@@ -105,7 +106,7 @@ def split_model_name(v2_name: str, served: set[str]) -> tuple[str, str]:
 
 def io_spec(sig: Signature, signature: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(inputs, outputs) metadata of one v2 model: `[{"name", "datatype", "shape"}, ...]`."""
-    outputs = [{"name": sig.output_name, "datatype": "FP32", "shape": [-1, sig.output_width]}]
+    outputs = [{"name": n, "datatype": "FP32", "shape": [-1, sig.output_width]} for n in sig.output_names]
     if signature == RAW_SIGNATURE:
         inputs = [{"name": f, "datatype": "FP64", "shape": [-1]} for f in NUMERIC_FIELDS]
         inputs += [{"name": f, "datatype": "BYTES", "shape": [-1]} for f in CATEGORICAL_FIELDS]

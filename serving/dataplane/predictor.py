@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class Prediction(NamedTuple):
-    """One answered predict: the (N, K) scores, the version that made them, and the request it ran."""
+    """One answered predict: the scores (N, K), or (N, k * K) with every output of the version side by side
+    (serving/signatures.py), the version that made them, and the request it ran."""
 
     scores: np.ndarray
     servable: LoadedVersion
@@ -98,10 +99,11 @@ class Predictor:
             check_outputs(
                 scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
             )
-            self._observe_scores(scores)
+            ctr = servable.backend.signature.score(scores)  # `ctr` alone is watched, whatever else is served
+            self._observe_scores(ctr)
             status = "OK"
             if self.drift is not None or self.request_log is not None:
-                self._watch(servable, request, scores, request_id, inputs)
+                self._watch(servable, request, ctr, request_id, inputs)
             return Prediction(scores, servable, request)
         except ServingError as exc:
             status = exc.code

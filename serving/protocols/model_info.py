@@ -32,43 +32,42 @@ def status_response(states: list[VersionState]) -> Any:
 
 
 def signature_def_map(sig: Signature) -> Any:
-    """SignatureDefMap with `serving_default`: features float [-1, F] -> ctr float [-1, K]."""
+    """SignatureDefMap with `serving_default`: features float [-1, F] -> each output float [-1, K]."""
     sig_map = protos.SignatureDefMap()
     sig_def = sig_map.signature_def[DEFAULT_SIGNATURE]
     sig_def.method_name = PREDICT_METHOD
     # The map key is the public name; `info.name` is the graph tensor name TF Serving reports.
-    for info, size, tensor in (
-        (sig_def.inputs[sig.input_name], sig.width, f"{DEFAULT_SIGNATURE}_{sig.input_name}:0"),
-        # TF numbers the signatures' calls by key: `raw` sorts first, so it takes the unsuffixed name.
-        (
-            sig_def.outputs[sig.output_name],
-            sig.output_width,
-            f"StatefulPartitionedCall{'_1' if sig.has_raw else ''}:0",
-        ),
-    ):
-        info.name = tensor
-        info.dtype = DT_FLOAT
-        info.tensor_shape.dim.add().size = -1
-        info.tensor_shape.dim.add().size = size
+    _tensor_info(
+        sig_def.inputs[sig.input_name], f"{DEFAULT_SIGNATURE}_{sig.input_name}:0", DT_FLOAT, -1, sig.width
+    )
+    # TF numbers the signatures' calls by key: `raw` sorts first, so it takes the unsuffixed name.
+    _add_outputs(sig_def, sig, f"StatefulPartitionedCall{'_1' if sig.has_raw else ''}")
     if sig.has_raw:
         add_raw_signature(sig_map, sig)
     return sig_map
 
 
+def _tensor_info(info: Any, name: str, dtype: int, *dims: int) -> None:
+    info.name = name
+    info.dtype = dtype
+    for size in dims:
+        info.tensor_shape.dim.add().size = size
+
+
+def _add_outputs(sig_def: Any, sig: Signature, call: str) -> None:
+    """Each output float [-1, K]; TF names a call's results by the sorted output keys (`ctr`, `raw_score`)."""
+    for i, output in enumerate(sorted(sig.output_names)):
+        _tensor_info(sig_def.outputs[output], f"{call}:{i}", DT_FLOAT, -1, sig.output_width)
+
+
 def add_raw_signature(sig_map: Any, sig: Signature) -> None:
-    """`raw`: I1..I13 double [-1] (NaN = missing), C1..C26 string [-1] ("" = missing) -> ctr float [-1, K]."""
+    """`raw`: I1..I13 double [-1] (NaN = missing), C1..C26 string [-1] ("" = missing) -> each output float [-1, K]."""
     raw = sig_map.signature_def[RAW_SIGNATURE]
     raw.method_name = PREDICT_METHOD
     for field in RAW_FIELDS:
-        info = raw.inputs[field]
-        info.name = f"{RAW_SIGNATURE}_{field}:0"
-        info.dtype = DT_STRING if field in CATEGORICAL_FIELDS else DT_DOUBLE
-        info.tensor_shape.dim.add().size = -1
-    out = raw.outputs[sig.output_name]
-    out.name = "StatefulPartitionedCall:0"
-    out.dtype = DT_FLOAT
-    out.tensor_shape.dim.add().size = -1
-    out.tensor_shape.dim.add().size = sig.output_width
+        dtype = DT_STRING if field in CATEGORICAL_FIELDS else DT_DOUBLE
+        _tensor_info(raw.inputs[field], f"{RAW_SIGNATURE}_{field}:0", dtype, -1)
+    _add_outputs(raw, sig, "StatefulPartitionedCall")
 
 
 def metadata_response(model_name: str, version: int, sig: Signature) -> Any:

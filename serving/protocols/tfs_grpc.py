@@ -75,7 +75,10 @@ class PredictionServicer:
         response.model_spec.version.value = servable.version
         response.model_spec.signature_name = decoded.signature
         started = time.perf_counter()
-        from_ndarray(scores, response.outputs[servable.backend.signature.output_name])
+        sig = servable.backend.signature
+        # Every output unless output_filter names some (TF Serving's rule); to_request checked the names.
+        for output in sig.requested(request.output_filter, "output_filter"):
+            from_ndarray(sig.output(scores, output), response.outputs[output])
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)

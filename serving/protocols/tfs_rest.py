@@ -91,7 +91,8 @@ class TfsRestApp:
 
         prediction = await predictor.predict(name, version, label, decode, "REST", request_id)
         started = time.perf_counter()
-        answer = encode_predictions(prediction.scores, columnar)
+        # `ctr` alone, whatever the version serves (docs/decisions/0007-v1-rest-answers-ctr.md).
+        answer = encode_predictions(prediction.servable.backend.signature.score(prediction.scores), columnar)
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)

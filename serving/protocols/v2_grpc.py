@@ -122,11 +122,7 @@ class InferenceServicer:
                 raise NotFound(
                     f"model '{request.model_name}' is not served: this version has no raw signature"
                 )
-            unknown = set(wanted) - {sig.output_name}
-            if unknown:
-                raise InvalidArgument(
-                    f"outputs names {sorted(unknown)}; the only output is '{sig.output_name}'"
-                )
+            sig.requested(wanted, "outputs")
             return to_request(tensors, sig, signature)
 
         request_id = None
@@ -139,11 +135,13 @@ class InferenceServicer:
         response = protos.ModelInferResponse(
             model_name=request.model_name, model_version=str(servable.version), id=request.id
         )
-        # The output's header only: its values travel in raw_output_contents.
-        response.outputs.add(
-            name=servable.backend.signature.output_name, datatype="FP32", shape=list(scores.shape)
-        )
-        response.raw_output_contents.append(np.ascontiguousarray(scores, "<f4").tobytes())
+        sig = servable.backend.signature
+        # Every output unless `outputs` names some, in its order: each output's header here, its values in
+        # raw_output_contents (one entry per output, in the same order).
+        for name in sig.requested(wanted, "outputs"):
+            values = sig.output(scores, name)
+            response.outputs.add(name=name, datatype="FP32", shape=list(values.shape))
+            response.raw_output_contents.append(np.ascontiguousarray(values, "<f4").tobytes())
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)

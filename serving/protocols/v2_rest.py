@@ -145,21 +145,21 @@ class V2RestApp:
         async def decode(sig: Signature) -> DecodedRequest:
             if signature == RAW_SIGNATURE and not sig.has_raw:
                 raise NotFound(f"model '{v2_name}' is not served: this version has no raw signature")
-            unknown = set(wanted) - {sig.output_name}
-            if unknown:
-                raise InvalidArgument(
-                    f"outputs names {sorted(unknown)}; the only output is '{sig.output_name}'"
-                )
+            sig.requested(wanted, "outputs")
             return to_request(request.tensors, sig, signature)
 
         scores, servable, _ = await predictor.predict(
             predictor.manager.name, version, None, decode, "REST", request_id
         )
         binary_default = boolean_parameter(request.parameters, "binary_data_output", "parameters")
-        output_name = servable.backend.signature.output_name
-        binary = wanted.get(output_name, binary_default) if wanted else binary_default
+        sig = servable.backend.signature
+        # Every output unless `outputs` names some, in the order it names them.
+        answered = [
+            (name, sig.output(scores, name), wanted.get(name, binary_default))
+            for name in sig.requested(wanted, "outputs")
+        ]
         started = time.perf_counter()
-        answer = encode_response(v2_name, servable.version, request.id, output_name, scores, binary)
+        answer = encode_response(v2_name, servable.version, request.id, answered)
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)
@@ -282,21 +282,24 @@ def _json_type(value: Any) -> str:
 
 
 def encode_response(
-    v2_name: str, version: int, request_id: str | None, output: str, scores: np.ndarray, binary: bool
+    v2_name: str, version: int, request_id: str | None, outputs: list[tuple[str, np.ndarray, bool]]
 ) -> tuple[int, bytes, bytes]:
-    """The infer response: JSON, or the JSON header then the raw FP32 scores (binary tensor extension)."""
-    tensor: dict[str, Any] = {"name": output, "datatype": "FP32", "shape": list(scores.shape)}
-    raw = b""
-    if binary:
-        raw = np.ascontiguousarray(scores, "<f4").tobytes()
-        tensor["parameters"] = {"binary_data_size": len(raw)}
-    else:
-        tensor["data"] = scores.reshape(-1)
-    doc: dict[str, Any] = {"model_name": v2_name, "model_version": str(version), "outputs": [tensor]}
+    """The infer response of (name, (N, K) scores, binary?) outputs: JSON, or the JSON header then each binary
+    output's raw FP32 bytes in the header's order (the binary tensor extension)."""
+    tensors, raw = [], []
+    for name, scores, binary in outputs:
+        tensor: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(scores.shape)}
+        if binary:
+            raw.append(np.ascontiguousarray(scores, "<f4").tobytes())
+            tensor["parameters"] = {"binary_data_size": len(raw[-1])}
+        else:
+            tensor["data"] = np.ascontiguousarray(scores).reshape(-1)  # orjson writes C order only
+        tensors.append(tensor)
+    doc: dict[str, Any] = {"model_name": v2_name, "model_version": str(version), "outputs": tensors}
     if request_id is not None:
         doc["id"] = request_id
     head = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not binary:
+    if not raw:
         return 200, head, JSON
     # The connection writes the content type as a header line: the header length rides along as the next one.
-    return 200, head + raw, BINARY + b"\r\n%s: %d" % (HEADER_LENGTH.encode(), len(head))
+    return 200, head + b"".join(raw), BINARY + b"\r\n%s: %d" % (HEADER_LENGTH.encode(), len(head))

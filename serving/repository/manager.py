@@ -24,6 +24,7 @@ from ctr_contract.ratelog import RateLimitedLog
 from serving.errors import InvalidArgument, NotFound, Unavailable
 from serving.observability.metrics import ServingMetrics
 from serving.repository.loading import load_in_thread
+from serving.repository.manifest_check import check_outputs
 from serving.repository.policy import VersionPolicy
 from serving.repository.scan import Scan, scan_base
 from serving.repository.states import VersionState, VersionStates
@@ -229,6 +230,7 @@ class ModelManager:
         # `raw` through the FeatureSpec compiled from the version's spec, when it has one
         # (serving/runtime/spec_backend.py).
         backend = with_spec_transform(load_backend(self.backend_kind, path, self.intra_op_threads), path)
+        check_outputs(path, backend.signature.output_names, backend.signature.has_raw)
         return backend, warm_up(backend, path)
 
     def retire_all(self, reason: str) -> None:

@@ -7,6 +7,10 @@ A version is complete when `assets.extra/manifest.json` exists, every file it li
 with that hash, and the folder holds no file it does not list. Missing or extra files mean "still being
 copied" (VersionNotReady); a listed file whose bytes differ is corruption (HashMismatch). The export stage
 writes this manifest (export/publish/manifest.py).
+
+Its `io` block names each signature's outputs (`ctr`, then `raw_score` in versions with a calibrator); a loaded
+version's graphs must serve exactly those (`check_outputs`). A manifest without `io` (a hand-built folder)
+leaves the graphs to say what they serve.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from pathlib import Path
 
 from ctr_contract.manifest import FILES_KEY, is_listed_path, is_sha256_hex, sha256_file
 from ctr_contract.repository import MANIFEST_PATH
+from ctr_contract.signatures import RAW_SIGNATURE
+from serving.errors import ModelLoadError
 
 MAX_FILES = 10_000  # a version folder holding more entries is refused, not walked forever
 MAX_MANIFEST_BYTES = 4 << 20
@@ -145,3 +151,31 @@ def verify(version_dir: Path, files_stamp: Stamp) -> None:
         actual = sha256_file(version_dir / rel)
         if actual != expected:
             raise HashMismatch(f"{rel} has sha256 {actual}, {MANIFEST_PATH} lists {expected}")
+
+
+def check_outputs(version_dir: Path, served: tuple[str, ...], has_raw: bool) -> None:
+    """Refuse a version whose graphs serve other outputs than its manifest's `io` lists (both signatures).
+
+    Args:
+        version_dir: the version folder, already verified (its manifest is complete JSON).
+        served: the outputs the loaded backend serves (Signature.output_names).
+        has_raw: the backend serves the `raw` signature too, whose outputs `io.raw.outputs` lists.
+    Raises:
+        ModelLoadError: naming both lists, when they differ as sets of names.
+    """
+    manifest = json.loads((version_dir / MANIFEST_PATH).read_bytes())
+    io = manifest.get("io") if isinstance(manifest, dict) else None
+    if not isinstance(io, dict):
+        return
+    raw = io.get(RAW_SIGNATURE)
+    blocks = [("io.outputs", io), *([(f"io.{RAW_SIGNATURE}.outputs", raw)] if has_raw else [])]
+    for where, block in blocks:
+        listed = block.get("outputs") if isinstance(block, dict) else None
+        if listed is None:
+            continue
+        names = list(listed) if isinstance(listed, dict | list) else listed
+        if not isinstance(names, list) or sorted(map(str, names)) != sorted(served):
+            raise ModelLoadError(
+                f"{MANIFEST_PATH} lists outputs {names} in {where}, the version's graphs serve {list(served)}; "
+                "re-export the version with `python -m export`"
+            )

@@ -25,7 +25,7 @@ from serving.codecs.tensors import to_ndarray
 from serving.errors import InvalidArgument, ModelLoadError
 from serving.runtime.backends import Backend
 from serving.runtime.spec_backend import SpecBackend
-from serving.signatures import OUTPUT_NAME, RAW_SIGNATURE
+from serving.signatures import RAW_SIGNATURE
 
 WARMUP_FILE = Path(WARMUP_PATH)
 MAX_WARMUP_RECORDS = 1000  # TF Serving's limit too
@@ -68,10 +68,11 @@ def read_tfrecords(path: Path) -> Iterator[bytes]:
 
 
 class RawWarmup(NamedTuple):
-    """One `raw` warm-up record: its rows, and the scores export recorded for them (None in older exports)."""
+    """One `raw` warm-up record: its rows, and the outputs export recorded for them by name (`ctr`, and
+    `raw_score` in versions that serve it; None in older exports)."""
 
     batch: RawBatch
-    expected: np.ndarray | None
+    expected: dict[str, np.ndarray] | None
 
 
 def warmup_batches(
@@ -95,8 +96,8 @@ def warmup_batches(
         if log.predict_log.request.model_spec.signature_name == RAW_SIGNATURE:
             if raw is not None:
                 outputs = log.predict_log.response.outputs
-                expected = to_ndarray(outputs[OUTPUT_NAME], OUTPUT_NAME) if OUTPUT_NAME in outputs else None
-                raw.append(RawWarmup(decode_tensors(inputs), expected))
+                expected = {name: to_ndarray(outputs[name], name) for name in sorted(outputs)}
+                raw.append(RawWarmup(decode_tensors(inputs), expected or None))
             continue
         if input_name not in inputs:
             raise ModelLoadError(f"{path}: record {i} has inputs {sorted(inputs)}, expected '{input_name}'")
@@ -122,7 +123,7 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
         if batch.ndim != 2 or batch.shape[1] != sig.width:
             raise ModelLoadError(f"warm-up batch has shape {list(batch.shape)}, expected [N, {sig.width}]")
         out = backend.predict(batch)
-        if out.shape != (batch.shape[0], sig.output_width) or not np.isfinite(out).all():
+        if out.shape != (batch.shape[0], sig.columns) or not np.isfinite(out).all():
             raise ModelLoadError(f"warm-up output has shape {list(out.shape)} or non-finite values")
     replayed = len(batches) + (len(raw) if sig.has_raw else 0)
     if isinstance(backend, SpecBackend) and not raw:  # no raw records: still check the FeatureSpec path
@@ -130,7 +131,7 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
     for i, record in enumerate(raw if sig.has_raw else []):
         inputs = record.batch.inputs
         out = backend.predict_raw(inputs)
-        if out.shape != (len(record.batch), sig.output_width) or not np.isfinite(out).all():
+        if out.shape != (len(record.batch), sig.columns) or not np.isfinite(out).all():
             raise ModelLoadError(f"raw warm-up output has shape {list(out.shape)} or non-finite values")
         _check_expected(backend, i, inputs, out, record.expected)
         if isinstance(backend, SpecBackend) and record.expected is not None:
@@ -138,7 +139,7 @@ def warm_up(backend: Backend, version_dir: Path) -> int:
     return replayed
 
 
-def _check_rest_route(backend: SpecBackend, i: int, rows: RawBatch, expected: np.ndarray) -> None:
+def _check_rest_route(backend: SpecBackend, i: int, rows: RawBatch, expected: dict[str, np.ndarray]) -> None:
     """The same gate on the route REST clients take: the record's rows as JSON bodies (row format, then
     columnar), decoded by both of the server's REST decoders (the native scan where it takes the body, as
     served, and the exact path alone) and transformed twice each (the native few-row transform runs once the
@@ -172,26 +173,35 @@ def _check_expected(
     i: int,
     inputs: dict[str, np.ndarray],
     out: np.ndarray,
-    expected: np.ndarray | None,
+    expected: dict[str, np.ndarray] | None,
     route: str = "",
 ) -> None:
-    """The load gate of the served raw path: its scores on a warm-up record match the expected ones.
+    """The load gate of the served raw path: its outputs on a warm-up record match the expected ones.
 
-    Export records FeatureSpec.transform + PyTorch's scores in each raw record; an older export has none, and
-    then the FeatureSpec path (versions/spec_backend.py) is checked against the version's raw graph instead.
+    Export records FeatureSpec.transform + PyTorch's outputs in each raw record, by name; an older export has
+    none, and then the FeatureSpec path (serving/runtime/spec_backend.py) is checked against the version's raw
+    graph instead, every output of it.
     """
+    sig = backend.signature
     reference = "the scores recorded at export (FeatureSpec.transform + PyTorch)"
     if expected is None and isinstance(backend, SpecBackend):
-        expected, reference = backend.predict_raw_graph(inputs), "the version's raw graph"
-    if expected is None:
-        return
-    if expected.shape != out.shape:
-        raise ModelLoadError(
-            f"raw warm-up record {i}{route} expects scores of shape {list(expected.shape)}, got {list(out.shape)}"
-        )
-    diff = float(np.max(np.abs(out.astype(np.float64) - expected)))
-    if not diff <= RAW_WARMUP_TOLERANCE:
-        raise ModelLoadError(
-            f"raw warm-up record {i}{route}: the served raw path differs from {reference} by {diff:.3g} "
-            f"(> {RAW_WARMUP_TOLERANCE:g}); re-export the version with this code"
-        )
+        graph = backend.predict_raw_graph(inputs)
+        expected, reference = {n: sig.output(graph, n) for n in sig.output_names}, "the version's raw graph"
+    for name, want in (expected or {}).items():
+        if name not in sig.output_names:
+            raise ModelLoadError(
+                f"raw warm-up record {i} expects output '{name}', the version serves {list(sig.output_names)}; "
+                "re-export the version with this code"
+            )
+        got = sig.output(out, name)
+        if want.shape != got.shape:
+            raise ModelLoadError(
+                f"raw warm-up record {i}{route} expects '{name}' of shape {list(want.shape)}, got {list(got.shape)}"
+            )
+        diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+        if not diff <= RAW_WARMUP_TOLERANCE:
+            what = f"the served raw path's '{name}'" if sig.extra_outputs else "the served raw path"
+            raise ModelLoadError(
+                f"raw warm-up record {i}{route}: {what} differs from {reference} by {diff:.3g} "
+                f"(> {RAW_WARMUP_TOLERANCE:g}); re-export the version with this code"
+            )

@@ -9,7 +9,7 @@ import onnx
 
 from ctr_features.compiled.onnx_graph import build_raw_model
 from ctr_features.spec import FeatureSpec
-from tests.serving.model_repo import make_weights, write_manifest, write_onnx, write_warmup
+from tests.serving.model_repo import OUTPUTS, make_weights, write_manifest, write_onnx, write_warmup
 from training.synth import sample_rows
 
 
@@ -28,17 +28,40 @@ def seen_values(spec: FeatureSpec, n: int = 2) -> list[str]:
     return [v.decode() for v in spec.tables[0].vocab[:n]]
 
 
-def write_raw_version(base: Path, version: int, spec: FeatureSpec, seed: int = 11) -> Path:
-    """`<base>/<version>/` serving `serving_default` and `raw` from ONNX, renamed into place like export does."""
+def raw_graph(model: onnx.ModelProto, spec: FeatureSpec) -> onnx.ModelProto:
+    """model_raw.onnx of a features model with one output or with `ctr` and `raw_score`: the FeatureSpec nodes,
+    then every node of `model`, with `model`'s outputs."""
+    outputs = list(model.graph.output)
+    single = onnx.ModelProto()
+    single.CopyFrom(model)
+    del single.graph.output[1:]  # composed on `ctr` alone: the raw_score node stays in the graph
+    raw = build_raw_model(single, spec)
+    raw.graph.output.extend(outputs[1:])
+    onnx.checker.check_model(raw, full_check=True)
+    return raw
+
+
+def write_raw_version(
+    base: Path, version: int, spec: FeatureSpec, seed: int = 11, calibrated: bool = False
+) -> Path:
+    """`<base>/<version>/` serving `serving_default` and `raw` from ONNX, renamed into place like export does;
+    `calibrated`: both graphs serve `ctr` and `raw_score` (tests/serving/model_repo.py), listed in the manifest."""
     stage = base / f".tmp-{version}"
     stage.mkdir(parents=True)
-    write_onnx(make_weights(seed=seed), stage / "model.onnx")
+    write_onnx(make_weights(seed=seed), stage / "model.onnx", calibrated)
     proto = onnx.load(str(stage / "model.onnx"))
-    onnx.save(build_raw_model(proto, spec), stage / "model_raw.onnx")
+    onnx.save(raw_graph(proto, spec), stage / "model_raw.onnx")
     (stage / "assets.extra").mkdir(exist_ok=True)
     spec.save(stage / "assets.extra" / "feature_spec.json")
     write_warmup(stage / "assets.extra" / "tf_serving_warmup_requests", [np.zeros((1, 128), np.float32)])
-    write_manifest(stage, version)
+    write_manifest(stage, version, OUTPUTS if calibrated else None, raw=True)
     final = base / str(version)
     stage.rename(final)
     return final
+
+
+def write_both_kinds(base: Path, spec: FeatureSpec, seed: int = 11) -> None:
+    """Version 1 as exported before calibration (`ctr` alone, no `io` in its manifest) and version 2 with
+    `ctr` and `raw_score`, from the same weights: version 2's raw_score is version 1's ctr."""
+    write_raw_version(base, 1, spec, seed)
+    write_raw_version(base, 2, spec, seed, calibrated=True)

@@ -12,7 +12,6 @@ import onnx
 import pytest
 
 from ctr_features.compiled import few_rows as raw_one_row
-from ctr_features.compiled.onnx_graph import build_raw_model
 from ctr_features.parity import build_raw_rows
 from export.tf.warmup import write_warmup
 from serving.errors import ModelLoadError
@@ -20,22 +19,29 @@ from serving.repository.warmup import warm_up
 from serving.runtime.backends import load_backend
 from serving.runtime.onnx_runtime import OnnxRuntimeBackend
 from serving.runtime.spec_backend import SpecBackend, with_spec_transform
-from tests.serving.model_repo import make_weights, reference_predict, write_onnx
+from tests.serving.model_repo import make_weights, reference_outputs, reference_predict, write_onnx
+from tests.serving.raw_model_repo import raw_graph
 from tests.serving.unit.test_unit_raw_fast import fit_spec
 
 
-def _version(tmp_path: Path, offset: float | None) -> Path:
-    """A version with model.onnx, model_raw.onnx and the spec; raw warm-up scores shifted by `offset`
-    (None: raw records without scores, as exports before the load gate wrote them)."""
+def _version(tmp_path: Path, offset: float | None, calibrated: bool = False, shifted: str = "ctr") -> Path:
+    """A version with model.onnx, model_raw.onnx and the spec; the raw warm-up record's `shifted` output moved by
+    `offset` (None: raw records without scores, as exports before the load gate wrote them). `calibrated`: both
+    graphs serve ctr and raw_score (tests/serving/model_repo.py), and the records carry both."""
     spec, weights = fit_spec(), make_weights(seed=11)
     version = tmp_path / "1"
     (version / "assets.extra").mkdir(parents=True)
-    write_onnx(weights, version / "model.onnx")
-    onnx.save(build_raw_model(onnx.load(str(version / "model.onnx")), spec), version / "model_raw.onnx")
+    write_onnx(weights, version / "model.onnx", calibrated)
+    onnx.save(raw_graph(onnx.load(str(version / "model.onnx")), spec), version / "model_raw.onnx")
     spec.save(version / "assets.extra" / "feature_spec.json")
     (numeric, categorical), _ = build_raw_rows(spec, 64, None)
-    expected = reference_predict(weights, spec.transform(numeric, categorical))  # FeatureSpec + the model
     features = spec.transform(numeric, categorical)
+    # FeatureSpec + the model
+    expected = (
+        reference_outputs(weights, features) if calibrated else {"ctr": reference_predict(weights, features)}
+    )
+    if offset is not None:
+        expected[shifted] = expected[shifted] + offset
     write_warmup(
         version / "assets.extra" / "tf_serving_warmup_requests",
         features,
@@ -43,7 +49,7 @@ def _version(tmp_path: Path, offset: float | None) -> Path:
         "features",
         "serving_default",
         (numeric, categorical),
-        None if offset is None else expected + offset,
+        None if offset is None else expected,
     )
     return version
 
@@ -64,6 +70,18 @@ def test_scores_that_disagree_with_the_recorded_ones_fail_the_load(tmp_path: Pat
         "(FeatureSpec.transform + PyTorch) by 0.01"
     )
     assert str(caught.value).endswith("(> 0.0001); re-export the version with this code")
+
+
+def test_each_recorded_output_of_a_calibrated_version_is_gated(tmp_path: Path) -> None:
+    loads = _version(tmp_path / "same", 0.0, calibrated=True)
+    assert warm_up(with_spec_transform(load_backend("onnx", loads, 1), loads), loads) == 6
+    version = _version(tmp_path / "moved", 0.01, calibrated=True, shifted="raw_score")
+    with pytest.raises(ModelLoadError) as caught:
+        warm_up(with_spec_transform(load_backend("onnx", version, 1), version), version)
+    assert str(caught.value).startswith(
+        "raw warm-up record 0: the served raw path's 'raw_score' differs from the scores recorded at export "
+        "(FeatureSpec.transform + PyTorch) by 0.01"
+    )
 
 
 def test_without_recorded_scores_a_spec_that_is_not_the_graphs_fails_the_load(tmp_path: Path) -> None:
