@@ -17,6 +17,7 @@ MAX_SEGMENT_MASS = 32.0
 # graph drifts (its derivative is a / 4) and the fit is separating the rows rather than calibrating them.
 PLATT_SLOPE_RANGE = (0.05, 10.0)
 MAX_KNOTS = 256  # the most knots a calibrator may hold; fit_calibrator's default is 32
+_CHUNK_ROWS = 65_536
 _MIN_KNOT_GAP = 1e-6  # knots closer than this could coincide in float32
 
 
@@ -152,10 +153,19 @@ def _monotone_fit(u: np.ndarray, target: np.ndarray, w: np.ndarray, knots: np.nd
     mean_t = float(np.average(target, weights=w))
     if len(knots) == 1:
         return np.array([mean_t])
-    a = _ramps(u, knots)
-    mean_a = np.average(a, axis=0, weights=w)
-    ac, tc = a - mean_a, target - mean_t  # centred: the intercept is free, the rises are >= 0
-    rises = nnls_gram(ac.T @ (ac * w[:, None]), ac.T @ (tc * w))
+    k = len(knots) - 1
+    sum_a, sum_at, gram = np.zeros(k), np.zeros(k), np.zeros((k, k))
+    for start in range(0, len(u), _CHUNK_ROWS):  # (chunk, K-1) ramps at a time: memory stays O(chunk * K)
+        part = slice(start, start + _CHUNK_ROWS)
+        a = _ramps(u[part], knots)
+        wa = a * w[part, None]
+        sum_a += wa.sum(axis=0)
+        sum_at += wa.T @ target[part]
+        gram += wa.T @ a
+    total = float(w.sum())
+    mean_a = sum_a / total
+    # centred (the intercept is free, the rises are >= 0): sum w (a - mean_a)(a - mean_a)' and sum w (a - mean_a) t
+    rises = nnls_gram(gram - total * np.outer(mean_a, mean_a), sum_at - total * mean_a * mean_t)
     values = mean_t - float(mean_a @ rises) + np.concatenate(([0.0], np.cumsum(rises)))
     return np.maximum.accumulate(np.clip(values, 0.0, 1.0))
 
