@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 ACTIVE = False  # True once setup() has installed a tracer: the request path tests only this
 _CURRENT: ContextVar[Any] = ContextVar("ctr_request_span", default=None)  # the request's recording span
 _OFFSET_NS = 0  # time.time_ns() - time.perf_counter_ns(): perf_counter stamps to span times
+_start: Callable[[str, bytes, str], tuple[Any, bytes]]  # tracing_sdk's, set by setup()
+_record: Callable[..., Any]
 _state: dict[str, Any] = {}
 DEFAULTS: dict[str, Any] = {
     "endpoint": None,  # None: the SDK's (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost)
@@ -93,7 +95,7 @@ def setup(
 ) -> bool:
     """Install the tracer when tracing is wanted; True when it is on. Called once per serving process.
     `on_drop(n)` counts dropped spans where the metrics page reads them (the shared counter under workers)."""
-    global ACTIVE, _OFFSET_NS
+    global ACTIVE, _OFFSET_NS, _start, _record
     if ACTIVE or not wanted(config_file):
         return ACTIVE
     from serving.observability.tracing_sdk import build_tracer  # the SDK is imported only from here
@@ -102,7 +104,7 @@ def setup(
     settings["service_name"] = settings["service_name"] or os.environ.get("OTEL_SERVICE_NAME") or service_name
     _state.update(build_tracer(settings, _dropped))
     _state["dropped"], _state["warned_at"], _state["on_drop"] = 0, -WARN_EVERY_S, on_drop
-    _OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+    _OFFSET_NS, _start, _record = _state["offset_ns"], _state["start"], _state["record"]
     ACTIVE = True
     log.info("tracing on: OTLP %s to %s", _state["protocol"], _state["endpoint"])
     return True
@@ -147,38 +149,33 @@ def dropped() -> int:
 def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[Any, Any, bytes]:
     """Start a request's span under the caller's `traceparent` (malformed or absent: a new trace).
 
-    Returns (span, token for end(), the traceparent to answer with). Only a sampled span is made the
-    current one, so an unsampled request records no children at all; most requests are not sampled, and
-    those never reach the SDK (span None).
+    Returns (span, token for end(), the traceparent to answer with). An unsampled request, most of them,
+    gets span and token None: its only cost is the sampling decision and the traceparent answered
+    (serving/observability/tracing_sdk.py, `request_starter`), and it records no children. A sampled
+    span is made the current one.
     """
-    unsampled = _state["unsampled"]
-    if unsampled is not None:
-        answer = unsampled(
-            traceparent.encode("latin-1") if isinstance(traceparent, str) else traceparent or b""
-        )
-        if answer is not None:
-            return None, None, answer
-    span = _state["begin"](name, traceparent, entrypoint)
-    ctx = span.get_span_context()
-    answer = b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
-    return span, (_CURRENT.set(span) if span.is_recording() else None), answer
+    if isinstance(traceparent, str):
+        traceparent = traceparent.encode("latin-1")
+    span, answer = _start(name, traceparent or b"", entrypoint)
+    if span is None:
+        return None, None, answer
+    return span, _CURRENT.set(span), answer
 
 
 def end(span: Any, token: Any, error: str | None = None) -> None:
     """End the request's span (started by begin) and restore the current span before it."""
     if span is None:
         return
-    if token is not None:
-        _CURRENT.reset(token)
-        if error is not None and "ctr.status" not in (span.attributes or {}):  # the predictor's code first
-            span.set_attribute("ctr.status", error)
-            _state["set_error"](span, error)
+    _CURRENT.reset(token)
+    if error is not None and "ctr.status" not in (span.attributes or {}):  # the predictor's code first
+        span.set_attribute("ctr.status", error)
+        _state["set_error"](span, error)
     span.end()
 
 
-def current() -> Any:
-    """The request's span when it is sampled, else None."""
-    return _CURRENT.get()
+# `current()`: the request's span when it is sampled, else None (the context variable's own C method: it
+# runs several times a request, sampled or not).
+current: Callable[[], Any] = _CURRENT.get
 
 
 def annotate(span: Any, model: str, version: int, signature: str, rows: int) -> None:
@@ -205,10 +202,10 @@ def child(parent: Any, name: str, start_s: float, end_s: float | None = None, **
     perf_counter stamps (end: now); returns its context, to be the parent of others."""
     end_ns = time.perf_counter_ns() if end_s is None else int(end_s * 1e9)
     start_ns = _OFFSET_NS + int(start_s * 1e9)
-    return _state["record"](parent, name, start_ns, _OFFSET_NS + end_ns, attributes, ())
+    return _record(parent, name, start_ns, _OFFSET_NS + end_ns, attributes, ())
 
 
 def batch(parents: list[Any], start_s: float, end_s: float, rows: int) -> Any:
     """Record the span of one model call: the child of the first traced request, linked to each of them."""
     start_ns, end_ns = _OFFSET_NS + int(start_s * 1e9), _OFFSET_NS + int(end_s * 1e9)
-    return _state["record"](parents[0], "batch", start_ns, end_ns, {"ctr.batch_size": rows}, parents)
+    return _record(parents[0], "batch", start_ns, end_ns, {"ctr.batch_size": rows}, parents)

@@ -4,6 +4,13 @@ A TracerProvider with a parent-based ratio sampler, an OTLP exporter (gRPC or HT
 BatchSpanProcessor whose queue is bounded: a span that finds it full is dropped and counted, and a failed
 export counts its spans as dropped. The SDK's own per-span "Queue full" warning and the exporter's retry
 lines are let through at most once a minute (tracing.py warns with the count).
+
+With a parent-based ratio sampler (the file's `sample_ratio`, or OTEL_TRACES_SAMPLER's parentbased_*), the
+request path does not go through the SDK's tracer: `request_starter` makes the sampling decision from the
+traceparent and the trace id itself (ParentBased(TraceIdRatioBased)'s rule; a test holds it to the SDK's),
+an unsampled request gets only the traceparent to answer, and a sampled one a `RequestSpan`, handed to the
+processor as a finished ReadableSpan when it ends. Any other sampler runs through the SDK on every request.
+The gRPC exporter writes its requests with serving/observability/otlp_wire.py.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from opentelemetry.sdk.trace.sampling import (
     _get_from_env_or_default,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from serving.observability.otlp_wire import encode_request
 
 QUIET_LOGGERS = (
     "opentelemetry.sdk._shared_internal",  # "Queue full, dropping spans." once per span
@@ -99,7 +108,13 @@ def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        exporter: SpanExporter = GrpcExporter(endpoint=endpoint, timeout=timeout)
+        class WireExporter(GrpcExporter):
+            """The SDK's gRPC exporter, its requests written by otlp_wire (the same message, sooner)."""
+
+            def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
+                return encode_request(data)
+
+        exporter: SpanExporter = WireExporter(endpoint=endpoint, timeout=timeout)
         return (
             exporter,
             protocol,
@@ -119,9 +134,11 @@ def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
 
 # W3C trace context: version-traceid-parentid-flags (version ff, an all-zero id: invalid)
 _TRACEPARENT = re.compile(
-    rb"^(?!ff)([0-9a-f]{2})-(?!0{32})([0-9a-f]{32})-(?!0{16})[0-9a-f]{16}-([0-9a-f]{2})(-.*)?$"
+    rb"^(?!ff)([0-9a-f]{2})-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$"
 )
 TRACE_ID_LIMIT = (1 << 64) - 1
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
 
 
 def _ratio(ratio: float | None) -> float | None:
@@ -142,29 +159,82 @@ def _ratio(ratio: float | None) -> float | None:
     return None
 
 
-def unsampled_answer(ratio: float) -> Callable[[bytes], bytes | None]:
-    """The parent-based ratio decision without the SDK: the traceparent to answer when the request is not
-    sampled (a new span id; the caller's trace, or a new one), or None when it is (the SDK then makes it).
+class RequestSpan:
+    """A sampled request's span while it runs: what tracing.py sets on it, kept in plain fields.
 
-    What the SDK's ParentBased(TraceIdRatioBased(ratio)) decides, at a fraction of the SDK's cost (the
-    figures: docs/perf/tracing.md): a sampled parent is followed, an unsampled one too, and a root (no
-    parent, or a malformed one) is sampled when its trace id's low 64 bits are under ratio * 2^64.
+    `end()` hands it to the processor as the finished ReadableSpan the SDK would have made (kind SERVER,
+    the tracer's resource and scope); a live SDK span costs several times more to start and end.
+    """
+
+    __slots__ = ("_finish", "attributes", "context", "name", "parent", "start_ns", "status")
+
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+        start_ns: int,
+        finish: Callable[[RequestSpan], None],
+    ) -> None:
+        self.name, self.context, self.parent, self.attributes = name, context, parent, attributes
+        self.start_ns, self._finish = start_ns, finish
+        self.status: Status | None = None
+
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return True
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.attributes[key] = value
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        self.attributes.update(attributes)
+
+    def set_status(self, status: Status) -> None:
+        self.status = status
+
+    def end(self) -> None:
+        self._finish(self)
+
+
+Starter = Callable[[str, bytes, str], "tuple[Any, bytes]"]
+
+
+def request_starter(
+    ratio: float, now_ns: Callable[[], int], finish: Callable[[RequestSpan], None]
+) -> Starter:
+    """`start(name, traceparent, entrypoint) -> (span, the traceparent to answer)`, without the SDK.
+
+    ParentBased(TraceIdRatioBased(ratio))'s decision: a valid parent (the W3C rules, lower-case hex only,
+    as the SDK's propagator) is followed, sampled or not; a root (no parent, or a malformed one) is
+    sampled when its trace id's low 64 bits are under ratio * 2^64. An unsampled request gets span None
+    and costs a regex match (when it sent a traceparent), two random numbers and one formatting.
     """
     bound = round(ratio * (TRACE_ID_LIMIT + 1))
 
-    def decide(traceparent: bytes) -> bytes | None:
+    def start(name: str, traceparent: bytes, entrypoint: str) -> tuple[RequestSpan | None, bytes]:
+        parent = None
         if traceparent:
-            parent = _TRACEPARENT.match(traceparent.strip())  # lower-case hex only, as W3C and the SDK
-            if parent is not None and (parent.group(1) != b"00" or parent.group(4) is None):
-                if int(parent.group(3), 16) & 1:
-                    return None  # a sampled parent: recorded
-                return b"00-%s-%016x-00" % (parent.group(2), getrandbits(64))
-        trace_id = getrandbits(128)
-        if trace_id & TRACE_ID_LIMIT < bound:
-            return None  # a sampled root: the SDK makes it under ALWAYS_ON, so the ratio applies once
-        return b"00-%032x-%016x-00" % (trace_id, getrandbits(64))
+            match = _TRACEPARENT.match(traceparent.strip())
+            if match is not None and (match.group(1) != b"00" or match.group(5) is None):
+                flags = int(match.group(4), 16)
+                if not flags & 1:  # an unsampled parent: followed, nothing recorded
+                    return None, b"00-%s-%016x-00" % (match.group(2), getrandbits(64) or 1)
+                trace_id = int(match.group(2), 16)
+                parent = SpanContext(trace_id, int(match.group(3), 16), True, TraceFlags(flags))
+        if parent is None:
+            trace_id = getrandbits(128) or 1
+            if trace_id & TRACE_ID_LIMIT >= bound:
+                return None, b"00-%032x-%016x-00" % (trace_id, getrandbits(64) or 1)
+        span_id = getrandbits(64) or 1
+        context = SpanContext(trace_id, span_id, False, _SAMPLED)
+        span = RequestSpan(name, context, parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish)
+        return span, b"00-%032x-%016x-01" % (trace_id, span_id)
 
-    return decide
+    return start
 
 
 def _sampler(ratio: float | None) -> Sampler:
@@ -174,7 +244,7 @@ def _sampler(ratio: float | None) -> Sampler:
 
 
 def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> dict[str, Any]:
-    """The provider and the three calls tracing.py makes on the request path."""
+    """The provider and the calls tracing.py makes on the request path (`start`, `record`, `set_error`)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).addFilter(_OncePerMinute())
     exporter, protocol, endpoint = _exporter(settings)
@@ -191,20 +261,42 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     provider.add_span_processor(provider_processor)
     tracer = provider.get_tracer("ctr-serving")
     propagator = TraceContextTextMapPropagator()
+    offset_ns = time.time_ns() - time.perf_counter_ns()  # perf_counter stamps to span times
 
-    def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> Any:
+    def now_ns() -> int:
+        return offset_ns + time.perf_counter_ns()
+
+    def sdk_start(name: str, traceparent: bytes, entrypoint: str) -> tuple[Any, bytes]:
+        """Any other sampler than a parent-based ratio: the SDK's tracer on every request."""
         context: Context | None = None
         if traceparent:
-            if isinstance(traceparent, bytes):
-                traceparent = traceparent.decode("latin-1")
-            context = propagator.extract({"traceparent": traceparent})  # malformed: an empty context
-        return tracer.start_span(
+            context = propagator.extract({"traceparent": traceparent.decode("latin-1")})  # malformed: none
+        span = tracer.start_span(
             name, context=context, kind=SpanKind.SERVER, attributes={"ctr.entrypoint": entrypoint}
         )
+        ctx = span.get_span_context()
+        answer = b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
+        return (span if span.is_recording() else None), answer
 
-    # The children are finished when they are made (from timestamps taken on the way): built as the
-    # ReadableSpan the processor gets, they skip the SDK's live-span machinery (a fifth of the cost).
+    # Spans are finished when they are made (from timestamps taken on the way): built as the ReadableSpan
+    # the processor gets, they skip the SDK's live-span machinery.
     scope, processor = InstrumentationScope("ctr-serving"), provider_processor
+
+    def finish(span: RequestSpan) -> None:
+        processor.on_end(
+            ReadableSpan(
+                name=span.name,
+                context=span.context,
+                parent=span.parent,
+                resource=resource,
+                attributes=span.attributes,
+                kind=SpanKind.SERVER,
+                instrumentation_scope=scope,
+                status=span.status or _UNSET,
+                start_time=span.start_ns,
+                end_time=now_ns(),
+            )
+        )
 
     def record(parent: Any, name: str, start_ns: int, end_ns: int, attributes: Any, linked: Any) -> Any:
         up = parent if isinstance(parent, SpanContext) else parent.get_span_context()
@@ -230,10 +322,10 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
 
     return {
         "provider": provider,
-        "begin": begin,
+        "start": sdk_start if ratio is None else request_starter(ratio, now_ns, finish),
         "record": record,
         "set_error": set_error,
-        "unsampled": None if ratio is None else unsampled_answer(ratio),
+        "offset_ns": offset_ns,
         "protocol": protocol,
         "endpoint": endpoint,
     }

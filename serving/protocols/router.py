@@ -56,7 +56,6 @@ class RestRouter:
         body: bytes | bytearray,
         request_id: str | None = None,
         header_length: int | None = None,
-        traced: bool = False,
     ) -> tuple[int, bytes, bytes]:
         """Answer one request; never raises. Returns (status, body, content type).
 
@@ -64,51 +63,46 @@ class RestRouter:
 
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
         `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
-        `traced`: the request's span is started already (with tracing on, every POST gets one).
+        With tracing on, every POST runs in its span, under the client's traceparent, which the answer
+        returns; the span is begun and ended here, in this coroutine (another around it would cost every
+        request, sampled or not, more than the sampling decision does).
         """
-        if tracing.ACTIVE and not traced and method == "POST":
-            return await self._traced(method, path, body, request_id, header_length)
+        span = token = answer = None
+        if tracing.ACTIVE and method == "POST":
+            name = "infer" if path.startswith("/v2") else "predict"
+            span, token, answer = tracing.begin(name, TRACEPARENT.get(), "REST")
         try:
             route = RequestPath(path)
             segments = route.segments
             if segments[:1] == V2_ROOT:
                 if segments == ("v2", ""):  # the protocol's own path for the server metadata
                     route.segments = V2_ROOT
-                return await self.v2.dispatch(method, route, body, header_length, request_id)
-            if segments in METRICS_PATHS or segments == ("healthz",):
+                answered = await self.v2.dispatch(method, route, body, header_length, request_id)
+            elif segments in METRICS_PATHS or segments == ("healthz",):
                 require_method(method, "GET")
                 if segments == ("healthz",):
-                    return 200, b'{"status": "alive"}', JSON
-                return 200, self._metrics_text().encode(), METRICS_TEXT
-            return await self.v1.dispatch(method, route, body, request_id)
+                    answered = 200, b'{"status": "alive"}', JSON
+                else:
+                    answered = 200, self._metrics_text().encode(), METRICS_TEXT
+            else:
+                answered = await self.v1.dispatch(method, route, body, request_id)
         except MethodNotAllowed as exc:
-            return 405, error_body(exc.message), JSON + b"\r\nallow: " + exc.allow.encode()
+            answered = 405, error_body(exc.message), JSON + b"\r\nallow: " + exc.allow.encode()
         except ServingError as exc:
-            return exc.http_status, error_body(exc.message), JSON
+            answered = exc.http_status, error_body(exc.message), JSON
         except Exception as exc:  # a bug, not a client mistake: log it with its traceback, answer 500
             client_log.log(
                 logging.ERROR, "rest-500", "unhandled error on %s %.200s", method, path, exc_info=True
             )
-            return 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), JSON
-
-    async def _traced(
-        self,
-        method: str,
-        path: str,
-        body: bytes | bytearray,
-        request_id: str | None,
-        header_length: int | None,
-    ) -> tuple[int, bytes, bytes]:
-        """`handle` inside the request's span, under the client's traceparent, which the answer returns."""
-        span, token, answer = tracing.begin(
-            "infer" if path.startswith("/v2") else "predict", TRACEPARENT.get(), "REST"
-        )
-        status = 500
-        try:
-            status, out, content_type = await self.handle(method, path, body, request_id, header_length, True)
-        finally:
-            if token is not None:
-                span.set_attribute("http.response.status_code", status)
+            answered = 500, error_body(f"internal error: {type(exc).__name__}: {exc}"), JSON
+        except BaseException:  # cancelled (the connection went): the span ends all the same
+            tracing.end(span, token, "500")
+            raise
+        if answer is None:
+            return answered
+        status, out, content_type = answered
+        if span is not None:
+            span.set_attribute("http.response.status_code", status)
             tracing.end(span, token, None if status < 400 else str(status))
         return status, out, content_type + b"\r\ntraceparent: " + answer
 

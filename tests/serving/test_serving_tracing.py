@@ -335,13 +335,15 @@ def test_which_settings_turn_tracing_on(tmp_path) -> None:
 
 
 def test_the_fast_sampling_decision_is_the_sdks() -> None:
-    """Unsampled requests never reach the SDK: the decision made without it must be ParentBased(ratio)'s."""
+    """Requests are started without the SDK's tracer: the decision must be ParentBased(ratio)'s, and a
+    sampled request's parent the one the SDK's propagator reads."""
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from serving.observability.tracing_sdk import unsampled_answer
+    from serving.observability.tracing_sdk import request_starter
 
-    never = unsampled_answer(0.0)
+    finished: list[Any] = []
+    never = request_starter(0.0, time.time_ns, finished.append)
     span = "00f067aa0ba902b7"
     for header in (
         f"00-{CLIENT_TRACE}-{span}-01",
@@ -358,12 +360,55 @@ def test_the_fast_sampling_decision_is_the_sdks() -> None:
     ):
         parent = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": header}))
         context = parent.get_span_context()
-        answer = never(header.encode())
-        if context.is_valid and context.trace_flags.sampled:
-            assert answer is None, header  # the SDK records it, following its parent
+        started, answer = never("predict", header.encode(), "REST")
+        assert (answer[3:35].decode() == CLIENT_TRACE) == context.is_valid, (header, answer)
+        if context.is_valid and context.trace_flags.sampled:  # the SDK records it, following its parent
+            assert started is not None and started.parent == context, header
+            assert started.parent.is_remote and answer.endswith(b"-01"), header
+            assert answer[36:52].decode() == f"{started.context.span_id:016x}"
+            started.end()
         else:
-            assert answer is not None and answer.endswith(b"-00"), header
-            assert (answer[3:35].decode() == CLIENT_TRACE) == context.is_valid, (header, answer)
-    quarter = unsampled_answer(0.25)
-    sampled = sum(quarter(b"") is None for _ in range(20_000))
-    assert 4_500 < sampled < 5_500  # roots at the ratio
+            assert started is None and answer.endswith(b"-00"), header
+    assert len(finished) == 3 and all(s.attributes == {"ctr.entrypoint": "REST"} for s in finished)
+    quarter = request_starter(0.25, time.time_ns, finished.append)
+    sampled = [s for s, _ in (quarter("predict", b"", "REST") for _ in range(20_000)) if s is not None]
+    assert 4_500 < len(sampled) < 5_500  # roots at the ratio
+    # The root's trace id is the one the ratio was decided on (TraceIdRatioBased's rule, downstream too).
+    assert all(s.context.trace_id & (2**64 - 1) < 2**62 and s.parent is None for s in sampled)
+
+
+def test_otlp_wire_writes_the_sdks_message() -> None:
+    """The gRPC exporter's requests (serving/observability/otlp_wire.py) are `encode_spans`' own."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    from serving.observability.otlp_wire import encode_request
+
+    resource, scope = Resource.create({"service.name": "ctr-serving"}), InstrumentationScope("ctr-serving")
+    remote = SpanContext(int(CLIENT_TRACE, 16), int(CLIENT_SPAN, 16), True, TraceFlags(1))
+    own = SpanContext(int(CLIENT_TRACE, 16), 0xAB, False, TraceFlags(1))
+
+    def span(name: str, **fields: Any) -> ReadableSpan:
+        values = {"context": own, "parent": remote, "start_time": 10**18, "end_time": 10**18 + 5}
+        values.update(resource=resource, instrumentation_scope=scope)
+        return ReadableSpan(name=name, **{**values, **fields})
+
+    attributes = {"ctr.model.version": 3, "ctr.status": "OK", "big": -(2**40), "r": 0.25, "b": True}
+    spans = [
+        span("predict", kind=SpanKind.SERVER, attributes=attributes),
+        span("encode", parent=own, attributes={"x": b"\x00\xff", "": "", "zero": 0, "f": False}),
+        span("predict", status=Status(StatusCode.ERROR, "INVALID_ARGUMENT"), parent=None),
+        span("batch", links=[Link(remote), Link(own, {"n": 2})], attributes={"ctr.batch_size": 2}),
+        span("long" * 100, attributes={f"k{i}": "v" * 300 for i in range(40)}),
+    ]
+    assert encode_request(spans) == encode_spans(spans)
+    assert encode_request(spans).SerializeToString() != b""
+    for odd in (  # written by the SDK's encoder, whole: the same message still
+        span("e", events=[Event("retry", {"n": 1}, 7)]),
+        span("a", attributes={"list": [1, 2]}),
+        span("r", resource=Resource.create({"service.name": "other"})),
+    ):
+        assert encode_request([*spans, odd]) == encode_spans([*spans, odd])
