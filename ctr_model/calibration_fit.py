@@ -133,13 +133,13 @@ def _spaced(knots: np.ndarray) -> np.ndarray:
 
 def _without_collinear(knots: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Drop inner knots where the slope does not change (a flat run of knots is one segment): a smaller graph."""
+    if len(knots) > 1 and values[-1] - values[0] <= 1e-9:  # a constant map (up to rounding): one knot
+        return knots[:1], np.array([float(values.mean())])
     if len(knots) < 3:
         return knots, values
     slopes = np.diff(values) / np.diff(knots)
     bend = np.abs(np.diff(slopes)) > 1e-9 * np.maximum(1.0, np.abs(slopes[1:]))
     keep = np.concatenate(([True], bend, [True]))
-    if not bend.any() and values[0] == values[-1]:
-        keep[-1] = False  # a constant map: one knot
     return knots[keep], values[keep]
 
 
