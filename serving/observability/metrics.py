@@ -9,33 +9,19 @@ is a dict lookup and an integer add, with no lock, because only the event-loop t
 from __future__ import annotations
 
 import bisect
-import time
 from collections.abc import Callable, Mapping, Sequence
-from contextvars import ContextVar
+from typing import cast
 
 import numpy as np
 
-from serving.requests import DecodedRequest
-from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
+from serving.observability.model_stats import ModelStatistics
+from serving.observability.model_stats import note_batching as note_batching  # the batcher's import
 
 # TF Serving's request/runtime latency buckets, in microseconds: ExponentialBuckets(10, 1.8, 33).
 LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
 # Labels of ctr_serving_versions_rejected_total (serving/repository/states.py).
 REJECT_REASONS = ("hash_mismatch", "not_ready", "load_timeout", "os_error", "bad_manifest", "load_error")
-# The statistics extension's counters per (v2 model, version) (Triton's InferStatistics, durations in ns).
-STAT_FIELDS = (
-    "inference_count",
-    "execution_count",
-    "success",
-    "success_ns",
-    "fail",
-    "fail_ns",
-    "queue_ns",
-    "compute_input_ns",
-    "compute_infer_ns",
-    "compute_output_ns",
-)
 CTR_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 
 
@@ -182,71 +168,6 @@ class Histogram(Metric):
         return lines
 
 
-class RequestTiming:
-    """One predict's phases (perf_counter_ns marks); the batcher adds its queue time and executions."""
-
-    __slots__ = ("batched", "decoded", "executions", "queue_ns", "ran", "start")
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter_ns()
-        self.decoded = self.ran = 0
-        self.queue_ns = self.executions = 0
-        self.batched = False
-
-
-_TIMING: ContextVar[RequestTiming | None] = ContextVar("request_timing", default=None)
-
-
-def note_batching(queue_ns: int, executed: bool) -> None:
-    """Called by the batcher in the request's own task: its time in the queue, and whether its batch's
-    execution is counted on it (one request per batch carries it, so executions add up to the batches)."""
-    timing = _TIMING.get()
-    if timing is not None:
-        timing.batched = True
-        timing.queue_ns += queue_ns
-        timing.executions += executed
-
-
-class ModelStatistics:
-    """Triton's statistics extension: per (v2 model, version) counts and durations, from every predict.
-
-    Kept out of the Prometheus page (they are not metrics families of ours); the workers of `--num_workers`
-    share them through the same files as the counters (serving/observability/metrics_shared.py).
-    """
-
-    def __init__(self, counts: Counter, last_inference: Gauge) -> None:
-        self.counts, self.last_inference = counts, last_inference
-
-    def begin(self) -> RequestTiming:
-        """Start timing the predict running in this task."""
-        timing = RequestTiming()
-        _TIMING.set(timing)
-        return timing
-
-    def record(
-        self, model: str, version: int, request: DecodedRequest | None, timing: RequestTiming, status: str
-    ) -> None:
-        """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name."""
-        end = time.perf_counter_ns()
-        signature = request.signature if request is not None else DEFAULT_SIGNATURE
-        v2_name = f"{model}_{RAW_SIGNATURE}" if signature == RAW_SIGNATURE else model
-        key, inc = (v2_name, str(version)), self.counts.inc
-        if status != "OK" or request is None:
-            inc(*key, "fail")
-            inc(*key, "fail_ns", amount=end - timing.start)
-            return
-        decoded, ran = timing.decoded or end, timing.ran or end
-        inc(*key, "success")
-        inc(*key, "success_ns", amount=end - timing.start)
-        inc(*key, "inference_count", amount=len(request.batch))
-        inc(*key, "execution_count", amount=timing.executions if timing.batched else 1)
-        inc(*key, "queue_ns", amount=timing.queue_ns)
-        inc(*key, "compute_input_ns", amount=decoded - timing.start)
-        inc(*key, "compute_infer_ns", amount=max(0, ran - decoded - timing.queue_ns))
-        inc(*key, "compute_output_ns", amount=end - ran)
-        self.last_inference.set(time.time() * 1e3, *key)
-
-
 class ServingMetrics:
     """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`).
 
@@ -337,7 +258,7 @@ class ServingMetrics:
             "header_count, url_bytes, body_bytes, buffered_bytes, instances).",
             ("kind",),
         )
-        self.model_stats = ModelStatistics(
+        self.model_stats = self._model_statistics(
             self._counter("ctr_serving_model_stats", "Triton statistics.", ("model_name", "version", "stat")),
             self._stats_gauge("ctr_serving_model_last_inference_ms", ("model_name", "version")),
         )
@@ -365,6 +286,9 @@ class ServingMetrics:
         """A gauge kept with the counters (it outlives a worker) whose workers' values combine by max."""
         return Gauge(name, "", labelnames)
 
+    def _model_statistics(self, counts: Counter, last_inference: Gauge) -> ModelStatistics:
+        return ModelStatistics(counts, last_inference)
+
     def merged(self, metric: Counter) -> dict[tuple[str, ...], float]:
         """`metric`'s values by label values: this process's own (all workers' with --num_workers)."""
         return dict(metric.values)
@@ -372,9 +296,11 @@ class ServingMetrics:
     def statistics(self) -> dict[tuple[str, str], dict[str, float]]:
         """(v2 model, version) -> the statistics extension's fields, and `last_inference` (ms since the epoch)."""
         table: dict[tuple[str, str], dict[str, float]] = {}
-        for (model, version, stat), value in self.merged(self.model_stats.counts).items():
+        self.model_stats.sync()
+        counts, last = cast(Counter, self.model_stats.counts), cast(Gauge, self.model_stats.last_inference)
+        for (model, version, stat), value in self.merged(counts).items():
             table.setdefault((model, version), {})[stat] = value
-        for (model, version), value in self.merged(self.model_stats.last_inference).items():
+        for (model, version), value in self.merged(last).items():
             table.setdefault((model, version), {})["last_inference"] = value
         return table
 

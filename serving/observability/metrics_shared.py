@@ -32,6 +32,7 @@ import numpy as np
 from prometheus_client.mmap_dict import MmapedDict
 
 from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetrics
+from serving.observability.model_stats import FAIL_FIELDS, SUCCESS_FIELDS, ModelStatistics, StatisticsRow
 
 SUM_SLOT = "sum"  # slot of a histogram's sum; its buckets are slots 0..len(bounds) (+Inf last)
 VALUE_SLOT = ""  # slot of a counter's or gauge's value
@@ -118,6 +119,19 @@ class SharedHistogram(_WriteThrough, Histogram):
         for i in self._add_many(series, values):
             self._write(labels, i, counts[i])
         self._write(labels, SUM_SLOT, total[0])
+
+
+class SharedModelStatistics(ModelStatistics):
+    """The statistics of one worker: each predict's row written through to its totals file, under the
+    keys its counter and gauge would write (so folds and scrapes treat them as they treat counters)."""
+
+    counts: SharedCounter
+    last_inference: SharedGauge
+
+    def _publish(self, row: StatisticsRow, failed: bool) -> None:
+        for field in FAIL_FIELDS if failed else SUCCESS_FIELDS:
+            self.counts._write((*row.key, field), VALUE_SLOT, getattr(row, field))
+        self.last_inference._write(row.key, VALUE_SLOT, row.last_inference)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -230,6 +244,10 @@ class SharedServingMetrics(ServingMetrics):
 
     def _stats_gauge(self, name: str, labelnames: Sequence[str]) -> Gauge:
         return SharedGauge(name, "", labelnames, self._totals, "max")
+
+    def _model_statistics(self, counts: Counter, last_inference: Gauge) -> ModelStatistics:
+        assert isinstance(counts, SharedCounter) and isinstance(last_inference, SharedGauge)
+        return SharedModelStatistics(counts, last_inference)
 
     def merged(self, metric: Counter) -> dict[tuple[str, ...], float]:
         """`metric`'s values over every worker's files: summed, or combined by a gauge's mode."""

@@ -1,0 +1,150 @@
+"""Triton's statistics extension: per (v2 model, version) counts and durations, from every predict.
+
+Each predict is timed in its own task (`begin`, the batcher's `note_batching`) and counted as one update of
+its (v2 model, version)'s row (`record`). The rows are read at a statistics request, through the counter
+and gauge serving/observability/metrics.py builds for them (`sync`); the workers of `--num_workers` also
+write them through to their files (serving/observability/metrics_shared.py).
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+from typing import Protocol
+
+from serving.requests import DecodedRequest
+from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
+
+# The statistics extension's counters per (v2 model, version) (Triton's InferStatistics, durations in ns).
+STAT_FIELDS = (
+    "inference_count",
+    "execution_count",
+    "success",
+    "success_ns",
+    "fail",
+    "fail_ns",
+    "queue_ns",
+    "compute_input_ns",
+    "compute_infer_ns",
+    "compute_output_ns",
+)
+
+
+class Samples(Protocol):
+    """What the rows are read through: a counter's or gauge's values by label values."""
+
+    name: str
+    values: dict[tuple[str, ...], float]
+
+
+class RequestTiming:
+    """One predict's phases (perf_counter_ns marks); the batcher adds its queue time and executions."""
+
+    __slots__ = ("batched", "decoded", "executions", "queue_ns", "ran", "start")
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter_ns()
+        self.decoded = self.ran = 0
+        self.queue_ns = self.executions = 0
+        self.batched = False
+
+
+_TIMING: ContextVar[RequestTiming | None] = ContextVar("request_timing", default=None)
+
+
+def note_batching(queue_ns: int, executed: bool) -> None:
+    """Called by the batcher in the request's own task: its time in the queue, and whether its batch's
+    execution is counted on it (one request per batch carries it, so executions add up to the batches)."""
+    timing = _TIMING.get()
+    if timing is not None:
+        timing.batched = True
+        timing.queue_ns += queue_ns
+        timing.executions += executed
+
+
+class StatisticsRow:
+    """One (v2 model, version)'s statistics extension fields (STAT_FIELDS) and its last inference (ms since
+    the epoch), added to in place: a predict is one update of one row, not a counter call per field."""
+
+    __slots__ = (*STAT_FIELDS, "key", "last_inference")
+    inference_count: float
+    execution_count: float
+    success: float
+    success_ns: float
+    fail: float
+    fail_ns: float
+    queue_ns: float
+    compute_input_ns: float
+    compute_infer_ns: float
+    compute_output_ns: float
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key  # (v2 model name, version)
+        for field in STAT_FIELDS:
+            setattr(self, field, 0.0)
+        self.last_inference = 0.0
+
+
+FAIL_FIELDS = ("fail", "fail_ns")  # what a failed predict adds to; a successful one adds to the rest
+SUCCESS_FIELDS = tuple(f for f in STAT_FIELDS if f not in FAIL_FIELDS)
+
+
+class ModelStatistics:
+    """Triton's statistics extension: per (v2 model, version) counts and durations, from every predict.
+
+    Kept out of the Prometheus page (they are not metrics families of ours). The rows are read through
+    `counts` (label values model, version, stat) and `last_inference` (model, version), filled from the
+    rows by `sync()`; the workers of `--num_workers` write each row through to the same files as the
+    counters (serving/observability/metrics_shared.py, `_publish`).
+    """
+
+    def __init__(self, counts: Samples, last_inference: Samples) -> None:
+        self.counts, self.last_inference = counts, last_inference
+        self._rows: dict[tuple[str, int, str], StatisticsRow] = {}  # (model, version, signature) -> row
+
+    def begin(self) -> RequestTiming:
+        """Start timing the predict running in this task."""
+        timing = RequestTiming()
+        _TIMING.set(timing)
+        return timing
+
+    def record(
+        self, model: str, version: int, request: DecodedRequest | None, timing: RequestTiming, status: str
+    ) -> None:
+        """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name."""
+        end = time.perf_counter_ns()
+        signature = request.signature if request is not None else DEFAULT_SIGNATURE
+        row = self._rows.get((model, version, signature)) or self._row(model, version, signature)
+        failed = status != "OK" or request is None
+        if failed:
+            row.fail += 1
+            row.fail_ns += end - timing.start
+        else:
+            assert request is not None
+            decoded, ran = timing.decoded or end, timing.ran or end
+            row.success += 1
+            row.success_ns += end - timing.start
+            row.inference_count += len(request.batch)
+            row.execution_count += timing.executions if timing.batched else 1
+            row.queue_ns += timing.queue_ns
+            row.compute_input_ns += decoded - timing.start
+            row.compute_infer_ns += max(0, ran - decoded - timing.queue_ns)
+            row.compute_output_ns += end - ran
+        row.last_inference = time.time() * 1e3
+        self._publish(row, failed)
+
+    def _row(self, model: str, version: int, signature: str) -> StatisticsRow:
+        v2_name = f"{model}_{RAW_SIGNATURE}" if signature == RAW_SIGNATURE else model
+        row = self._rows[(model, version, signature)] = StatisticsRow((v2_name, str(version)))
+        return row
+
+    def _publish(self, row: StatisticsRow, failed: bool) -> None:
+        """After each update of `row`: nothing in one process (the rows are read at `sync()`)."""
+
+    def sync(self) -> None:
+        """Copy the rows into `counts` and `last_inference` (a predict touched a field: it is there)."""
+        for row in self._rows.values():
+            fields = (FAIL_FIELDS if row.fail else ()) + (SUCCESS_FIELDS if row.success else ())
+            for field in fields:
+                self.counts.values[(*row.key, field)] = getattr(row, field)
+            self.last_inference.values[row.key] = row.last_inference
