@@ -3,6 +3,7 @@ run records."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import subprocess
@@ -19,6 +20,8 @@ from bench.harness.reference_prepare import prepare_streaming
 from ctr_contract.schema import LABEL
 from ctr_features.data.split import validation_mask
 from ctr_features.spec import FeatureSpec
+from ctr_model.checkpoint import load_net
+from ctr_model.metrics import log_loss
 from training.cli import main as training_main
 from training.data.cache import cache_path, ensure_cache
 from training.data.parquet import ParquetData
@@ -206,8 +209,22 @@ def test_a_sampled_run_records_the_rate_trains_on_the_kept_rows_and_keeps_valida
         assert m["train_rows"] == m_full["train_rows"] and m["train_rows_kept"] == kept.rows
         assert m["global_step"] == 2 * math.ceil(kept.rows / 256)
         assert m["val_rows"] == m_full["val_rows"]
-        ckpt = torch.load(out / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
+        net, ckpt = load_net(out / "checkpoints" / "best.ckpt")
         assert ckpt["hyper_parameters"]["negative_sample_rate"] == 0.5
+        # val_logloss is of q = sigmoid(z + ln w) over every validation row (all in val_features.npy here)
+        x, y = np.load(out / "val_features.npy"), np.load(out / "val_labels.npy")
+        assert len(y) == m["val_rows"]
+        with torch.no_grad():
+            z = net(torch.from_numpy(x)).squeeze(1).double()
+        q = torch.sigmoid(z + math.log(0.5)).numpy()
+        assert m["val_logloss"] == pytest.approx(log_loss(y, q), abs=1e-6)
+        assert m["val_logloss_uncorrected"] == pytest.approx(log_loss(y, torch.sigmoid(z).numpy()), abs=1e-6)
+        logged = [
+            float(r["val_logloss"])
+            for r in csv.DictReader((out / "logs" / "metrics.csv").open())
+            if r.get("val_logloss")
+        ]
+        assert min(abs(v - m["val_logloss"]) for v in logged) < 2e-3  # the best epoch's, logged in training
         for f in ("val_features.npy", "val_labels.npy", "val_raw.npz", "train_features_sample.npy"):
             assert (out / f).read_bytes() == (full / f).read_bytes(), f  # export's rows: all of them
         assert all(np.array_equal(a, kept.indices()) for a in audit(out))

@@ -82,7 +82,9 @@ class CTRModule(L.LightningModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         x, y, _ = batch
-        logits = self.net(x) + self.logit_shift  # (B, 1), corrected to the unsampled click rate
+        logits = self.net(x)  # (B, 1)
+        if self.logit_shift:  # corrected to the unsampled click rate, in fp32 (ln w is not exact in bf16)
+            logits = logits.float() + self.logit_shift
         self.val_auc.update(torch.sigmoid(logits).squeeze(1), y.squeeze(1).long())
         self.val_loss_sum.update(F.binary_cross_entropy_with_logits(logits, y, reduction="sum"))
         self.val_count.update(torch.tensor(float(y.shape[0])))
