@@ -25,6 +25,7 @@ MANIFEST_KEYS = (
     "op_patches",
     "parity",  # export's parity report
     "quality_gate",  # both models' figures; "forced" when --force published it
+    "calibration",  # the calibrator every graph applies (its method, negative rate, knots or a, b) and its fit
     FILES_KEY,
     "export_seconds",
     "packages",  # versions of the packages that produced the files

@@ -11,6 +11,7 @@ TF Serving's layout, so the stock server serves it unchanged:
     <base>/<version>/assets.extra/tf_serving_warmup_requests
     <base>/<version>/assets.extra/drift_reference.json
     <base>/<version>/assets.extra/feature_ranges.json
+    <base>/<version>/assets.extra/calibration.json   the calibrator inside the graphs, and how it was fitted
     <base>/.tmp-*                                staging: never a version
 
 A version folder appears by one atomic rename of a complete staging folder.
@@ -27,7 +28,7 @@ TRITON_CONFIG = "config.pbtxt"
 SAVED_MODEL = "saved_model.pb"
 SAVED_MODEL_VARIABLES = "variables"
 ONNX_MODEL = "model.onnx"
-RAW_ONNX_MODEL = "model_raw.onnx"  # the FeatureSpec + model: Criteo fields -> ctr (the `raw` signature)
+RAW_ONNX_MODEL = "model_raw.onnx"  # the FeatureSpec + model: Criteo fields -> ctr, raw_score (`raw`)
 TORCHSCRIPT_MODEL = "model.pt"
 ASSETS_EXTRA = "assets.extra"
 MANIFEST_PATH = f"{ASSETS_EXTRA}/manifest.json"
@@ -37,6 +38,9 @@ WARMUP_PATH = f"{ASSETS_EXTRA}/tf_serving_warmup_requests"  # TFRecord of Predic
 DRIFT_REFERENCE_PATH = f"{ASSETS_EXTRA}/drift_reference.json"
 # The (min, max) of every model-input feature seen in training: serving names an absurd input with it.
 FEATURE_RANGES_PATH = f"{ASSETS_EXTRA}/feature_ranges.json"
+# The calibrator every graph of the version applies after the network (ctr_model.calibration.Calibrator's dict)
+# and its fit report: the method, the negative sample rate, and the figures before and after on held-out rows.
+CALIBRATION_PATH = f"{ASSETS_EXTRA}/calibration.json"
 
 MAX_VERSION = 2**63 - 1  # versions travel as int64 in TF Serving's protos
 

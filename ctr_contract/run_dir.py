@@ -16,3 +16,5 @@ VAL_LABELS = "val_labels.npy"  # float32 [<=10000] the labels of VAL_FEATURES (e
 # float32 [<=10000, width] training rows: export's drift reference
 TRAIN_FEATURES_SAMPLE = "train_features_sample.npy"
 LOGS_DIR = "logs"  # Lightning's CSV logger
+# Written by `python -m export --run RUN`: the calibrator's reliability diagram (before / after, on held-out rows)
+RELIABILITY_PLOT = "reliability.png"

@@ -6,10 +6,12 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from ctr_contract import run_dir, stage_trace
 from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import quiet_tensorflow_import
+from ctr_model.calibration import METHODS
 from export.errors import ExportError, InputError
 from export.gates.parity import MIN_ROWS
 from export.onnx.targets import DEFAULT_PROFILE, PROFILES, resolve_target
@@ -29,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--run",
         type=Path,
         help=f"training run dir: uses its {run_dir.BEST_CHECKPOINT}, {run_dir.FEATURE_SPEC}, "
-        f"{run_dir.VAL_FEATURES}, {run_dir.METRICS} (default: none; then give --checkpoint and --feature-spec)",
+        f"{run_dir.VAL_FEATURES}, {run_dir.VAL_LABELS}, {run_dir.METRICS}, and writes {run_dir.RELIABILITY_PLOT} into it "
+        "(default: none; then give --checkpoint and --feature-spec)",
     )
     src.add_argument(
         "--checkpoint", type=Path, help=f"checkpoint to export (default: RUN/{run_dir.BEST_CHECKPOINT})"
@@ -40,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help=f"float32 [N,width] .npy parity rows, also the drift reference's (default: RUN/{run_dir.VAL_FEATURES}; "
         "without --run, the one beside --feature-spec)",
+    )
+    src.add_argument(
+        "--val-labels",
+        type=Path,
+        help=f"float32 [N] 0/1 labels of --val-features: the calibrator's fit and the quality gate (default: "
+        f"RUN/{run_dir.VAL_LABELS}; without --run, the one beside --feature-spec)",
     )
     src.add_argument(
         "--val-raw",
@@ -82,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=d["torchscript"],
         help="also write a traced model.pt (default: %(default)s)",
     )
+    fmt.add_argument(
+        "--calibration",
+        choices=METHODS,
+        default=d["calibration"],
+        help="the calibrator in every graph, fitted on the validation rows: isotonic, platt, auto (the one with "
+        "the lower ECE on the held-out half) or none (ctr = the network's probability, corrected for the run's "
+        "negative sample rate; needs no labels) (default: %(default)s)",
+    )
     gate = p.add_argument_group("parity gate")
     gate.add_argument(
         "--parity-rows",
@@ -118,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     quality.add_argument(
         "--force",
         action="store_true",
-        help="publish even when the gate refuses, or cannot run for want of --eval-data; the manifest records it "
-        "(default: off)",
+        help="publish even when the gate refuses (a worse candidate, or a calibration ratio outside [0.95, 1.05]), "
+        "or cannot run for want of --eval-data; the manifest records it (default: off)",
     )
     p.add_argument(
         "-v",
@@ -167,6 +184,10 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
     # The drift reference's rows: a run's, or, for a lone --checkpoint, those of the run that wrote the spec
     # (python -m training writes them beside it); export refuses a version it could not write one for.
     rows_from = args.run if args.run is not None else spec.parent
+    if args.val_labels is not None and not args.val_labels.is_file():
+        raise InputError(
+            f"--val-labels {args.val_labels} is not a file; expected the run's {run_dir.VAL_LABELS}"
+        )
     if args.eval_data is not None and not args.eval_data.is_file():
         raise InputError(f"--eval-data {args.eval_data} is not a file; expected Criteo rows")
     return ExportRequest(
@@ -182,14 +203,70 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         torchscript=args.torchscript,
         parity_rows=args.parity_rows,
         parity_tol=args.parity_tol,
-        val_labels=_default(None, args.run, run_dir.VAL_LABELS, False),
+        val_labels=_default(args.val_labels, rows_from, run_dir.VAL_LABELS, False),
         train_features=_default(None, rows_from, run_dir.TRAIN_FEATURES_SAMPLE, False),
         eval_data=args.eval_data,
         max_auc_drop=args.max_auc_drop,
         max_ece_rise=args.max_ece_rise,
         force=args.force,
         val_raw=_default(args.val_raw, rows_from, run_dir.VAL_RAW, False),
+        calibration=args.calibration,
+        run=args.run,
     )
+
+
+def _pairs(p: dict[str, Any]) -> str:
+    """Each output's worst pair difference: `ctr: a_vs_b 1e-7, ...; raw_score: ...`."""
+    by_output = p.get("by_output") or {"ctr": p}
+    return "; ".join(
+        f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in o["max_abs_diff_by_pair"].items())
+        for name, o in by_output.items()
+    )
+
+
+def _figures(f: dict[str, Any] | None) -> str:
+    if not f:
+        return "n/a"
+    auc = "n/a" if f.get("auc") is None else f"{f['auc']:.4f}"
+    return f"ECE {f['ece']:.4f}, calibration ratio {f['calibration_ratio']:.4f}, AUC {auc}"
+
+
+def summary_lines(p: dict[str, Any], cal: dict[str, Any] | None, g: dict[str, Any] | None) -> list[str]:
+    """The export summary: parity of both signatures, the calibrator, the quality gate."""
+    from export.gates.gate import calibration_summary  # after TensorFlow's quiet import, as export.pipeline
+
+    r = p["raw"]
+    lines = [
+        f"parity: {p['rows']} rows {p['groups']}, max abs diff {p['max_abs_diff']:.3g} <= {p['tolerance']:g} "
+        f"({_pairs(p)})",
+        f"raw-signature parity: {r['rows']} rows {r['groups']}, max abs diff {r['max_abs_diff']:.3g} "
+        f"<= {r['tolerance']:g} ({_pairs(r)})",
+    ]
+    if cal is not None:
+        rep = cal.get("report") or {}
+        line = f"calibration: {cal['method']} ({rep.get('chosen_by')}), negative sample rate {cal['negative_rate']:g}"
+        if rep.get("before") and rep.get("after"):
+            line += (
+                f"; on the {rep['report_rows']} reporting rows (fitted on {rep['fit_rows']}): before "
+                f"{_figures(rep['before'])}; after {_figures(rep['after'])}"
+            )
+        lines.append(line)
+    if g is not None and g.get("skipped"):
+        lines.append(
+            f"quality gate: skipped: {g['skipped']}" + (" (published with --force)" if g["forced"] else "")
+        )
+    elif g is not None:
+        c, o = g["candidate"], g["served"]
+        line = f"quality gate: candidate AUC {c['auc']:.4f} {calibration_summary(c)}"
+        line += (
+            f"; version {o['version']} AUC {o['auc']:.4f} ECE {o['ece']:.4f}"
+            if o
+            else "; no version to compare"
+        )
+        lines.append(
+            f"{line} on {g['eval_rows']}" + (" (refused, published with --force)" if g["forced"] else "")
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,29 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, OSError) as e:  # OSError: e.g. the disk filled up while writing the version
         print(f"export: error: {e}", file=sys.stderr)
         return 1
-    p = result.parity
     print(f"published version {result.version} at {result.path} in {result.seconds:.1f} s")
-    print(
-        f"parity: {p['rows']} rows {p['groups']}, max abs diff {p['max_abs_diff']:.3g} <= {p['tolerance']:g} "
-        f"({', '.join(f'{k} {v:.3g}' for k, v in p['max_abs_diff_by_pair'].items())})"
-    )
-    r = p["raw"]
-    print(
-        f"raw-signature parity: {r['rows']} rows {r['groups']}, max abs diff {r['max_abs_diff']:.3g} "
-        f"<= {r['tolerance']:g} ({', '.join(f'{k} {v:.3g}' for k, v in r['max_abs_diff_by_pair'].items())})"
-    )
-    g = result.quality_gate
-    if g is not None and g.get("skipped"):
-        print(f"quality gate: skipped: {g['skipped']}" + (" (published with --force)" if g["forced"] else ""))
-    elif g is not None:
-        c, o = g["candidate"], g["served"]
-        line = f"quality gate: candidate AUC {c['auc']:.4f} ECE {c['ece']:.4f}"
-        line += (
-            f"; version {o['version']} AUC {o['auc']:.4f} ECE {o['ece']:.4f}"
-            if o
-            else "; no version to compare"
-        )
-        print(f"{line} on {g['eval_rows']}" + (" (refused, published with --force)" if g["forced"] else ""))
+    for line in summary_lines(result.parity, result.calibration, result.quality_gate):
+        print(line)
     if result.removed_versions:
         print(f"retention: removed versions {result.removed_versions}")
     return 0

@@ -1,4 +1,4 @@
-"""Checkpoint -> patched ONNX -> SavedModel (+ TorchScript) -> parity gate -> published version."""
+"""Checkpoint -> calibrator -> patched ONNX -> SavedModel (+ TorchScript) -> parity gates -> published version."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import onnx
 from ctr_contract.manifest import file_hashes
 from ctr_contract.repository import (
     ASSETS_EXTRA,
+    CALIBRATION_PATH,
     DRIFT_REFERENCE_PATH,
     FEATURE_RANGES_PATH,
     FEATURE_SPEC_PATH,
@@ -25,8 +26,9 @@ from ctr_contract.repository import (
     TORCHSCRIPT_MODEL,
     WARMUP_PATH,
 )
+from ctr_contract.run_dir import RELIABILITY_PLOT
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_contract.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
+from ctr_contract.signatures import DEFAULT_SIGNATURE, OUTPUT_NAMES, RAW_SIGNATURE
 from ctr_contract.stage_trace import stage as trace_stage
 from ctr_features.compiled.onnx_graph import raw_ops
 from ctr_features.parity import build_raw_rows
@@ -34,8 +36,9 @@ from ctr_features.spec import FeatureSpec
 from ctr_model.checkpoint import load_net
 from ctr_model.errors import CheckpointError
 from ctr_model.net import CTRNet
+from export import calibration
 from export.errors import InputError
-from export.gates.gate import gate_export
+from export.gates.gate import calibration_summary, gate_export
 from export.gates.parity import build_rows, run_gate, saturation
 from export.gates.raw_parity import (
     load_val_raw,
@@ -52,7 +55,7 @@ from export.gates.runtimes import (
     torchscript_predictor,
     write_torchscript,
 )
-from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, OUTPUT_NAME, check_target_ops, export_onnx
+from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, check_target_ops, export_onnx
 from export.onnx.patches import apply_patches
 from export.publish.drift_reference import write_reference
 from export.publish.feature_ranges import write_ranges
@@ -74,6 +77,7 @@ class ExportResult:
     parity: dict[str, Any]
     removed_versions: list[int]
     quality_gate: dict[str, Any] | None = None
+    calibration: dict[str, Any] | None = None  # the calibrator and its report (manifest.json's `calibration`)
 
 
 def spec_width(path: Path) -> int:
@@ -138,7 +142,7 @@ def raw_io(raw_proto: onnx.ModelProto) -> dict[str, Any]:
             **{f: {"dtype": "float64", "shape": [-1], "missing": "NaN"} for f in NUMERIC_FIELDS},
             **{f: {"dtype": "string", "shape": [-1], "missing": ""} for f in CATEGORICAL_FIELDS},
         },
-        "outputs": {OUTPUT_NAME: {"dtype": "float32", "shape": [-1, 1]}},
+        "outputs": {name: {"dtype": "float32", "shape": [-1, 1]} for name in OUTPUT_NAMES},
         "onnx_ops": raw_ops(raw_proto),
     }
 
@@ -155,8 +159,22 @@ def export_version(req: ExportRequest) -> ExportResult:
         )
     spec = load_spec(req.feature_spec)
     metrics = read_metrics(req.metrics)  # read before the slow steps: a bad file fails fast
+    w = calibration.negative_rate(ckpt, metrics)
+    fitted = calibration.fit(req.calibration, net, val, req.val_labels, req.val_features, w)
+    calibrator = fitted.calibrator
+    if req.run is not None and fitted.report_labels is not None:
+        from export.publish.reliability import write_reliability  # matplotlib: only to draw
+
+        assert fitted.report_before is not None and fitted.report_after is not None
+        write_reliability(
+            req.run / RELIABILITY_PLOT,
+            fitted.report_labels,
+            fitted.report_before,
+            fitted.report_after,
+            calibrator.method,
+        )
     with trace_stage("quality_gate"):
-        quality = gate_export(req, net, metrics)  # also before them: a refused candidate costs seconds
+        quality = gate_export(req, net, metrics, calibrator)  # before the slow steps: a refusal costs seconds
     repo = ModelRepository(req.repo)
     repo.prepare()
     version = repo.choose_version(req.version)
@@ -165,7 +183,7 @@ def export_version(req: ExportRequest) -> ExportResult:
         for p in applied:
             log.info("patched %s: %s -> %s", p.module, p.op, p.replacement)
         with trace_stage("onnx"):
-            proto = export_onnx(patched, width, stage / ONNX_MODEL, req.opset)
+            proto = export_onnx(patched, width, stage / ONNX_MODEL, req.opset, calibrator)
         ops_used = check_target_ops(proto, req.target)
 
         raw_proto = build_raw_model(proto, spec)  # the `raw` signature: FeatureSpec nodes + the model graph
@@ -175,12 +193,13 @@ def export_version(req: ExportRequest) -> ExportResult:
 
         with trace_stage("savedmodel"):
             save_saved_model_with_raw(proto, spec, stage)
-        backends = {"pytorch": torch_predictor(net)}  # the unpatched model is the reference
+        # The unpatched model and its calibrator are the reference; every backend gives ctr and raw_score.
+        backends = {"pytorch": torch_predictor(net, calibrator, outputs=OUTPUT_NAMES)}
         if req.torchscript:
-            write_torchscript(net, width, stage / TORCHSCRIPT_MODEL)
-            backends["torchscript"] = torchscript_predictor(stage / TORCHSCRIPT_MODEL)
-        backends["onnxruntime"] = onnxruntime_predictor(stage / ONNX_MODEL)
-        backends["savedmodel"] = savedmodel_predictor(stage)
+            write_torchscript(net, width, stage / TORCHSCRIPT_MODEL, calibrator)
+            backends["torchscript"] = torchscript_predictor(stage / TORCHSCRIPT_MODEL, outputs=OUTPUT_NAMES)
+        backends["onnxruntime"] = onnxruntime_predictor(stage / ONNX_MODEL, outputs=OUTPUT_NAMES)
+        backends["savedmodel"] = savedmodel_predictor(stage, outputs=OUTPUT_NAMES)
 
         rows = build_rows(net, width, req.parity_rows, val)
         with trace_stage("parity", rows=len(rows.features)):
@@ -192,19 +211,21 @@ def export_version(req: ExportRequest) -> ExportResult:
         raw_rows, raw_groups = build_raw_rows(spec, req.parity_rows, val_raw)
         raw_backends = {
             "python": python_predictor(spec, backends["pytorch"]),
-            "onnxruntime_raw": onnxruntime_raw_predictor(stage / RAW_ONNX_MODEL),
-            "savedmodel_raw": savedmodel_raw_predictor(stage),
+            "onnxruntime_raw": onnxruntime_raw_predictor(stage / RAW_ONNX_MODEL, outputs=OUTPUT_NAMES),
+            "savedmodel_raw": savedmodel_raw_predictor(stage, outputs=OUTPUT_NAMES),
             "serving_transform": serving_predictor(spec, backends["onnxruntime"]),
         }
         with trace_stage("raw_parity"):
             report[RAW_SIGNATURE] = run_raw_gate(spec, raw_rows, raw_groups, raw_backends, req.parity_tol)
         warm_raw = (raw_rows[0][: max(WARMUP_BATCHES)], raw_rows[1][: max(WARMUP_BATCHES)])
-        raw_expected = raw_backends["python"](*warm_raw)  # the load gate's expected scores
+        expected = np.asarray(raw_backends["python"](*warm_raw)).reshape(len(warm_raw[0]), len(OUTPUT_NAMES))
+        raw_expected = {name: expected[:, [j]] for j, name in enumerate(OUTPUT_NAMES)}  # the load gate's
 
         (stage / ASSETS_EXTRA).mkdir()
         shutil.copyfile(req.feature_spec, stage / FEATURE_SPEC_PATH)
-        if not write_reference(
-            stage / DRIFT_REFERENCE_PATH, req.train_features, val, backends["pytorch"], val_raw
+        calibration.write_json(stage / CALIBRATION_PATH, fitted)
+        if not write_reference(  # drift watches the served score: ctr
+            stage / DRIFT_REFERENCE_PATH, req.train_features, val, torch_predictor(net, calibrator), val_raw
         ):
             raise InputError(f"{DRIFT_REFERENCE_PATH} could not be written")  # no rows: refused above
         write_ranges(stage / FEATURE_RANGES_PATH, req.train_features, val)
@@ -217,7 +238,10 @@ def export_version(req: ExportRequest) -> ExportResult:
             "inputs": {
                 INPUT_NAME: {"dtype": "float32", "shape": [-1, width], "onnx_shape": [BATCH_DIM, width]}
             },
-            "outputs": {OUTPUT_NAME: {"dtype": "float32", "shape": [-1, 1], "onnx_shape": [BATCH_DIM, 1]}},
+            "outputs": {
+                name: {"dtype": "float32", "shape": [-1, 1], "onnx_shape": [BATCH_DIM, 1]}
+                for name in OUTPUT_NAMES
+            },
             RAW_SIGNATURE: raw_io(raw_proto),
         }
         files = file_hashes(stage)
@@ -234,10 +258,31 @@ def export_version(req: ExportRequest) -> ExportResult:
             files=files,
             export_seconds=time.perf_counter() - started,
             quality_gate=quality,
+            calibration=fitted.to_dict(),
         )
         write_manifest(stage / MANIFEST_PATH, manifest)
         with trace_stage("publish", version=version):
             final = repo.publish(stage, version)
-    repo.write_triton_config(width, INPUT_NAME, OUTPUT_NAME)
+    repo.write_triton_config(width, INPUT_NAME, OUTPUT_NAMES)
     removed = repo.retain(req.keep, protect=version) if req.keep else []
-    return ExportResult(version, final, time.perf_counter() - started, report, removed, quality)
+    if req.run is not None and req.metrics is not None:
+        calibration.record_in_metrics(req.metrics, metrics_figures(fitted.to_dict(), quality, version))
+    seconds = time.perf_counter() - started
+    return ExportResult(version, final, seconds, report, removed, quality, fitted.to_dict())
+
+
+def metrics_figures(cal: dict[str, Any], quality: dict[str, Any] | None, version: int) -> dict[str, Any]:
+    """What export adds to RUN/metrics.json: the calibrator, its before/after figures and the gate's."""
+    report = cal.get("report") or {}
+    cand = (quality or {}).get("candidate") or {}
+    return {
+        "version": version,
+        "method": cal.get("method"),
+        "negative_rate": cal.get("negative_rate"),
+        "before": report.get("before"),
+        "after": report.get("after"),
+        "gate": {k: cand.get(k) for k in ("auc", "ece", "calibration_ratio", "field_calibration")}
+        if cand
+        else None,
+        "summary": calibration_summary(cand) if cand else None,
+    }

@@ -6,6 +6,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ctr_model.calibration import METHODS
 from export.gates.parity import MIN_ROWS
 from export.onnx.targets import DEFAULT_PROFILE, PROFILES, Target
 
@@ -38,6 +39,10 @@ class ExportRequest:
     force: bool = False
     # Raw validation rows for the raw-signature parity gate (export/gates/raw_parity.py).
     val_raw: Path | None = None
+    # The calibrator (export/calibration.py): a METHODS name, fitted on val_features + val_labels.
+    calibration: str = METHODS[0]
+    # The training run dir (--run), where export writes reliability.png and its figures into metrics.json.
+    run: Path | None = None
 
 
 def request_defaults() -> dict[str, Any]:

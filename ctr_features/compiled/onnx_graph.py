@@ -1,4 +1,5 @@
-"""The FeatureSpec as ONNX ops, composed with the model graph into `model_raw.onnx`: Criteo fields -> ctr.
+"""The FeatureSpec as ONNX ops, composed with the model graph into `model_raw.onnx`: Criteo fields -> the
+model's outputs (ctr, raw_score).
 
 Inputs are the 39 raw fields, each 1-D with the batch as its only dimension: I1..I13 double (NaN or ±Inf =
 missing, as `FeatureSpec.transform` treats them) and C1..C26 string ("" = missing). Only the `ai.onnx` and
@@ -12,7 +13,7 @@ backend run it with no custom op. Everything is field-major, (fields, N), until 
                                                                         -> Gather bucket (OOV when absent)
     concat (HASH_START, N) -> Transpose (N, HASH_START);  identity-matrix rows of the buckets summed over
     fields (N, width - HASH_START)
-    concat -> features (N, width) -> the model graph -> ctr (N, 1)
+    concat -> features (N, width) -> the model graph -> ctr (N, 1), raw_score (N, 1)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_contract.signatures import INPUT_NAME, OUTPUT_NAME
+from ctr_contract.signatures import INPUT_NAME, OUTPUT_NAME, OUTPUT_NAMES
 from ctr_features.errors import FeatureGraphError
 from ctr_features.layout import N_CAT
 from ctr_features.spec import FeatureSpec
@@ -197,15 +198,22 @@ def raw_inputs() -> list[onnx.ValueInfoProto]:
 
 
 def build_raw_model(model: onnx.ModelProto, spec: FeatureSpec) -> onnx.ModelProto:
-    """Compose the FeatureSpec nodes with the model graph (features -> ctr) into one raw graph.
+    """Compose the FeatureSpec nodes with the model graph (features -> ctr, raw_score) into one raw graph.
 
     Args:
-        model: the exported model (one input `features` float [batch, width], one output `ctr`).
+        model: the exported model: one input `features` float [batch, width]; outputs `ctr`, then optionally
+            `raw_score` (ctr_contract.signatures.OUTPUT_NAMES), each float [batch, 1].
         spec: the FeatureSpec the model was trained with.
     Returns:
-        the checked raw model: the 39 fields -> ctr float [batch, 1].
+        the checked raw model: the 39 fields -> the model's outputs.
     """
     inputs = [v.name for v in model.graph.input]
+    model_outputs = [v.name for v in model.graph.output]
+    if model_outputs not in (list(OUTPUT_NAMES[:1]), list(OUTPUT_NAMES)):
+        raise FeatureGraphError(
+            f"the model graph outputs {model_outputs}; the raw graph needs {list(OUTPUT_NAMES)} "
+            f"(or ['{OUTPUT_NAME}'] alone)"
+        )
     if inputs != [INPUT_NAME]:
         raise FeatureGraphError(
             f"the model graph takes inputs {inputs}; the raw graph needs exactly ['{INPUT_NAME}']"
@@ -238,8 +246,8 @@ def build_raw_model(model: onnx.ModelProto, spec: FeatureSpec) -> onnx.ModelProt
     except onnx.checker.ValidationError as e:
         raise FeatureGraphError(f"the raw graph does not check: {e}") from e
     outputs = [v.name for v in raw.graph.output]
-    if outputs != [OUTPUT_NAME]:
-        raise FeatureGraphError(f"the raw graph outputs {outputs}, expected ['{OUTPUT_NAME}']")
+    if outputs != model_outputs:
+        raise FeatureGraphError(f"the raw graph outputs {outputs}, expected {model_outputs}")
     return raw
 
 

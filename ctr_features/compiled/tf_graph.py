@@ -4,7 +4,7 @@ The same computation as `ctr_features.compiled.onnx_graph`, in standard TF ops o
 `tf.lookup.StaticHashTable` keyed "field\\0value" for all fields), so stock TF Serving runs it with no custom
 op. Inputs: I1..I13 float64 (N,) with NaN = missing, C1..C26 string (N,) with "" = missing. The table is
 saved with the SavedModel. The model part is any `tf.Module` whose `serve` tf.function maps the features to
-the model's outputs (export's ONNX translator makes it: export/tf/translator.py), so this module needs
+the model's outputs, `ctr` and `raw_score` (export's ONNX translator makes it: export/tf/translator.py), so this module needs
 nothing of export.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_contract.signatures import DEFAULT_SIGNATURE, OUTPUT_NAME, RAW_SIGNATURE
+from ctr_contract.signatures import DEFAULT_SIGNATURE, OUTPUT_NAMES, RAW_SIGNATURE
 from ctr_features.compiled.onnx_graph import field_entries
 from ctr_features.layout import N_NUM
 from ctr_features.spec import FeatureSpec
@@ -69,17 +69,20 @@ class RawFeatures(tf.Module):
 
 
 class RawModule(tf.Module):
-    """The model module plus the FeatureSpec; `serve_raw` is the tf.function behind `raw`."""
+    """The model module plus the FeatureSpec; `serve_raw` is the tf.function behind `raw`, with the same outputs
+    as the model's `serve` (both signatures give ctr and raw_score)."""
 
     def __init__(self, model: tf.Module, spec: FeatureSpec) -> None:
-        """`model`: a tf.Module whose `serve` tf.function maps features (N, width) to {OUTPUT_NAME: ...}."""
+        """`model`: a tf.Module whose `serve` tf.function maps features (N, width) to {name: (N, 1)} for names
+        among OUTPUT_NAMES."""
         super().__init__(name="raw_model")
         self.model = model
         self.features = RawFeatures(spec)
         self.serve_raw = tf.function(self._run_raw, input_signature=raw_specs())
 
     def _run_raw(self, *fields: tf.Tensor) -> dict[str, tf.Tensor]:
-        return {OUTPUT_NAME: self.model.serve(self.features(*fields))[OUTPUT_NAME]}
+        outputs = self.model.serve(self.features(*fields))
+        return {name: outputs[name] for name in OUTPUT_NAMES if name in outputs}
 
 
 def save_with_raw(model: tf.Module, spec: FeatureSpec, directory: Path) -> None:

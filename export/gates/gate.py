@@ -5,11 +5,14 @@ Both models score the same held-out rows, each through its own feature spec:
 - by default the run's validation split: RUN/val_features.npy with RUN/val_labels.npy when the served version
   has the candidate's spec (a warm start keeps it frozen), else the validation rows of the run's data file.
 
-The served version is the newest published one. The gate refuses when the candidate's AUC is more than
-`--max-auc-drop` below the served version's, or when its expected calibration error (ECE) is more than
-`--max-ece-rise` above it. ECE: rows sorted by prediction into ECE_BINS bins of equal size, then the
-row-weighted mean of |mean prediction - observed click rate| per bin. Mean predicted CTR against observed CTR
-is reported beside it. `--force` publishes a refused candidate and the manifest says so.
+The candidate is scored as it will be served: the network and its calibrator (`ctr`). The served version is
+the newest published one. The gate refuses when the candidate's calibration ratio (mean predicted CTR /
+observed CTR) is outside CALIBRATION_RATIO_RANGE, whether or not a version is served; and, against the served
+version, when its AUC is more than `--max-auc-drop` below, or its expected calibration error (ECE) more than
+`--max-ece-rise` above. ECE: rows sorted by prediction into 10 bins of equal size, then the row-weighted mean
+of |mean prediction - observed click rate| per bin (ctr_model.metrics). Beside them: the field-level
+calibration error (the worst of the 26 categorical fields over its top values) where the rows' raw values are
+at hand, and the uncalibrated score's figures. `--force` publishes a refused candidate and the manifest says so.
 """
 
 from __future__ import annotations
@@ -27,19 +30,29 @@ import torch
 
 from ctr_contract import repository
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.signatures import OUTPUT_NAMES
 from ctr_features.data.criteo import read_batches
 from ctr_features.data.split import validation_mask
 from ctr_features.spec import FeatureSpec
-from ctr_model.metrics import log_loss, roc_auc
+from ctr_model.calibration import Calibrator
+from ctr_model.metrics import (
+    calibration_ratio,
+    expected_calibration_error,
+    field_calibration_error,
+    log_loss,
+    roc_auc,
+)
 from export.errors import ExportError, InputError
-from export.gates.runtimes import onnxruntime_predictor, torch_predictor
+from export.gates.raw_parity import load_val_raw
+from export.gates.runtimes import NO_CALIBRATION, onnxruntime_predictor, torch_predictor
 from export.request import ExportRequest
 
-ECE_BINS = 10
 MAX_EVAL_ROWS = 100_000
+CALIBRATION_RATIO_RANGE = (0.95, 1.05)  # mean predicted / observed CTR outside it: refused unless --force
+ALIGN_ROWS = 64  # val_raw.npz rows transformed to check that they are val_features.npy's rows
 log = logging.getLogger(__name__)
 
-Scorer = Callable[[np.ndarray], np.ndarray]  # float32 (N, width) -> ctr (N, 1)
+Scorer = Callable[[np.ndarray], np.ndarray]  # float32 (N, width) -> ctr (N, 1), or ctr and raw_score (N, 2)
 
 
 class GateError(ExportError):
@@ -53,34 +66,53 @@ class EvalRows:
     source: str
     labels: np.ndarray
     features_for: Callable[[Path], np.ndarray]  # feature_spec.json -> float32 (N, width)
+    categorical: np.ndarray | None = None  # the rows' raw categorical values (N, 26), for the field error
+    no_categorical: str = ""  # why `categorical` is None
 
 
-def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Row-weighted mean |mean(prob) - mean(label)| over `bins` equal-size bins of rows sorted by prob."""
-    order = np.argsort(probs, kind="mergesort")
-    gaps = [
-        abs(float(probs[part].mean()) - float(labels[part].mean())) * len(part)
-        for part in np.array_split(order, bins)
-        if len(part)
-    ]
-    return float(sum(gaps) / len(probs))
-
-
-def figures(labels: np.ndarray, probs: np.ndarray) -> dict[str, float]:
-    """AUC, log loss, ECE, mean predicted and observed CTR of one model on the rows."""
+def figures(labels: np.ndarray, probs: np.ndarray, categorical: np.ndarray | None = None) -> dict[str, Any]:
+    """AUC, log loss, ECE, calibration ratio, mean predicted and observed CTR of one model on the rows, and
+    the field-level calibration error when the rows' raw categorical values (N, 26) are given."""
     p = np.asarray(probs, dtype=np.float64).reshape(-1)
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
-    return {
+    out: dict[str, Any] = {
         "auc": roc_auc(y, p),
         "logloss": log_loss(y, p),
         "ece": expected_calibration_error(y, p),
+        "calibration_ratio": calibration_ratio(y, p),
         "mean_predicted_ctr": float(p.mean()),
         "observed_ctr": float(y.mean()),
     }
+    if categorical is not None:
+        try:
+            out["field_calibration"] = field_calibration_error(y, p, categorical, CATEGORICAL_FIELDS)
+        except ValueError as e:  # no field has a value with enough rows
+            out["field_calibration"] = {"unavailable": str(e)}
+    return out
 
 
-def rows_from_run(val_features: Path, val_labels: Path, candidate_spec: Path) -> EvalRows:
-    """The run's validation rows, already transformed with the candidate's spec."""
+def _aligned_categorical(
+    x: np.ndarray, val_raw: Path | None, candidate_spec: Path
+) -> tuple[np.ndarray | None, str]:
+    """val_raw.npz's categorical values when its rows are those of `x` (same count, same first features);
+    else None and why. Training writes both from the first validation rows, so they align row for row."""
+    if val_raw is None or not val_raw.is_file():
+        return None, "no raw validation rows (val_raw.npz) to group by field"
+    numeric, categorical = load_val_raw(val_raw) or (np.zeros((0, 13)), np.zeros((0, 26)))
+    if len(numeric) != len(x):
+        return None, f"{val_raw} holds {len(numeric)} rows, the validation features {len(x)}"
+    k = min(ALIGN_ROWS, len(x))
+    features = FeatureSpec.load(candidate_spec).transform(numeric[:k], categorical[:k])
+    if not np.allclose(features, x[:k], atol=1e-5):
+        return None, f"{val_raw} holds other rows than the validation features (their first {k} differ)"
+    return categorical, ""
+
+
+def rows_from_run(
+    val_features: Path, val_labels: Path, candidate_spec: Path, val_raw: Path | None = None
+) -> EvalRows:
+    """The run's validation rows, already transformed with the candidate's spec (and their raw categorical
+    values from `val_raw` when it holds the same rows)."""
     try:
         x = np.load(val_features, allow_pickle=False).astype(np.float32)
         y = np.load(val_labels, allow_pickle=False).astype(np.float64)
@@ -98,7 +130,8 @@ def rows_from_run(val_features: Path, val_labels: Path, candidate_spec: Path) ->
             )
         return x
 
-    return EvalRows(f"{val_features} ({len(y)} validation rows)", y, features_for)
+    categorical, why = _aligned_categorical(x, val_raw, candidate_spec)
+    return EvalRows(f"{val_features} ({len(y)} validation rows)", y, features_for, categorical, why)
 
 
 def rows_from_file(path: Path, val_fraction: float | None = None, max_rows: int = MAX_EVAL_ROWS) -> EvalRows:
@@ -137,7 +170,7 @@ def rows_from_file(path: Path, val_fraction: float | None = None, max_rows: int 
     def features_for(spec: Path) -> np.ndarray:
         return FeatureSpec.load(spec).transform(num, cat)
 
-    return EvalRows(f"{path} ({kept} {what})", np.concatenate(labels), features_for)
+    return EvalRows(f"{path} ({kept} {what})", np.concatenate(labels), features_for, cat)
 
 
 def check_quality(
@@ -150,28 +183,42 @@ def check_quality(
     max_ece_rise: float,
     force: bool,
 ) -> dict[str, Any]:
-    """Score both models on `rows`; raise GateError on a worse candidate unless `force`.
+    """Score both models on `rows`; raise GateError on a worse or miscalibrated candidate unless `force`.
 
     Args:
-        candidate: the candidate network's scorer; candidate_spec its feature_spec.json.
+        candidate: the candidate's scorer (network and calibrator: ctr, then raw_score when it gives two
+            columns); candidate_spec its feature_spec.json.
         served_dir, served: the newest published version folder and its scorer; None before the first publish.
     Returns:
         the report that goes into the manifest under "quality_gate".
     """
-    cand = figures(rows.labels, candidate(rows.features_for(candidate_spec)))
+    scores = np.asarray(candidate(rows.features_for(candidate_spec)))
+    scores = scores.reshape(len(rows.labels), -1)
+    cand = figures(rows.labels, scores[:, 0], rows.categorical)
+    if rows.categorical is None:
+        cand["field_calibration"] = {"unavailable": rows.no_categorical}
+    lo, hi = CALIBRATION_RATIO_RANGE
     report: dict[str, Any] = {
         "eval_rows": rows.source,
         "rows": len(rows.labels),
         "max_auc_drop": max_auc_drop,
         "max_ece_rise": max_ece_rise,
+        "calibration_ratio_range": [lo, hi],
         "candidate": cand,
+        "candidate_uncalibrated": figures(rows.labels, scores[:, 1]) if scores.shape[1] > 1 else None,
         "served": None,
         "reasons": [],
         "passed": True,
         "forced": False,
     }
+    reasons = []
+    if not lo <= cand["calibration_ratio"] <= hi:
+        reasons.append(
+            f"calibration ratio {cand['calibration_ratio']:.4f} (mean predicted CTR "
+            f"{cand['mean_predicted_ctr']:.4f} / observed {cand['observed_ctr']:.4f}) is outside [{lo:g}, {hi:g}]"
+        )
     if served_dir is None or served is None:
-        return report  # the first version has nothing to be compared with
+        return _decide(report, reasons, rows, force)  # the first version has nothing to be compared with
     version = int(served_dir.name)
     try:
         old_probs = served(rows.features_for(served_dir / repository.FEATURE_SPEC_PATH))
@@ -181,7 +228,6 @@ def check_quality(
         raise InputError(f"the quality gate cannot score version {version} ({served_dir}): {e}") from e
     old = figures(rows.labels, old_probs)
     report["served"] = {"version": version, **old}
-    reasons = []
     if cand["auc"] < old["auc"] - max_auc_drop:
         reasons.append(
             f"AUC {cand['auc']:.4f} is {old['auc'] - cand['auc']:.4f} below version {version}'s {old['auc']:.4f} "
@@ -193,11 +239,31 @@ def check_quality(
             f"(--max-ece-rise {max_ece_rise:g}; mean predicted CTR {cand['mean_predicted_ctr']:.4f}, "
             f"observed {cand['observed_ctr']:.4f})"
         )
+    return _decide(report, reasons, rows, force)
+
+
+def calibration_summary(fig: dict[str, Any]) -> str:
+    """ECE, calibration ratio and the field-level error of one model's figures, in words."""
+    text = f"ECE {fig['ece']:.4f}, calibration ratio {fig['calibration_ratio']:.4f}"
+    field = fig.get("field_calibration")
+    if field and "field" in field:
+        text += (
+            f", field calibration error {field['value_error']:.4f} (worst field {field['field']}, value "
+            f"{field['worst_value']!r}, {field['rows']} rows)"
+        )
+    elif field:
+        text += (
+            f", field calibration error unavailable: {field.get('unavailable', 'no field has enough rows')}"
+        )
+    return text
+
+
+def _decide(report: dict[str, Any], reasons: list[str], rows: EvalRows, force: bool) -> dict[str, Any]:
     report["reasons"], report["passed"], report["forced"] = reasons, not reasons, bool(reasons) and force
     if reasons and not force:
         raise GateError(
-            f"quality gate refused the candidate on {rows.source}: {'; '.join(reasons)}; nothing was published "
-            "(--force publishes anyway)"
+            f"quality gate refused the candidate on {rows.source}: {'; '.join(reasons)} (candidate: "
+            f"{calibration_summary(report['candidate'])}); nothing was published (--force publishes anyway)"
         )
     return report
 
@@ -209,8 +275,14 @@ def _spec_doc(path: Path) -> Any:
         raise InputError(f"cannot read feature spec {path}: {e}") from e
 
 
-def gate_export(req: ExportRequest, net: torch.nn.Module, metrics: dict[str, Any] | None) -> dict[str, Any]:
-    """Run the gate for one export request: the candidate `net` against the newest published version.
+def gate_export(
+    req: ExportRequest,
+    net: torch.nn.Module,
+    metrics: dict[str, Any] | None,
+    calibrator: Calibrator = NO_CALIBRATION,
+) -> dict[str, Any]:
+    """Run the gate for one export request: the candidate `net` with its `calibrator` against the newest
+    published version.
 
     Without held-out rows that both models can score (no --eval-data, and a run without val_labels.npy or
     data file) the gate fails closed: with a version served it raises InputError, unless `--force`, which
@@ -235,7 +307,7 @@ def gate_export(req: ExportRequest, net: torch.nn.Module, metrics: dict[str, Any
         except Exception as e:  # a missing or corrupt model.onnx: ONNX Runtime's own exception types
             raise InputError(f"the quality gate cannot load version {served_dir.name}'s model: {e}") from e
     return check_quality(
-        torch_predictor(net),
+        torch_predictor(net, calibrator, outputs=OUTPUT_NAMES),
         req.feature_spec,
         served_dir,
         served,
@@ -256,7 +328,7 @@ def _eval_rows(
         req.feature_spec
     )
     if same_spec and req.val_features is not None and req.val_labels is not None and req.val_labels.is_file():
-        return rows_from_run(req.val_features, req.val_labels, req.feature_spec), ""
+        return rows_from_run(req.val_features, req.val_labels, req.feature_spec, req.val_raw), ""
     config = (metrics or {}).get("config") or {}
     data = Path(str(config.get("data", "")))
     if config.get("data") and data.is_file() and isinstance(config.get("val_fraction"), float):

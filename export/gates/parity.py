@@ -1,4 +1,7 @@
-"""The parity gate: PyTorch, ONNX Runtime and the SavedModel must agree on >= 10,000 rows.
+"""The parity gate: PyTorch, ONNX Runtime and the SavedModel must agree on >= 10,000 rows, on every output.
+
+Each backend gives the calibrated `ctr` and the network's `raw_score` side by side (export/gates/runtimes.py);
+both are held to the tolerance, so the calibrator in each graph is checked with the network.
 
 Rows are real validation rows, extreme rows that drive every activation into saturation, and
 random rows to fill up. The report (max abs differences overall and per row group, plus how many
@@ -8,7 +11,7 @@ units each activation layer saw saturated) goes into the manifest.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctr_contract.signatures import OUTPUT_NAME, OUTPUT_NAMES
 from export.errors import ParityError
 
 MIN_ROWS = 10_000
@@ -109,56 +113,83 @@ def saturation(net: nn.Module, features: np.ndarray) -> dict[str, dict[str, Any]
 
 
 def compare(
-    rows: ParityRows, outputs: dict[str, np.ndarray], tolerance: float, reference: str = "pytorch"
+    rows: ParityRows,
+    outputs: dict[str, np.ndarray],
+    tolerance: float,
+    reference: str = "pytorch",
+    output_names: Sequence[str] = (OUTPUT_NAME,),
 ) -> dict[str, Any]:
-    """Max abs difference between every pair of backends, overall and per row group.
+    """Max abs difference between every pair of backends, overall and per row group, over every output.
 
     Args:
         rows: the inputs and their groups.
-        outputs: backend name -> (N, 1) ctr.
+        outputs: backend name -> (N, len(output_names)) columns, `ctr` first.
         tolerance: the largest allowed difference.
+        output_names: the columns' names.
     Returns:
         the parity report; `passed` is False on any difference above tolerance or any non-finite output.
+        `max_abs_diff_by_pair` and `max_abs_diff_by_group` are the worst over the outputs, `by_output` each one's.
     """
     non_finite = {k: int((~np.isfinite(v)).sum()) for k, v in outputs.items()}
-    pairs = {}
+    pairs: dict[str, float] = {}
     by_group: dict[str, dict[str, float]] = {}
+    by_output: dict[str, dict[str, Any]] = {name: {"max_abs_diff_by_pair": {}} for name in output_names}
     for a, b in itertools.combinations(outputs, 2):
-        diff = np.abs(outputs[a].astype(np.float64) - outputs[b].astype(np.float64)).ravel()
+        diff = np.abs(outputs[a].astype(np.float64) - outputs[b].astype(np.float64))  # (N, outputs)
         key = f"{a}_vs_{b}"
+        for j, name in enumerate(output_names):
+            by_output[name]["max_abs_diff_by_pair"][key] = float(diff[:, j].max())  # NaN propagates
         pairs[key] = float(diff.max())  # NaN propagates and fails the gate
         by_group[key] = {g: float(diff[s].max()) for g, s in rows.groups.items()}
+    for entry in by_output.values():
+        entry["max_abs_diff"] = float(np.max(list(entry["max_abs_diff_by_pair"].values())))
     worst = float(np.max(list(pairs.values())))
-    ref = outputs[reference].ravel()
+    ref = outputs[reference]
     return {
         "rows": len(rows.features),
         "groups": {g: s.stop - s.start for g, s in rows.groups.items()},
         "tolerance": tolerance,
+        "outputs": list(output_names),
         "max_abs_diff": worst,
         "max_abs_diff_by_pair": pairs,
         "max_abs_diff_by_group": by_group,
+        "by_output": by_output,
         "non_finite_outputs": non_finite,
-        "reference_ctr_range": [float(ref.min()), float(ref.max())],
+        **{
+            f"reference_{n}_range": [float(ref[:, j].min()), float(ref[:, j].max())]
+            for j, n in enumerate(output_names)
+        },
         "passed": worst <= tolerance and not any(non_finite.values()),
     }
 
 
+def outputs_of(
+    backends: dict[str, Callable[..., np.ndarray]], n_outputs: int, *inputs: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Each backend's columns on the inputs, as (N, n_outputs) arrays."""
+    return {name: np.asarray(fn(*inputs)).reshape(len(inputs[0]), n_outputs) for name, fn in backends.items()}
+
+
 def run_gate(
-    rows: ParityRows, backends: dict[str, Callable[[np.ndarray], np.ndarray]], tolerance: float
+    rows: ParityRows,
+    backends: dict[str, Callable[[np.ndarray], np.ndarray]],
+    tolerance: float,
+    output_names: Sequence[str] = OUTPUT_NAMES,
 ) -> dict[str, Any]:
-    """Run every backend on the rows and raise ParityError if they disagree.
+    """Run every backend on the rows and raise ParityError if they disagree on any output.
 
     Args:
-        backends: name -> function float32 (N, width) -> (N, 1); the first is the reference.
+        backends: name -> function float32 (N, width) -> (N, len(output_names)); the first is the reference.
     Returns:
         the report from `compare`.
     """
-    outputs = {name: np.asarray(fn(rows.features)).reshape(-1, 1) for name, fn in backends.items()}
-    report = compare(rows, outputs, tolerance, reference=next(iter(backends)))
+    outputs = outputs_of(backends, len(output_names), rows.features)
+    report = compare(rows, outputs, tolerance, reference=next(iter(backends)), output_names=output_names)
     if not report["passed"]:
         raise ParityError(
             f"parity failed: max abs difference {report['max_abs_diff']:.3g} > tolerance {tolerance:.3g} "
-            f"(by pair: {report['max_abs_diff_by_pair']}, non-finite outputs: {report['non_finite_outputs']}); "
+            f"(by output and pair: { {k: v['max_abs_diff_by_pair'] for k, v in report['by_output'].items()} }, "
+            f"non-finite outputs: {report['non_finite_outputs']}); "
             "nothing was published"
         )
     return report

@@ -1,5 +1,5 @@
 """The raw-signature parity gate: the Python path, the ONNX raw graph and the SavedModel's `raw` signature
-must agree within the tolerance on >= 10,000 raw Criteo rows.
+must agree within the tolerance on >= 10,000 raw Criteo rows, on both outputs (ctr, raw_score).
 
 The Python path is what training does: `FeatureSpec.transform` then the PyTorch model. Rows are the run's
 validation rows (`val_raw.npz`) and the feature parity harness's groups (ctr_features/parity.py), which stress
@@ -12,22 +12,22 @@ graphs (training's record encoders, serving's compiled table) against `FeatureSp
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ctr_contract.signatures import OUTPUT_NAME, RAW_SIGNATURE
+from ctr_contract.signatures import OUTPUT_NAMES, RAW_SIGNATURE
 from ctr_features.errors import FeatureParityError
 from ctr_features.layout import N_CAT, N_NUM
 from ctr_features.parity import RawRows, check_forms, compiled_forms, raw_feed, table_form
 from ctr_features.spec import FeatureSpec
 from export.errors import InputError, ParityError
-from export.gates.parity import MIN_ROWS, ParityRows, compare
+from export.gates.parity import MIN_ROWS, ParityRows, compare, outputs_of
 
 log = logging.getLogger(__name__)
-RawPredictFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+RawPredictFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # raw rows -> (N, outputs) columns
 # The compiled forms the gate checks at the features (the ONNX and TF forms are checked as the published
 # graphs, below).
 GATE_FORMS = ("records", "arrow_records", "table")
@@ -84,18 +84,23 @@ def serving_predictor(
     return predict
 
 
-def onnxruntime_raw_predictor(path: Path, threads: int | None = None) -> RawPredictFn:
-    """`model_raw.onnx` in an ONNX Runtime CPU session."""
+def onnxruntime_raw_predictor(
+    path: Path, threads: int | None = None, outputs: Sequence[str] = OUTPUT_NAMES[:1]
+) -> RawPredictFn:
+    """`model_raw.onnx` in an ONNX Runtime CPU session: the named outputs side by side (default: ctr)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return lambda numeric, categorical: session.run([OUTPUT_NAME], raw_feed(numeric, categorical))[0]
+    names = list(outputs)
+    return lambda numeric, categorical: np.concatenate(
+        session.run(names, raw_feed(numeric, categorical)), axis=1
+    )
 
 
-def savedmodel_raw_predictor(directory: Path) -> RawPredictFn:
+def savedmodel_raw_predictor(directory: Path, outputs: Sequence[str] = OUTPUT_NAMES[:1]) -> RawPredictFn:
     """The SavedModel reloaded with `tf.saved_model.load`, called through its `raw` signature."""
     import tensorflow as tf
 
@@ -105,7 +110,8 @@ def savedmodel_raw_predictor(directory: Path) -> RawPredictFn:
     def predict(numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
         feed = raw_feed(numeric, categorical)
         tensors = {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in feed.items()}
-        return signature(**tensors)[OUTPUT_NAME].numpy()
+        result = signature(**tensors)
+        return np.concatenate([result[n].numpy().reshape(-1, 1) for n in outputs], axis=1)
 
     predict.loaded = loaded  # type: ignore[attr-defined]  # keep the restored tables alive
     return predict
@@ -117,8 +123,9 @@ def run_raw_gate(
     groups: dict[str, slice],
     backends: dict[str, RawPredictFn],
     tolerance: float,
+    output_names: Sequence[str] = OUTPUT_NAMES,
 ) -> dict[str, Any]:
-    """Run every raw backend on the rows; raise ParityError if they disagree.
+    """Run every raw backend on the rows; raise ParityError if they disagree on any of `output_names`.
 
     Returns:
         the report from `export.gates.parity.compare`, over the rows' transformed features.
@@ -132,9 +139,13 @@ def run_raw_gate(
     log.info(
         "compiled FeatureSpec forms agree: %s", {k: v["max_abs_diff"] for k, v in features["forms"].items()}
     )
-    outputs = {name: np.asarray(fn(*rows)).reshape(-1, 1) for name, fn in backends.items()}
+    outputs = outputs_of(backends, len(output_names), *rows)
     report = compare(
-        ParityRows(spec.transform(*rows), groups), outputs, tolerance, reference=next(iter(backends))
+        ParityRows(spec.transform(*rows), groups),
+        outputs,
+        tolerance,
+        reference=next(iter(backends)),
+        output_names=output_names,
     )
     if not report["passed"]:
         raise ParityError(

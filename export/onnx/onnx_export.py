@@ -1,4 +1,9 @@
-"""PyTorch -> a single self-contained `model.onnx`, checked for opset, I/O contract and target op set."""
+"""PyTorch -> a single self-contained `model.onnx`, checked for opset, I/O contract and target op set.
+
+The graph is the network followed by its calibrator (`ctr_model.calibration.CalibratedNet`): features -> the
+calibrated `ctr` and the network's own `raw_score`, so every runtime that loads the file serves calibrated
+probabilities.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ import torch
 from torch import nn
 
 from ctr_contract import signatures as contract
-from ctr_model.net import CTRNet, CTRProbability
+from ctr_model.calibration import CalibratedNet, Calibrator
+from ctr_model.net import CTRNet
 from export.errors import ExportError, UnsupportedOpError
 from export.onnx.patches import PATCHES
 from export.onnx.targets import Target
@@ -22,21 +28,30 @@ log = logging.getLogger(__name__)
 
 INPUT_NAME = contract.INPUT_NAME
 OUTPUT_NAME = contract.OUTPUT_NAME
+OUTPUT_NAMES = contract.OUTPUT_NAMES  # ctr, raw_score
 BATCH_DIM = "batch"
 
 
-def export_onnx(net: CTRNet | nn.Module, width: int, path: Path, opset: int) -> onnx.ModelProto:
-    """Export features (B, width) -> ctr (B, 1) probabilities to one ONNX file without external data.
+def export_onnx(
+    net: CTRNet | nn.Module,
+    width: int,
+    path: Path,
+    opset: int,
+    calibrator: Calibrator = Calibrator("none"),  # noqa: B008  # frozen: ctr = the network's probability
+) -> onnx.ModelProto:
+    """Export features (B, width) -> ctr (B, 1), raw_score (B, 1) to one ONNX file without external data.
 
     Args:
-        net: eval-mode network returning logits (B, 1); the sigmoid wrapper is added here.
+        net: eval-mode network returning logits (B, 1); the calibrator (and the sigmoid) are added here.
         width: number of input features (128 for the contract).
         path: destination file; nothing is written beside it.
         opset: the ai.onnx opset the result must carry.
+        calibrator: maps the logits to `ctr` inside the graph (`none`: sigmoid(z + ln w); the default, with
+            w = 1, makes ctr = raw_score).
     Returns:
         the loaded, checked model.
     """
-    model = CTRProbability(net).eval()
+    model = CalibratedNet(net, calibrator).eval()
     example = torch.zeros(2, width)  # batch 2: a batch of 1 can get specialised to a static dim
     chatter = io.StringIO()
     # The dynamo exporter (the non-deprecated path) prints progress to stdout and warns about
@@ -54,7 +69,7 @@ def export_onnx(net: CTRNet | nn.Module, width: int, path: Path, opset: int) -> 
                 (example,),
                 str(path),
                 input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
+                output_names=list(OUTPUT_NAMES),
                 opset_version=opset,
                 dynamo=True,
                 external_data=False,  # the default (True) writes weights to a side file
@@ -89,7 +104,7 @@ def _dims(value: onnx.ValueInfoProto) -> list[str | int]:
 
 
 def verify_contract(proto: onnx.ModelProto, width: int, opset: int) -> None:
-    """Check opset, weights inline, and I/O: features float32 [batch, width] -> ctr float32 [batch, 1]."""
+    """Check opset, weights inline, and I/O: features float32 [batch, width] -> ctr, raw_score float32 [batch, 1]."""
     got = graph_opset(proto)
     if got != opset:
         # The exporter may silently keep a newer opset when down-conversion fails.
@@ -99,17 +114,17 @@ def verify_contract(proto: onnx.ModelProto, width: int, opset: int) -> None:
         raise ExportError(f"initializers {external} use external data; expected them inline")
     g = proto.graph
     ios = {"input": list(g.input), "output": list(g.output)}
-    expected = {"input": (INPUT_NAME, [BATCH_DIM, width]), "output": (OUTPUT_NAME, [BATCH_DIM, 1])}
+    expected = {"input": ((INPUT_NAME,), [BATCH_DIM, width]), "output": (OUTPUT_NAMES, [BATCH_DIM, 1])}
     for kind, values in ios.items():
-        name, dims = expected[kind]
-        if len(values) != 1 or values[0].name != name:
-            raise ExportError(f"ONNX graph {kind}s are {[v.name for v in values]}, expected [{name!r}]")
-        v = values[0]
-        if v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT or _dims(v) != dims:
-            raise ExportError(
-                f"ONNX {kind} {name!r} is {onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type)} "
-                f"{_dims(v)}, expected FLOAT {dims}"
-            )
+        names, dims = expected[kind]
+        if [v.name for v in values] != list(names):
+            raise ExportError(f"ONNX graph {kind}s are {[v.name for v in values]}, expected {list(names)}")
+        for v in values:
+            if v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT or _dims(v) != dims:
+                raise ExportError(
+                    f"ONNX {kind} {v.name!r} is {onnx.TensorProto.DataType.Name(v.type.tensor_type.elem_type)} "
+                    f"{_dims(v)}, expected FLOAT {dims}"
+                )
 
 
 def check_target_ops(proto: onnx.ModelProto, target: Target) -> list[str]:

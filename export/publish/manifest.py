@@ -60,6 +60,7 @@ def build_manifest(
     files: dict[str, str],
     export_seconds: float,
     quality_gate: dict[str, Any] | None = None,
+    calibration: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble the manifest dict (JSON-serialisable)."""
     return {
@@ -72,13 +73,15 @@ def build_manifest(
             "global_step": ckpt.get("global_step"),
             "model": (ckpt.get("hyper_parameters") or {}).get("model"),
         },
-        "training_metrics": metrics,
+        # the run's metrics.json without what export itself wrote into it (its `calibration` figures)
+        "training_metrics": {k: v for k, v in metrics.items() if k != "calibration"} if metrics else metrics,
         "io": io,
         "opset": opset,
         "target": target,
         "op_patches": patches,
         "parity": parity,
         "quality_gate": quality_gate,  # export/gates/gate.py: both models' figures; "forced" when --force published it
+        "calibration": calibration,  # export/calibration.py: the calibrator in every graph and its fit report
         FILES_KEY: files,
         "export_seconds": round(export_seconds, 3),
         "packages": package_versions(),

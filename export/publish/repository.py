@@ -12,7 +12,7 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -142,8 +142,17 @@ class ModelRepository:
             shutil.rmtree(gone)
         return doomed
 
-    def write_triton_config(self, width: int, input_name: str, output_name: str) -> Path:
-        """Write `<base>/config.pbtxt` for Triton's onnxruntime backend (atomically)."""
+    def write_triton_config(self, width: int, input_name: str, output_names: Sequence[str]) -> Path:
+        """Write `<base>/config.pbtxt` for Triton's onnxruntime backend (atomically): one input, and one
+        output entry per name (ctr, raw_score)."""
+        outputs = ",\n".join(
+            f"""  {{
+    name: "{name}"
+    data_type: TYPE_FP32
+    dims: [ 1 ]
+  }}"""
+            for name in output_names
+        )
         text = f"""name: "{self.name}"
 platform: "onnxruntime_onnx"
 default_model_filename: "{ONNX_MODEL}"
@@ -156,11 +165,7 @@ input [
   }}
 ]
 output [
-  {{
-    name: "{output_name}"
-    data_type: TYPE_FP32
-    dims: [ 1 ]
-  }}
+{outputs}
 ]
 dynamic_batching {{
   preferred_batch_size: [ 64, 256 ]

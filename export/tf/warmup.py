@@ -9,7 +9,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_contract.signatures import OUTPUT_NAME, RAW_SIGNATURE
+from ctr_contract.signatures import RAW_SIGNATURE
 
 WARMUP_BATCHES = (1, 8, 64)  # a few batch sizes so the first real requests hit warm kernels
 
@@ -21,12 +21,13 @@ def write_warmup(
     input_name: str,
     signature: str,
     raw: tuple[np.ndarray, np.ndarray] | None = None,
-    raw_expected: np.ndarray | None = None,
+    raw_expected: dict[str, np.ndarray] | None = None,
 ) -> int:
     """Write one PredictLog per batch size, taking rows from `features` (N, width); then, when `raw` rows
     (numeric float64 (N, 13), categorical str (N, 26)) are given, one per batch size for the `raw` signature.
-    `raw_expected`, the raw rows' (N, 1) scores by FeatureSpec.transform + PyTorch, goes into each raw
-    record's response: our server's load compares its raw path with them (TF Serving ignores responses).
+    `raw_expected`, the raw rows' outputs by FeatureSpec.transform + PyTorch (name -> (N, 1): ctr and
+    raw_score), goes into each raw record's response: our server's load compares its raw path with them
+    (TF Serving ignores responses).
 
     Returns:
         the number of records written.
@@ -52,9 +53,9 @@ def write_warmup(
                     tf.make_tensor_proto([str(v).encode() for v in column], dtype=tf.string)
                 )
             response = predict_pb2.PredictResponse()
-            if raw_expected is not None:
-                response.outputs[OUTPUT_NAME].CopyFrom(
-                    tf.make_tensor_proto(raw_expected[:batch].astype(np.float32))
+            for name, scores in (raw_expected or {}).items():
+                response.outputs[name].CopyFrom(
+                    tf.make_tensor_proto(np.asarray(scores[:batch], np.float32).reshape(-1, 1))
                 )
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request, response=response)

@@ -144,7 +144,14 @@ def test_diverged_checkpoint_with_nan_weights_fails_parity(
     ckpt["state_dict"]["net.layers.6.bias"].fill_(float("nan"))
     torch.save(ckpt, ckpt_path)
     err = _fails(capsys, ["--run", str(run), "--no-torchscript"], tmp_path / "repo")
-    assert "non-finite outputs: {'pytorch': 10000, 'onnxruntime': 10000, 'savedmodel': 10000}" in err
+    assert err == (
+        f"the network's logit on row 0 of {run / 'val_features.npy'} is nan: the checkpoint gives non-finite "
+        "scores (did training diverge?), so no calibrator can be fitted"
+    )
+    argv = ["--run", str(run), "--no-torchscript", "--calibration", "none"]
+    assert "calibration ratio nan" in _fails(capsys, argv, tmp_path / "repo")  # the quality gate's refusal
+    err = _fails(capsys, [*argv, "--force"], tmp_path / "repo")
+    assert "non-finite outputs: {'pytorch': 20000, 'onnxruntime': 20000, 'savedmodel': 20000}" in err
 
 
 @pytest.mark.parametrize(

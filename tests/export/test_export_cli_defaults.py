@@ -16,7 +16,7 @@ def test_the_cli_without_options_builds_the_default_request(tmp_path: Path) -> N
     (run / FEATURE_SPEC).touch()
     args = build_parser().parse_args(["--run", str(run)])
     assert request_from_args(args) == ExportRequest(
-        checkpoint=run / BEST_CHECKPOINT, feature_spec=run / FEATURE_SPEC
+        checkpoint=run / BEST_CHECKPOINT, feature_spec=run / FEATURE_SPEC, run=run
     )
 
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from ctr_model.checkpoint import load_net
-from ctr_model.metrics import roc_auc
-from export.gates.gate import expected_calibration_error, figures, gate_export
+from ctr_model.metrics import expected_calibration_error, roc_auc
+from export.gates.gate import figures, gate_export
 from export.request import ExportRequest
 from tests.export.export_runs import make_run
 from tests.serving.model_repo import reference_predict, write_manifest, write_onnx
@@ -106,7 +106,10 @@ def test_gate_refuses_a_worse_candidate_with_one_error_line(runs, run_module, tm
 def test_gate_publishes_a_better_candidate_and_force_overrides_a_refusal(runs, run_module, tmp_path: Path):
     repo = tmp_path / "models" / "ctr"
     publish_by_hand(repo, 1, runs["b"])
-    proc = run_module("export", "--run", runs["a"], "--repo", repo, "--no-torchscript")
+    # Platt keeps the order of the scores, so the candidate's AUC is its network's.
+    proc = run_module(
+        "export", "--run", runs["a"], "--repo", repo, "--no-torchscript", "--calibration", "platt"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     gate = json.loads((repo / "2" / "assets.extra" / "manifest.json").read_text())["quality_gate"]
     x, y = np.load(runs["a"] / "val_features.npy"), np.load(runs["a"] / "val_labels.npy")
@@ -118,7 +121,16 @@ def test_gate_publishes_a_better_candidate_and_force_overrides_a_refusal(runs, r
     )
     assert gate["served"]["version"] == 1 and gate["candidate"]["auc"] > gate["served"]["auc"]
     assert (gate["passed"], gate["forced"], gate["reasons"], gate["rows"]) == (True, False, [], len(y))
-    assert set(gate["candidate"]) == {"auc", "logloss", "ece", "mean_predicted_ctr", "observed_ctr"}
+    assert set(gate["candidate"]) == {
+        "auc",
+        "logloss",
+        "ece",
+        "calibration_ratio",
+        "mean_predicted_ctr",
+        "observed_ctr",
+        "field_calibration",
+    }
+    assert gate["candidate_uncalibrated"]["auc"] == pytest.approx(gate["candidate"]["auc"], abs=1e-6)
 
     proc = run_module("export", "--run", runs["a_negated"], "--repo", repo, "--no-torchscript", "--force")
     assert proc.returncode == 0, proc.stderr[-2000:]

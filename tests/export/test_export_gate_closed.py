@@ -1,5 +1,6 @@
 """The quality gate fails closed: with a version served and no rows both models can score, export refuses,
-and `--force` publishes anyway with the manifest saying the gate was skipped."""
+and `--force` publishes anyway with the manifest saying the gate was skipped. Without labels there is no
+calibrator to fit either: export says so unless `--calibration none`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ def test_export_refuses_when_the_gate_cannot_run_and_force_overrides(run_module,
 
     proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript")
     assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.startswith("export:")] == [
+        "export: error: the calibrator needs the validation rows' labels and there are none (no --val-labels, and "
+        "no val_labels.npy in the run or beside the feature spec); give --val-labels FILE (the run's "
+        "val_labels.npy) or --run DIR, or --calibration none to export without one"
+    ]
+
+    proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none")
+    assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("export:")]
     assert errors == [
         f"export: error: the quality gate cannot compare the candidate with version 1: {WHY}; "
@@ -27,7 +36,9 @@ def test_export_refuses_when_the_gate_cannot_run_and_force_overrides(run_module,
     ]
     assert versions(repo) == [1] and not list(repo.glob(".tmp-*"))
 
-    proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript", "--force")
+    proc = run_module(
+        "export", "--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none", "--force"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"quality gate: skipped: {WHY} (published with --force)" in proc.stdout
     gate = json.loads((repo / "2" / "assets.extra" / "manifest.json").read_text())["quality_gate"]

@@ -19,6 +19,7 @@ import pytest
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS, RAW_FIELDS
 from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
+from ctr_model.calibration import Calibrator
 from ctr_model.checkpoint import load_net
 from export.errors import ExportError, ParityError
 from export.gates.parity import MIN_ROWS
@@ -45,10 +46,20 @@ STRESS_GROUPS = (
 )
 
 
+OUTPUTS = ("ctr", "raw_score")
+
+
 @pytest.fixture(scope="module")
 def version(published: Callable[[str, str], Any]) -> Any:
     """The session's (relu, standard) export: `.run`, `.repo`, `.version_dir`."""
     return published("relu", "standard")
+
+
+def reference(version: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """The version's network and calibrator in PyTorch: features -> (ctr, raw_score) columns (N, 2)."""
+    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
+    doc = json.loads((version.version_dir / "assets.extra" / "calibration.json").read_text())
+    return torch_predictor(net, Calibrator.from_dict(doc), outputs=OUTPUTS)
 
 
 def test_published_version_has_the_raw_graph_and_its_gate_report(version: Any) -> None:
@@ -78,21 +89,21 @@ def test_published_version_has_the_raw_graph_and_its_gate_report(version: Any) -
 
 def test_three_way_parity_on_the_published_version(version: Any) -> None:
     spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
-    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
     rows, groups = build_raw_rows(spec, MIN_ROWS, load_val_raw(version.run / "val_raw.npz"), seed=7)
     backends = {
-        "python": python_predictor(spec, torch_predictor(net)),
-        "onnxruntime_raw": onnxruntime_raw_predictor(version.version_dir / "model_raw.onnx"),
-        "savedmodel_raw": savedmodel_raw_predictor(version.version_dir),
+        "python": python_predictor(spec, reference(version)),
+        "onnxruntime_raw": onnxruntime_raw_predictor(version.version_dir / "model_raw.onnx", outputs=OUTPUTS),
+        "savedmodel_raw": savedmodel_raw_predictor(version.version_dir, outputs=OUTPUTS),
         "serving_transform": serving_predictor(
-            spec, onnxruntime_predictor(version.version_dir / "model.onnx")
+            spec, onnxruntime_predictor(version.version_dir / "model.onnx", outputs=OUTPUTS)
         ),
     }
     report = run_raw_gate(spec, rows, groups, backends, 1e-5)
     assert report["rows"] == MIN_ROWS and report["passed"]
-    assert report["max_abs_diff"] <= 1e-5
+    assert report["max_abs_diff"] <= 1e-5 and report["outputs"] == list(OUTPUTS)
+    assert max(report["by_output"]["raw_score"]["max_abs_diff_by_pair"].values()) <= 1e-5
     # Every stress group moves the prediction: the rows reach different parts of the graph.
-    ctr = backends["python"](*rows).ravel()
+    ctr = backends["python"](*rows)[:, 0]
     assert len({round(float(ctr[groups[g]].mean()), 6) for g in STRESS_GROUPS}) == len(STRESS_GROUPS)
 
 
@@ -104,32 +115,33 @@ def warmup_batches_with_raw(version_dir: Any) -> list[RawWarmup]:
 
 def test_raw_warmup_records_carry_the_python_paths_scores_for_the_load_gate(version: Any) -> None:
     spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
-    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
-    python = python_predictor(spec, torch_predictor(net))
+    python = python_predictor(spec, reference(version))
     records = warmup_batches_with_raw(version.version_dir)
     assert [len(r.batch) for r in records] == [1, 8, 64]
     for record in records:
         batch = record.batch
         expected = python(batch.numeric.T, batch.categorical.T)
-        assert record.expected is not None
-        np.testing.assert_allclose(record.expected, expected, rtol=0, atol=1e-6)
+        assert record.expected is not None and sorted(record.expected) == sorted(OUTPUTS)
+        for j, name in enumerate(OUTPUTS):  # both outputs, (N, 1) each
+            np.testing.assert_allclose(record.expected[name], expected[:, j : j + 1], rtol=0, atol=1e-6)
 
 
 def test_gate_refuses_a_raw_backend_that_disagrees(version: Any) -> None:
     spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
-    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
     rows, groups = build_raw_rows(spec, MIN_ROWS, None)
-    python = python_predictor(spec, torch_predictor(net))
+    python = python_predictor(spec, reference(version))
 
-    def off_on_missing(numeric: np.ndarray, categorical: np.ndarray) -> np.ndarray:
-        out = python(numeric, categorical).copy()
-        out[groups["all_missing"]] += 2e-5  # e.g. a graph that forgot that NaN counts are missing
-        return out
+    for column in (0, 1):  # a wrong ctr (the calibrator) or a wrong raw_score alone fails the gate
 
-    with pytest.raises(
-        ParityError, match=r"raw-signature parity failed: max abs difference 2e-05 > tolerance 1e-05"
-    ):
-        run_raw_gate(spec, rows, groups, {"python": python, "broken": off_on_missing}, 1e-5)
+        def off_on_missing(numeric: np.ndarray, categorical: np.ndarray, column: int = column) -> np.ndarray:
+            out = python(numeric, categorical).copy()
+            out[groups["all_missing"], column] += 2e-5  # e.g. a graph that forgot that NaN counts are missing
+            return out
+
+        with pytest.raises(
+            ParityError, match=r"raw-signature parity failed: max abs difference 2e-05 > tolerance 1e-05"
+        ):
+            run_raw_gate(spec, rows, groups, {"python": python, "broken": off_on_missing}, 1e-5)
 
 
 # The documented stock-TF-Serving request: every field in every instance; a missing count is the NaN token
@@ -162,14 +174,14 @@ def test_savedmodel_raw_signature_takes_the_tensors_tf_serving_builds_from_json(
     # TF Serving's row format: one tensor per input, the instances' values stacked along the batch dimension,
     # typed by the signature (numbers -> DT_DOUBLE, strings -> DT_STRING).
     tensors = {f: tf.constant([row[f] for row in instances], dtype=specs[f].dtype) for f in RAW_FIELDS}
-    got = signature(**tensors)["ctr"].numpy()
+    result = signature(**tensors)
+    got = np.concatenate([result[name].numpy() for name in OUTPUTS], axis=1)
 
     spec = FeatureSpec.load(version.version_dir / "assets.extra" / "feature_spec.json")
-    net, _ = load_net(version.run / "checkpoints" / "best.ckpt")
     numeric = np.array([[row[f] for f in NUMERIC_FIELDS] for row in instances], dtype=np.float64)
     categorical = np.array([[row[f] for f in CATEGORICAL_FIELDS] for row in instances], dtype=object)
-    want = torch_predictor(net)(spec.transform(numeric, categorical))
-    assert got.shape == (2, 1)
+    want = reference(version)(spec.transform(numeric, categorical))
+    assert sorted(result) == sorted(OUTPUTS) and got.shape == (2, 2)
     np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
