@@ -23,16 +23,19 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.spec import FeatureSpec
+from serving.errors import ModelLoadError
+from serving.runtime.onnx_runtime import OnnxRuntimeBackend
 from tests.serving.model_repo import (
     make_weights,
     reference_logits,
     reference_outputs,
     reference_predict,
     write_manifest,
+    write_onnx,
     write_saved_model,
     write_version,
 )
-from tests.serving.raw_model_repo import fit_spec, seen_values, write_both_kinds
+from tests.serving.raw_model_repo import fit_spec, raw_graph, seen_values, write_both_kinds
 from tests.serving.server_process import ServerProcess, http
 from tests.serving.v2_inputs import FEATURES, raw_columns
 
@@ -300,3 +303,33 @@ def test_a_nonfinite_raw_score_fails_the_request_though_v1_answers_ctr_alone(
     status, body = http(server.url("/v1/models/ctr:predict"), {"instances": positive.tolist()})
     assert status == 200
     np.testing.assert_allclose(body["predictions"], reference_outputs(WEIGHTS, positive)["ctr"], atol=1e-6)
+
+
+def test_a_graph_of_several_outputs_without_ctr_does_not_load(tmp_path: Path) -> None:
+    path = tmp_path / "model.onnx"
+    write_onnx(WEIGHTS, path, calibrated=True)
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        node.output[:] = ["score" if o == "ctr" else o for o in node.output]
+    model.graph.output[0].name = "score"
+    onnx.save(model, str(path))
+    with pytest.raises(ModelLoadError) as caught:
+        OnnxRuntimeBackend(path, 1)
+    assert str(caught.value) == (
+        f"{path} must have 1 input and 1 output (or several, one of them 'ctr'), got inputs ['features'] and "
+        "outputs ['score', 'raw_score']"
+    )
+
+
+def test_a_raw_graph_serving_other_outputs_than_model_onnx_does_not_load(
+    tmp_path: Path, spec: FeatureSpec
+) -> None:
+    write_onnx(WEIGHTS, tmp_path / "model.onnx")  # ctr alone
+    onnx.save(raw_graph(onnx.load(str(tmp_path / "model.onnx")), spec), tmp_path / "model_raw.onnx")
+    write_onnx(WEIGHTS, tmp_path / "model.onnx", calibrated=True)  # ctr and raw_score
+    with pytest.raises(ModelLoadError) as caught:
+        OnnxRuntimeBackend(tmp_path / "model.onnx", 1)
+    assert str(caught.value) == (
+        f"{tmp_path / 'model_raw.onnx'} has outputs ['ctr'], model.onnx has ['ctr', 'raw_score']; the two graphs "
+        "of a version serve the same outputs: re-export the version"
+    )
