@@ -13,35 +13,14 @@ runs.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench.harness import procs
 from bench.harness.inputs import PROJECT_ROOT
-from bench.harness.servers import Server, base_path_of, free_port, measure, write_lua
+from bench.harness.servers import base_path_of, measure, our_server, write_lua
 from bench.sections.serving_load import RANKING_INSTANCES, write_raw_lua
-
-
-def our_server(name: str, checkout: Path, base: Path, batching: bool) -> Server:
-    """Our server from `checkout` (its code on PYTHONPATH), one worker, one intra-op thread."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "serving",
-        "--host=127.0.0.1",
-        f"--port={free_port()}",
-        f"--rest_api_port={port}",
-        "--model_name=ctr",
-        f"--model_base_path={base}",
-        "--intra_op_threads=1",
-        "--log_level=warning",
-        f"--enable_batching={str(batching).lower()}",
-    ]
-    return Server(name, cmd, port, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)})
 
 
 def report(rows: dict[tuple[str, int, str], dict[str, Any]], names: list[str]) -> str:
@@ -89,7 +68,7 @@ def main() -> None:
     base = base_path_of(args.model_base_path.resolve())
     checkouts = {"": PROJECT_ROOT} | ({"before, ": args.before.resolve()} if args.before else {})
     servers = [
-        our_server(f"{tag}batching {'on' if on else 'off'}", path, base, on)
+        our_server(f"{tag}batching {'on' if on else 'off'}", base, on, checkout=path)
         for tag, path in checkouts.items()
         for on in (False, True)
     ]

@@ -1,7 +1,8 @@
 """The serving sections' harness: servers under test on 127.0.0.1, driven by wrk in interleaved rounds.
 
-Used by `bench.sections.serving_load` (our server against its peers) and `bench.http_layer` (our HTTP
-layer against uvicorn and granian).
+Used by `bench.sections.serving_load` (our server against its peers), `bench.sections.serving_tracing`,
+`bench.raw_served` (our server in several forms: `our_server`) and `bench.http_layer` (our HTTP layer
+against uvicorn and granian).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,40 @@ class Server:
         self.proc = procs.start(self.cmd, log=log, cwd=self.cwd, env=self.env)
         body = json.dumps({"instances": [[0.5] * 128]}).encode()
         wait_until_serving(self.url, body, self.proc, log, timeout_s=STARTUP_TIMEOUT_S)
+
+
+def our_server(
+    name: str,
+    base: Path,
+    batching: bool,
+    flags: Sequence[str] = (),
+    checkout: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Server:
+    """Our server on `base` (REST on a free port of 127.0.0.1): one worker, one intra-op thread, warnings only.
+
+    `flags`: more of the server's flags. `checkout`: another copy of the project to run it from (its code on
+    PYTHONPATH, e.g. the code before a change). `env`: the environment (default: this process's).
+    """
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        "--host=127.0.0.1",
+        f"--port={free_port()}",
+        f"--rest_api_port={port}",
+        "--model_name=ctr",
+        f"--model_base_path={base}",
+        "--intra_op_threads=1",
+        "--log_level=warning",
+        f"--enable_batching={str(batching).lower()}",
+        *flags,
+    ]
+    environment = dict(os.environ if env is None else env)
+    if checkout is not None:
+        environment["PYTHONPATH"] = str(checkout)
+    return Server(name, cmd, port, cwd=checkout or PROJECT_ROOT, env=environment)
 
 
 def process_cpu_s(pid: int) -> float | None:

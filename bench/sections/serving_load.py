@@ -26,6 +26,7 @@ from bench.harness.servers import (
     base_path_of,
     free_port,
     measure,
+    our_server,
     write_lua,
     write_wrk_script,
 )
@@ -129,24 +130,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     commands: list[str] = []
     notes: list[str] = []
 
-    def ours(name: str, batching: bool) -> Server:
-        port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "serving",
-            "--host=127.0.0.1",
-            f"--port={free_port()}",
-            f"--rest_api_port={port}",
-            "--model_name=ctr",
-            f"--model_base_path={base}",
-            "--intra_op_threads=1",
-            "--log_level=warning",
-            f"--enable_batching={str(batching).lower()}",
-        ]
-        return Server(name, cmd, port)
-
-    servers = [ours(OURS_OFF, batching=False), ours(OURS_ON, batching=True)]
+    servers = [our_server(OURS_OFF, base, batching=False), our_server(OURS_ON, base, batching=True)]
     try:
         if mode == "tiny" and not KSERVE_VENV.ready():
             # The tiny mode runs inside the test suite's time budget; installing KServe takes minutes.

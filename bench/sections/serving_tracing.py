@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from bench.harness import procs
 from bench.harness.inputs import PROJECT_ROOT
-from bench.harness.servers import Server, free_port, median_row, write_lua, write_wrk_script, wrk_point
+from bench.harness.servers import Server, median_row, our_server, write_lua, write_wrk_script, wrk_point
 
 CONNECTIONS = 64
 MIN_ROUNDS = 6  # medians of at least 6 interleaved rounds (3 in each order): the differences sought are small
@@ -55,44 +54,40 @@ class SpanSink:
         self.server.stop(grace=None)
 
 
-def _server(name: str, base: Path, workdir: Path, tracing: Path | None, cwd: Path = PROJECT_ROOT) -> Server:
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "serving",
-        "--host=127.0.0.1",
-        f"--port={free_port()}",
-        f"--rest_api_port={port}",
-        "--model_name=ctr",
-        f"--model_base_path={base}",
-        "--intra_op_threads=1",
-        "--log_level=warning",
-        "--enable_batching=true",
-        *([f"--tracing_config={tracing}"] if tracing is not None else []),
-    ]
+def _server(name: str, base: Path, tracing: Path | None, checkout: Path | None = None) -> Server:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
-    return Server(name, cmd, port, cwd=cwd, env=env)
+    flags = [f"--tracing_config={tracing}"] if tracing is not None else []
+    return our_server(name, base, batching=True, flags=flags, checkout=checkout, env=env)
 
 
 def _alternating(
     servers: list[Server], scripts: list[Path], rounds: int, seconds: int, commands: list[str]
-) -> dict[tuple[str, int, str], dict[str, Any]]:
+) -> dict[tuple[str, int, str], list[dict[str, float]]]:
     """Interleaved rounds as bench.harness.servers.measure runs them, the servers' order reversed every other
-    round: the server measured first in a round did better often enough to matter at these differences."""
+    round: the server measured first in a round did better often enough to matter at these differences.
+    Returns every round's run per (server, connections, script), in round order."""
     runs: dict[tuple[str, int, str], list[dict[str, float]]] = {}
     for round_ in range(rounds):
         for script in scripts:
             for server in servers if round_ % 2 == 0 else servers[::-1]:
                 key = (server.name, CONNECTIONS, script.name)
                 runs.setdefault(key, []).append(wrk_point(server, CONNECTIONS, script, seconds, commands))
-    return {key: median_row(key[0], key[1], r) for key, r in runs.items()}
+    return runs
+
+
+def paired(runs: list[dict[str, float]], against: list[dict[str, float]], field: str) -> dict[str, Any]:
+    """`field` of each round's run over the same round's run of `against` (minus 1): the two were measured
+    back to back, so a round's load level cancels out of the ratio. Median, min, max and every round's."""
+    ratios = sorted(r[field] / a[field] - 1 for r, a in zip(runs, against, strict=True) if a.get(field))
+    every = [round(r[field] / a[field] - 1, 4) for r, a in zip(runs, against, strict=True) if a.get(field)]
+    return {"median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1], "rounds": every}
 
 
 def run(
     rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str], before: Path | None = None
 ) -> dict[str, Any]:
     """Measure; returns {"rows": [...], "qps_loss_1pct_*", "qps_loss_100pct_*", "cpu_us_*", "off_vs_before_*",
+    "paired_vs_off_*" (each server against "off" round by round: QPS and CPU a request, median min max),
     "spans_received"} (* = features, raw)."""
     from serving.app.curl_example import CRITEO_ROW
 
@@ -107,19 +102,20 @@ def run(
                 {"endpoint": f"http://127.0.0.1:{sink.port}", "protocol": "grpc", "sample_ratio": ratio}
             )
         )
-    servers = [_server(OFF, base, workdir, None)]
+    servers = [_server(OFF, base, None)]
     if before is not None:
-        servers.insert(0, _server(BEFORE, base, workdir, None, cwd=before))
-    servers += [_server(name, base, workdir, path) for name, path in configs.items()]
+        servers.insert(0, _server(BEFORE, base, None, checkout=before))
+    servers += [_server(name, base, path) for name, path in configs.items()]
     raw = write_wrk_script(workdir / "raw_single.lua", {"instances": [CRITEO_ROW]})
     scripts = [write_lua(workdir / "single.lua", 1), raw]
     try:
         for server in servers:
             server.start(workdir, commands)
-        rows = _alternating(servers, scripts, rounds, seconds, commands)
+        runs = _alternating(servers, scripts, rounds, seconds, commands)
     finally:
         procs.stop_all()
         sink.stop()
+    rows = {key: median_row(key[0], key[1], r) for key, r in runs.items()}
     out: dict[str, Any] = {"rows": list(rows.values()), "spans_received": sink.spans}
     for script in scripts:
         qps = {k[0]: r["qps"] for k, r in rows.items() if k[2] == script.name}
@@ -129,6 +125,15 @@ def run(
         out[f"qps_loss_100pct_{kind}"] = 1 - qps[ALL] / qps[OFF]
         if BEFORE in qps:
             out[f"off_vs_before_{kind}"] = qps[OFF] / qps[BEFORE] - 1
+        # The same, round by round (each server against "off" of the same round): steadier than the medians'
+        # ratio on a machine whose load moves between rounds.
+        off_runs = runs[(OFF, CONNECTIONS, script.name)]
+        for name in [n for n in qps if n != OFF]:
+            these = runs[(name, CONNECTIONS, script.name)]
+            out.setdefault(f"paired_vs_off_{kind}", {})[name] = {
+                "qps": paired(these, off_runs, "qps"),
+                "cpu_us": paired(these, off_runs, "cpu_us"),
+            }
     return out
 
 
