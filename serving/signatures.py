@@ -15,11 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ctr_contract.signatures import DEFAULT_SIGNATURE, INPUT_NAME, OUTPUT_NAME, RAW_SIGNATURE
+from ctr_contract.signatures import (
+    DEFAULT_SIGNATURE,
+    INPUT_NAME,
+    OUTPUT_NAME,
+    RAW_SCORE_NAME,
+    RAW_SIGNATURE,
+)
 from serving.errors import InvalidArgument
-
-# The uncalibrated score's output name; ctr_contract.signatures names it for every stage once export has it.
-RAW_SCORE_NAME = "raw_score"
 
 __all__ = [
     "DEFAULT_SIGNATURE",

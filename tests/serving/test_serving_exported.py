@@ -2,7 +2,8 @@
 
 The other serving tests use a hand-built repository (tests/serving/model_repo.py); this one holds the seam
 between export and serving: whatever export publishes, the server loads, verifies, warms and answers with the
-checkpoint's own probabilities. Tiny on purpose: 4,000 rows, one epoch, no TorchScript.
+checkpoint's own probabilities through its calibrator (`ctr`) and without it (`raw_score`). Tiny on purpose:
+4,000 rows (30% held out, so the calibrator has the 1,000 rows it needs), one epoch, no TorchScript.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+import tensorflow as tf
 import torch
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from ctr_contract import (
     BEST_CHECKPOINT,
@@ -24,6 +28,8 @@ from ctr_contract import (
     OUTPUT_NAME,
     VAL_FEATURES,
 )
+from ctr_contract.signatures import RAW_SCORE_NAME
+from ctr_model.calibration import Calibrator
 from ctr_model.checkpoint import load_net
 from tests.conftest import RunModule
 from tests.helpers import REPO_ROOT
@@ -48,6 +54,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory, run_module: RunModule) ->
         "1",
         "--batch-size",
         "512",
+        "--val-fraction",
+        "0.3",
         "--no-progress-bar",
         check=True,
     )
@@ -83,22 +91,48 @@ def test_metadata_is_the_exported_signature(server: ServerProcess) -> None:
     signature = body["metadata"]["signature_def"]["signature_def"][DEFAULT_SIGNATURE]
     shape = {"dim": [{"size": "-1", "name": ""}, {"size": "128", "name": ""}], "unknown_rank": False}
     assert signature["inputs"][INPUT_NAME]["tensor_shape"] == shape
-    assert [d["size"] for d in signature["outputs"][OUTPUT_NAME]["tensor_shape"]["dim"]] == ["-1", "1"]
+    assert sorted(signature["outputs"]) == [OUTPUT_NAME, RAW_SCORE_NAME]
+    for output in signature["outputs"].values():
+        assert [d["size"] for d in output["tensor_shape"]["dim"]] == ["-1", "1"]
 
 
-def test_predictions_are_the_checkpoints_probabilities(
-    server: ServerProcess, exported: tuple[Path, Path]
-) -> None:
-    run = exported[0]
-    rows = np.load(run / VAL_FEATURES)[:ROWS]
+def _expected(exported: tuple[Path, Path], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The checkpoint's own scores: the manifest's calibrator on its logits (ctr), and its sigmoid (raw_score)."""
+    run, repo = exported
     net, _ = load_net(run / BEST_CHECKPOINT)
     with torch.no_grad():
-        expected = net.predict_proba(torch.from_numpy(rows)).numpy()
+        logits = net(torch.from_numpy(rows)).numpy().astype(np.float64)
+    manifest = json.loads((repo / "1" / MANIFEST_PATH).read_text())
+    assert list(manifest["io"]["outputs"]) == [OUTPUT_NAME, RAW_SCORE_NAME]
+    calibrator = Calibrator.from_dict(manifest["calibration"])
+    return {OUTPUT_NAME: calibrator.apply(logits), RAW_SCORE_NAME: 1 / (1 + np.exp(-logits))}
+
+
+def test_predictions_are_the_checkpoints_calibrated_probabilities(
+    server: ServerProcess, exported: tuple[Path, Path]
+) -> None:
+    rows = np.load(exported[0] / VAL_FEATURES)[:ROWS]
+    expected = _expected(exported, rows)
     status, body = http(server.url("/v1/models/ctr:predict"), {"instances": rows.tolist()})
     assert status == 200, body
     served = np.array(body["predictions"], dtype=np.float32)
-    assert served.shape == (ROWS, 1)
-    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)  # export's parity tolerance
+    assert served.shape == (ROWS, 1)  # v1 REST answers ctr alone
+    np.testing.assert_allclose(served, expected[OUTPUT_NAME], rtol=0, atol=1e-5)  # export's parity tolerance
+
+
+def test_grpc_answers_ctr_and_the_uncalibrated_raw_score(
+    server: ServerProcess, exported: tuple[Path, Path]
+) -> None:
+    rows = np.load(exported[0] / VAL_FEATURES)[:ROWS]
+    expected = _expected(exported, rows)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "ctr"
+    request.inputs[INPUT_NAME].CopyFrom(tf.make_tensor_proto(rows))
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+    assert sorted(response.outputs) == [OUTPUT_NAME, RAW_SCORE_NAME]
+    for name, scores in expected.items():
+        np.testing.assert_allclose(tf.make_ndarray(response.outputs[name]), scores, rtol=0, atol=1e-5)
 
 
 def test_the_readme_request_is_answered(server: ServerProcess) -> None:
