@@ -18,17 +18,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import torch
+import tritonclient.grpc as triton
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from ctr_contract import (
     BEST_CHECKPOINT,
     DEFAULT_SIGNATURE,
+    FEATURE_SPEC_PATH,
     INPUT_NAME,
     MANIFEST_PATH,
     OUTPUT_NAME,
     VAL_FEATURES,
 )
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_contract.signatures import RAW_SCORE_NAME
+from ctr_features.spec import FeatureSpec
 from ctr_model.calibration import Calibrator
 from ctr_model.checkpoint import load_net
 from tests.conftest import RunModule
@@ -133,6 +137,46 @@ def test_grpc_answers_ctr_and_the_uncalibrated_raw_score(
     assert sorted(response.outputs) == [OUTPUT_NAME, RAW_SCORE_NAME]
     for name, scores in expected.items():
         np.testing.assert_allclose(tf.make_ndarray(response.outputs[name]), scores, rtol=0, atol=1e-5)
+
+
+def test_raw_rows_give_both_outputs_equal_to_the_features_path(
+    server: ServerProcess, exported: tuple[Path, Path]
+) -> None:
+    """Raw rows through the server's own raw path (gRPC `raw`, v2 `ctr_raw`) and their FeatureSpec features
+    through `serving_default` answer the same ctr and raw_score."""
+    spec = FeatureSpec.load(exported[1] / "1" / FEATURE_SPEC_PATH)
+    numeric = np.array([[3.0] + [np.nan] * 12, [np.nan] * 13])
+    categorical = np.array([["68fd1e64"] + [""] * 25, [""] * 26], object)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = "ctr", "raw"
+    for j, field in enumerate(NUMERIC_FIELDS):
+        request.inputs[field].CopyFrom(tf.make_tensor_proto(numeric[:, j]))
+    for j, field in enumerate(CATEGORICAL_FIELDS):
+        request.inputs[field].CopyFrom(tf.make_tensor_proto([v.encode() for v in categorical[:, j]]))
+    features = predict_pb2.PredictRequest()
+    features.model_spec.name = "ctr"
+    features.inputs[INPUT_NAME].CopyFrom(
+        tf.make_tensor_proto(spec.transform(numeric, categorical).astype(np.float32))
+    )
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        raw, through_features = stub.Predict(request, timeout=30), stub.Predict(features, timeout=30)
+    client = triton.InferenceServerClient(server.grpc_target)
+    tensors = []
+    for j, field in enumerate(NUMERIC_FIELDS):
+        tensors.append(triton.InferInput(field, [2], "FP64"))
+        tensors[-1].set_data_from_numpy(numeric[:, j])
+    for j, field in enumerate(CATEGORICAL_FIELDS):
+        tensors.append(triton.InferInput(field, [2], "BYTES"))
+        tensors[-1].set_data_from_numpy(np.array([v.encode() for v in categorical[:, j]], object))
+    v2 = client.infer("ctr_raw", tensors)
+    client.close()
+    assert sorted(raw.outputs) == sorted(through_features.outputs) == [OUTPUT_NAME, RAW_SCORE_NAME]
+    assert [o.name for o in v2.get_response().outputs] == [OUTPUT_NAME, RAW_SCORE_NAME]
+    for name in (OUTPUT_NAME, RAW_SCORE_NAME):
+        served = tf.make_ndarray(raw.outputs[name])
+        np.testing.assert_allclose(served, tf.make_ndarray(through_features.outputs[name]), rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(v2.as_numpy(name), served)
 
 
 def test_the_readme_request_is_answered(server: ServerProcess) -> None:
