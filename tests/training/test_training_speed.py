@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from ctr_contract.signatures import OUTPUT_NAMES
 from ctr_model.checkpoint import load_net, read_checkpoint
 from ctr_model.dropout import MaskedDropout
 from export.onnx.onnx_export import export_onnx
@@ -28,13 +29,16 @@ def test_checkpoint_from_before_the_fast_defaults_loads_and_exports_with_parity(
     assert "fast_dropout" not in read_checkpoint(OLD_CHECKPOINT)["hyper_parameters"]
     net, _ = load_net(OLD_CHECKPOINT)
     assert not any(isinstance(m, MaskedDropout) for m in net.modules())  # export sees plain nn.Dropout
-    proto = export_onnx(net, 8, tmp_path / "model.onnx", opset=17)
-    assert sorted({n.op_type for n in proto.graph.node}) == ["Gemm", "Relu", "Sigmoid"]
+    proto = export_onnx(net, 8, tmp_path / "model.onnx", opset=17)  # no calibrator: ctr = raw_score
+    # Identity: the graph's second output (raw_score) is the same sigmoid as its first
+    assert sorted({n.op_type for n in proto.graph.node}) == ["Gemm", "Identity", "Relu", "Sigmoid"]
+    assert tuple(o.name for o in proto.graph.output) == OUTPUT_NAMES
     x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
-    (got,) = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"features": x})
+    outputs = ort.InferenceSession(str(tmp_path / "model.onnx")).run(None, {"features": x})
     with torch.no_grad():
         want = net.predict_proba(torch.from_numpy(x)).numpy()
-    assert float(np.abs(got - want).max()) <= 1e-6
+    for got in outputs:
+        assert float(np.abs(got - want).max()) <= 1e-6
 
 
 def test_old_checkpoint_resumes_into_a_fast_dropout_module_with_the_same_weights() -> None:
