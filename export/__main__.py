@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the lower ECE on the held-out half) or none (ctr = the network's probability, corrected for the run's "
         "negative sample rate; needs no labels) (default: %(default)s)",
     )
+    fmt.add_argument(
+        "--calibration-data",
+        type=Path,
+        help="Criteo file whose rows (the first 100,000) fit the calibrator instead of the validation rows, e.g. "
+        "an interval's held-out rows (default: none: --val-features with --val-labels)",
+    )
     gate = p.add_argument_group("parity gate")
     gate.add_argument(
         "--parity-rows",
@@ -188,6 +194,8 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         raise InputError(
             f"--val-labels {args.val_labels} is not a file; expected the run's {run_dir.VAL_LABELS}"
         )
+    if args.calibration_data is not None and not args.calibration_data.is_file():
+        raise InputError(f"--calibration-data {args.calibration_data} is not a file; expected Criteo rows")
     if args.eval_data is not None and not args.eval_data.is_file():
         raise InputError(f"--eval-data {args.eval_data} is not a file; expected Criteo rows")
     return ExportRequest(
@@ -211,6 +219,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         force=args.force,
         val_raw=_default(args.val_raw, rows_from, run_dir.VAL_RAW, False),
         calibration=args.calibration,
+        calibration_data=args.calibration_data,
         run=args.run,
     )
 
@@ -224,11 +233,14 @@ def _pairs(p: dict[str, Any]) -> str:
     )
 
 
+def _auc(f: dict[str, Any]) -> str:
+    return "n/a" if f.get("auc") is None else f"{f['auc']:.4f}"
+
+
 def _figures(f: dict[str, Any] | None) -> str:
     if not f:
         return "n/a"
-    auc = "n/a" if f.get("auc") is None else f"{f['auc']:.4f}"
-    return f"ECE {f['ece']:.4f}, calibration ratio {f['calibration_ratio']:.4f}, AUC {auc}"
+    return f"ECE {f['ece']:.4f}, calibration ratio {f['calibration_ratio']:.4f}, AUC {_auc(f)}"
 
 
 def summary_lines(p: dict[str, Any], cal: dict[str, Any] | None, g: dict[str, Any] | None) -> list[str]:
@@ -257,11 +269,9 @@ def summary_lines(p: dict[str, Any], cal: dict[str, Any] | None, g: dict[str, An
         )
     elif g is not None:
         c, o = g["candidate"], g["served"]
-        line = f"quality gate: candidate AUC {c['auc']:.4f} {calibration_summary(c)}"
+        line = f"quality gate: candidate AUC {_auc(c)} {calibration_summary(c)}"
         line += (
-            f"; version {o['version']} AUC {o['auc']:.4f} ECE {o['ece']:.4f}"
-            if o
-            else "; no version to compare"
+            f"; version {o['version']} AUC {_auc(o)} ECE {o['ece']:.4f}" if o else "; no version to compare"
         )
         lines.append(
             f"{line} on {g['eval_rows']}" + (" (refused, published with --force)" if g["forced"] else "")

@@ -25,6 +25,7 @@ from torch import nn
 
 from ctr_model.calibration import METHODS, Calibrator, fit_calibrator
 from export.errors import InputError
+from export.request import ExportRequest
 
 log = logging.getLogger(__name__)
 NEGATIVE_RATE_KEY = "negative_sample_rate"  # training's name, in hyper_parameters and metrics.json
@@ -86,52 +87,57 @@ def load_labels(path: Path, rows: int, features: Path | None) -> np.ndarray:
     return y
 
 
+def held_out(req: ExportRequest, val: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """The rows the calibrator is fitted on: (features (N, width), 0/1 labels (N,) or None, where from).
+
+    `--calibration-data FILE` (Criteo rows, e.g. the online loop's held-out partition) when given, through the
+    candidate's spec; else the validation rows and `--val-labels` (None when there are none).
+    """
+    if req.calibration_data is not None:
+        from export.gates.gate import rows_from_file  # its Criteo reader; the gate is not run here
+
+        rows = rows_from_file(req.calibration_data, flag="--calibration-data")
+        return rows.features_for(req.feature_spec), rows.labels.astype(np.float64), rows.source
+    if req.val_labels is None or not req.val_labels.is_file():
+        return val, None, str(req.val_features)
+    return val, load_labels(req.val_labels, len(val), req.val_features), str(req.val_labels)
+
+
 def fit(
-    method: str,
-    net: nn.Module,
-    val: np.ndarray,
-    labels_path: Path | None,
-    features_path: Path | None,
-    w: float,
+    method: str, net: nn.Module, features: np.ndarray, labels: np.ndarray | None, source: str, w: float
 ) -> Calibration:
-    """Fit the calibrator `method` (METHODS) on the validation rows `val` (N, width) and their labels.
+    """Fit the calibrator `method` (METHODS) on `features` (N, width) and their 0/1 `labels` (from `source`).
 
     Raises:
-        InputError: no labels (unless `none`), labels that do not match the rows, or a held-out set the fit
-            refuses (ctr_model.calibration.CalibrationDataError's message).
+        InputError: no labels (unless `none`), non-finite logits, or a held-out set the fit refuses
+            (ctr_model.calibration.CalibrationDataError's message: too few rows, positives or negatives).
     """
     if method not in METHODS:
         raise InputError(f"--calibration {method!r} is not one of {list(METHODS)}")
-    if labels_path is None or not labels_path.is_file():
+    if labels is None:
         if method == "none":
-            report = {"method": "none", "chosen_by": "--calibration none", "fit_rows": 0, "report_rows": 0}
+            report = {"method": "none", "chosen_by": "requested", "fit_rows": 0, "report_rows": 0}
             return Calibration(Calibrator("none", negative_rate=w), report)
-        where = (
-            f"{labels_path} does not exist"
-            if labels_path is not None
-            else "there are none (no --val-labels, and no val_labels.npy in the run or beside the feature spec)"
-        )
         raise InputError(
-            f"the calibrator needs the validation rows' labels and {where}; give --val-labels FILE (the run's "
-            "val_labels.npy) or --run DIR, or --calibration none to export without one"
+            f"the calibrator needs held-out labels and {source} has none (no --val-labels, and no val_labels.npy "
+            "in the run or beside the feature spec); give --val-labels FILE (the run's val_labels.npy), --run "
+            "DIR or --calibration-data FILE, or --calibration none to export without one"
         )
-    labels = load_labels(labels_path, len(val), features_path)
-    z = logits_of(net, val)
+    z = logits_of(net, features)
     if not np.isfinite(z).all():
         bad = int(np.flatnonzero(~np.isfinite(z))[0])
         if method == "none":  # nothing to fit; the parity gate names the non-finite outputs
             report = {"method": "none", "chosen_by": "requested", "fit_rows": 0, "report_rows": 0}
             return Calibration(Calibrator("none", negative_rate=w), report)
         raise InputError(
-            f"the network's logit on row {bad} of {features_path} is {z[bad]}: the checkpoint gives non-finite "
-            "scores (did training diverge?), so no calibrator can be fitted"
+            f"the network's logit on held-out row {bad} (labels: {source}) is {z[bad]}: the checkpoint gives "
+            "non-finite scores (did training diverge?), so no calibrator can be fitted"
         )
     try:
-        calibrator, report = fit_calibrator(
-            z, labels, method=method, negative_rate=w, source=str(labels_path)
-        )
+        calibrator, report = fit_calibrator(z, labels, method=method, negative_rate=w, source=source)
     except ValueError as e:  # CalibrationDataError: too few rows or one class only
         raise InputError(str(e)) from e
+    report = {"rows": source, **report}
     half = np.arange(len(z)) % 2 == 1  # fit_calibrator's reporting half (odd rows)
     before = 1.0 / (1.0 + np.exp(-(z[half] + math.log(w))))
     return Calibration(calibrator, report, labels[half], before, np.asarray(calibrator.apply(z[half])))

@@ -160,7 +160,7 @@ def export_version(req: ExportRequest) -> ExportResult:
     spec = load_spec(req.feature_spec)
     metrics = read_metrics(req.metrics)  # read before the slow steps: a bad file fails fast
     w = calibration.negative_rate(ckpt, metrics)
-    fitted = calibration.fit(req.calibration, net, val, req.val_labels, req.val_features, w)
+    fitted = calibration.fit(req.calibration, net, *calibration.held_out(req, val), w)
     calibrator = fitted.calibrator
     if req.run is not None and fitted.report_labels is not None:
         from export.publish.reliability import write_reliability  # matplotlib: only to draw

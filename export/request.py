@@ -41,6 +41,7 @@ class ExportRequest:
     val_raw: Path | None = None
     # The calibrator (export/calibration.py): a METHODS name, fitted on val_features + val_labels.
     calibration: str = METHODS[0]
+    calibration_data: Path | None = None  # Criteo rows to fit it on instead (the online loop's held-out rows)
     # The training run dir (--run), where export writes reliability.png and its figures into metrics.json.
     run: Path | None = None
 

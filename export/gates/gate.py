@@ -75,8 +75,9 @@ def figures(labels: np.ndarray, probs: np.ndarray, categorical: np.ndarray | Non
     the field-level calibration error when the rows' raw categorical values (N, 26) are given."""
     p = np.asarray(probs, dtype=np.float64).reshape(-1)
     y = np.asarray(labels, dtype=np.float64).reshape(-1)
+    both = 0 < y.sum() < len(y)
     out: dict[str, Any] = {
-        "auc": roc_auc(y, p),
+        "auc": roc_auc(y, p) if both else None,  # AUC needs both classes
         "logloss": log_loss(y, p),
         "ece": expected_calibration_error(y, p),
         "calibration_ratio": calibration_ratio(y, p),
@@ -134,8 +135,11 @@ def rows_from_run(
     return EvalRows(f"{val_features} ({len(y)} validation rows)", y, features_for, categorical, why)
 
 
-def rows_from_file(path: Path, val_fraction: float | None = None, max_rows: int = MAX_EVAL_ROWS) -> EvalRows:
-    """Raw Criteo rows of `path` (only its validation split when `val_fraction` is given), at most `max_rows`."""
+def rows_from_file(
+    path: Path, val_fraction: float | None = None, max_rows: int = MAX_EVAL_ROWS, flag: str = "--eval-data"
+) -> EvalRows:
+    """Raw Criteo rows of `path` (only its validation split when `val_fraction` is given), at most `max_rows`;
+    `flag` names the option in errors."""
     numeric: list[np.ndarray] = []
     categorical: list[np.ndarray] = []
     labels: list[np.ndarray] = []
@@ -161,9 +165,9 @@ def rows_from_file(path: Path, val_fraction: float | None = None, max_rows: int 
             if kept >= max_rows:
                 break
     except (OSError, ValueError) as e:  # MalformedRowError is a ValueError
-        raise InputError(f"cannot read --eval-data {path}: {e}") from e
+        raise InputError(f"cannot read {flag} {path}: {e}") from e
     if kept == 0:
-        raise InputError(f"--eval-data {path} holds no rows to score")
+        raise InputError(f"{flag} {path} holds no rows to score")
     num, cat = np.concatenate(numeric), np.concatenate(categorical)
     what = "validation rows" if val_fraction is not None else "rows"
 
@@ -228,7 +232,7 @@ def check_quality(
         raise InputError(f"the quality gate cannot score version {version} ({served_dir}): {e}") from e
     old = figures(rows.labels, old_probs)
     report["served"] = {"version": version, **old}
-    if cand["auc"] < old["auc"] - max_auc_drop:
+    if cand["auc"] is not None and old["auc"] is not None and cand["auc"] < old["auc"] - max_auc_drop:
         reasons.append(
             f"AUC {cand['auc']:.4f} is {old['auc'] - cand['auc']:.4f} below version {version}'s {old['auc']:.4f} "
             f"(--max-auc-drop {max_auc_drop:g})"

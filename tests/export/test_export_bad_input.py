@@ -145,8 +145,8 @@ def test_diverged_checkpoint_with_nan_weights_fails_parity(
     torch.save(ckpt, ckpt_path)
     err = _fails(capsys, ["--run", str(run), "--no-torchscript"], tmp_path / "repo")
     assert err == (
-        f"the network's logit on row 0 of {run / 'val_features.npy'} is nan: the checkpoint gives non-finite "
-        "scores (did training diverge?), so no calibrator can be fitted"
+        f"the network's logit on held-out row 0 (labels: {run / 'val_labels.npy'}) is nan: the checkpoint gives "
+        "non-finite scores (did training diverge?), so no calibrator can be fitted"
     )
     argv = ["--run", str(run), "--no-torchscript", "--calibration", "none"]
     assert "calibration ratio nan" in _fails(capsys, argv, tmp_path / "repo")  # the quality gate's refusal

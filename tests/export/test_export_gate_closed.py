@@ -22,9 +22,9 @@ def test_export_refuses_when_the_gate_cannot_run_and_force_overrides(run_module,
     proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript")
     assert proc.returncode == 1
     assert [line for line in proc.stderr.splitlines() if line.startswith("export:")] == [
-        "export: error: the calibrator needs the validation rows' labels and there are none (no --val-labels, and "
-        "no val_labels.npy in the run or beside the feature spec); give --val-labels FILE (the run's "
-        "val_labels.npy) or --run DIR, or --calibration none to export without one"
+        f"export: error: the calibrator needs held-out labels and {run / 'val_features.npy'} has none (no "
+        "--val-labels, and no val_labels.npy in the run or beside the feature spec); give --val-labels FILE (the "
+        "run's val_labels.npy), --run DIR or --calibration-data FILE, or --calibration none to export without one"
     ]
 
     proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none")
