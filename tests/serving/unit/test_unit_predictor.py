@@ -30,7 +30,15 @@ from serving.requests import DecodedRequest
 from serving.runtime.batcher import DynamicBatcher
 from serving.runtime.servable import BatchingOptions, DirectRunner, build_runners
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
-from tests.serving.model_repo import WIDTH, make_weights, reference_predict, write_manifest, write_onnx
+from tests.serving.model_repo import (
+    WIDTH,
+    make_weights,
+    reference_outputs,
+    reference_predict,
+    write_manifest,
+    write_onnx,
+    write_version,
+)
 
 T = TypeVar("T")
 WEIGHTS = make_weights(seed=1)
@@ -242,3 +250,38 @@ def test_without_batching_every_signature_runs_directly(base: Path) -> None:
         assert all(isinstance(r, DirectRunner) for r in p.manager.loaded[1].runners.values())
 
     run_with_predictor(base, test)
+
+
+class _DriftRecorder:
+    """Stands in for the drift monitor: keeps the scores each request hands it."""
+
+    def __init__(self) -> None:
+        self.scores: list[np.ndarray] = []
+
+    def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
+        self.scores.append(scores)
+
+
+def test_a_two_output_version_answers_both_and_drift_watches_ctr_alone(tmp_path: Path) -> None:
+    base = tmp_path / "ctr"
+    write_version(base, 1, WEIGHTS, calibrated=True)
+    rows = [np.random.default_rng(i).random((n, WIDTH), np.float32) for i, n in enumerate((1, 3, 2))]
+    drift = _DriftRecorder()
+    batching = BatchingOptions(max_batch_size=64, batch_timeout_s=0.05, max_enqueued_batches=4, timeout_s=5)
+
+    async def test(p: Predictor) -> None:
+        p.drift = drift  # type: ignore[assignment]
+        answers = await asyncio.gather(*(p.predict("ctr", None, None, features_of(x), "REST") for x in rows))
+        assert p.manager.loaded[1].backend.signature.output_names == ("ctr", "raw_score")
+        for x, answer in zip(rows, answers, strict=True):
+            expected = reference_outputs(WEIGHTS, x)
+            assert answer.scores.shape == (len(x), 2)  # one batch of 6 rows, split back per request
+            np.testing.assert_allclose(answer.scores[:, :1], expected["ctr"], atol=1e-6)
+            np.testing.assert_allclose(answer.scores[:, 1:], expected["raw_score"], atol=1e-6)
+        counts, total = p.metrics.batch_size.series[("ctr",)]
+        assert (sum(counts), total) == (1, [6.0])  # one model call of the three requests' 6 rows
+
+    run_with_predictor(base, test, batching)
+    assert [s.shape for s in drift.scores] == [(1, 1), (3, 1), (2, 1)]
+    for x, scores in zip(rows, drift.scores, strict=True):
+        np.testing.assert_allclose(scores, reference_outputs(WEIGHTS, x)["ctr"], atol=1e-6)
