@@ -1,6 +1,7 @@
 """The calibrator every exported graph applies after the network, fitted on the run's held-out rows.
 
-The network's logits z on `val_features.npy` and the labels in `val_labels.npy` go to
+The network's logits z on `val_features.npy` and the labels in `val_labels.npy` (or on the Criteo rows of
+`--calibration-data FILE`, through the candidate's spec) go to
 `ctr_model.calibration.fit_calibrator`, with the run's negative sample rate w (training's
 `--negative-sample-rate`, from the checkpoint's hyper_parameters or metrics.json; absent = 1.0, a run that
 kept every negative). It fits on one half of the rows and reports on the other; the graphs then compute
@@ -51,13 +52,13 @@ def negative_rate(ckpt: dict[str, Any], metrics: dict[str, Any] | None) -> float
     """The run's negative sample rate w in (0, 1]: the checkpoint's hyper_parameters, else metrics.json, else 1."""
     hp = ckpt.get("hyper_parameters") or {}
     for where, value in (
-        ("the checkpoint's hyper_parameters", hp.get(NEGATIVE_RATE_KEY)),
+        ("the checkpoint (hyper_parameters)", hp.get(NEGATIVE_RATE_KEY)),
         ("metrics.json", (metrics or {}).get(NEGATIVE_RATE_KEY)),
     ):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-            raise InputError(f"{where} give {NEGATIVE_RATE_KEY} {value!r}; expected a number in (0, 1]")
+            raise InputError(f"{where} gives {NEGATIVE_RATE_KEY} {value!r}; expected a number in (0, 1]")
         return float(value)
     return 1.0
 

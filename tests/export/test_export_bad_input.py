@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -175,3 +176,31 @@ def test_run_dir_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixtu
         f"--run {missing} is not a directory; expected a training run dir"
     )
     assert not os.path.exists(missing)
+
+
+@pytest.mark.parametrize("rate", [0, 1.5, "a quarter"])
+def test_a_negative_sample_rate_outside_0_1_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rate: object
+) -> None:
+    run = make_run(tmp_path / "run")
+    (run / "metrics.json").write_text(json.dumps({"negative_sample_rate": rate}))
+    assert _fails(capsys, ["--run", str(run)], tmp_path / "repo") == (
+        f"metrics.json gives negative_sample_rate {rate!r}; expected a number in (0, 1]"
+    )
+
+
+def test_calibration_options_that_cannot_be_used_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = make_run(tmp_path / "run")
+    for flag in ("--val-labels", "--calibration-data"):
+        assert _fails(
+            capsys, ["--run", str(run), flag, str(tmp_path / "absent")], tmp_path / "repo"
+        ).startswith(f"{flag} {tmp_path / 'absent'} is not a file")
+    np.save(tmp_path / "labels.npy", np.full(10, 0.5))
+    assert _fails(
+        capsys, ["--run", str(run), "--val-labels", str(tmp_path / "labels.npy")], tmp_path / "repo"
+    ) == (
+        f"validation labels {tmp_path / 'labels.npy'} have shape [10]; expected 2000 labels of 0 or 1, one per row "
+        f"of {run / 'val_features.npy'}"
+    )
