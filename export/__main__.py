@@ -139,10 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse when its expected calibration error is higher by more than this (default: %(default)s)",
     )
     quality.add_argument(
+        "--max-calibration-gap",
+        type=float,
+        default=d["max_calibration_gap"],
+        help="refuse when its calibration ratio (mean predicted / observed CTR on the gate's rows) is outside "
+        "[1 - G, 1 + G], whether or not a version is served (default: %(default)s)",
+    )
+    quality.add_argument(
         "--force",
         action="store_true",
-        help="publish even when the gate refuses (a worse candidate, or a calibration ratio outside [0.95, 1.05]), "
-        "or cannot run for want of --eval-data; the manifest records it (default: off)",
+        help="publish even when the gate refuses (a worse or miscalibrated candidate), or cannot run for want of "
+        "--eval-data; the manifest records it (default: off)",
     )
     p.add_argument(
         "-v",
@@ -183,6 +190,8 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         raise InputError(f"--parity-tol must be >= 0, got {args.parity_tol}")
     if args.keep is not None and args.keep < 1:
         raise InputError(f"--keep must be >= 1, got {args.keep}")
+    if not 0 <= args.max_calibration_gap < 1:
+        raise InputError(f"--max-calibration-gap must be in [0, 1), got {args.max_calibration_gap}")
     if not (args.max_auc_drop >= 0 and args.max_ece_rise >= 0):
         raise InputError(
             f"--max-auc-drop and --max-ece-rise must be >= 0, got {args.max_auc_drop}, {args.max_ece_rise}"
@@ -216,6 +225,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         eval_data=args.eval_data,
         max_auc_drop=args.max_auc_drop,
         max_ece_rise=args.max_ece_rise,
+        max_calibration_gap=args.max_calibration_gap,
         force=args.force,
         val_raw=_default(args.val_raw, rows_from, run_dir.VAL_RAW, False),
         calibration=args.calibration,

@@ -36,6 +36,7 @@ class ExportRequest:
     eval_data: Path | None = None
     max_auc_drop: float = 0.002
     max_ece_rise: float = 0.01
+    max_calibration_gap: float = 0.05  # refuse a calibration ratio outside [1 - gap, 1 + gap]
     force: bool = False
     # Raw validation rows for the raw-signature parity gate (export/gates/raw_parity.py).
     val_raw: Path | None = None

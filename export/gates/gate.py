@@ -7,7 +7,7 @@ Both models score the same held-out rows, each through its own feature spec:
 
 The candidate is scored as it will be served: the network and its calibrator (`ctr`). The served version is
 the newest published one. The gate refuses when the candidate's calibration ratio (mean predicted CTR /
-observed CTR) is outside CALIBRATION_RATIO_RANGE, whether or not a version is served; and, against the served
+observed CTR) is outside [1 - G, 1 + G] (`--max-calibration-gap G`), whether or not a version is served; and, against the served
 version, when its AUC is more than `--max-auc-drop` below, or its expected calibration error (ECE) more than
 `--max-ece-rise` above. ECE: rows sorted by prediction into 10 bins of equal size, then the row-weighted mean
 of |mean prediction - observed click rate| per bin (ctr_model.metrics). Beside them: the field-level
@@ -48,7 +48,6 @@ from export.gates.runtimes import NO_CALIBRATION, onnxruntime_predictor, torch_p
 from export.request import ExportRequest
 
 MAX_EVAL_ROWS = 100_000
-CALIBRATION_RATIO_RANGE = (0.95, 1.05)  # mean predicted / observed CTR outside it: refused unless --force
 ALIGN_ROWS = 64  # val_raw.npz rows transformed to check that they are val_features.npy's rows
 log = logging.getLogger(__name__)
 
@@ -186,6 +185,7 @@ def check_quality(
     max_auc_drop: float,
     max_ece_rise: float,
     force: bool,
+    max_calibration_gap: float = 0.05,
 ) -> dict[str, Any]:
     """Score both models on `rows`; raise GateError on a worse or miscalibrated candidate unless `force`.
 
@@ -201,12 +201,13 @@ def check_quality(
     cand = figures(rows.labels, scores[:, 0], rows.categorical)
     if rows.categorical is None:
         cand["field_calibration"] = {"unavailable": rows.no_categorical}
-    lo, hi = CALIBRATION_RATIO_RANGE
+    lo, hi = 1.0 - max_calibration_gap, 1.0 + max_calibration_gap
     report: dict[str, Any] = {
         "eval_rows": rows.source,
         "rows": len(rows.labels),
         "max_auc_drop": max_auc_drop,
         "max_ece_rise": max_ece_rise,
+        "max_calibration_gap": max_calibration_gap,
         "calibration_ratio_range": [lo, hi],
         "candidate": cand,
         "candidate_uncalibrated": figures(rows.labels, scores[:, 1]) if scores.shape[1] > 1 else None,
@@ -219,7 +220,8 @@ def check_quality(
     if not lo <= cand["calibration_ratio"] <= hi:
         reasons.append(
             f"calibration ratio {cand['calibration_ratio']:.4f} (mean predicted CTR "
-            f"{cand['mean_predicted_ctr']:.4f} / observed {cand['observed_ctr']:.4f}) is outside [{lo:g}, {hi:g}]"
+            f"{cand['mean_predicted_ctr']:.4f} / observed {cand['observed_ctr']:.4f}) is outside [{lo:g}, {hi:g}] "
+            f"(--max-calibration-gap {max_calibration_gap:g})"
         )
     if served_dir is None or served is None:
         return _decide(report, reasons, rows, force)  # the first version has nothing to be compared with
@@ -319,6 +321,7 @@ def gate_export(
         req.max_auc_drop,
         req.max_ece_rise,
         req.force,
+        req.max_calibration_gap,
     )
 
 

@@ -160,6 +160,7 @@ def test_diverged_checkpoint_with_nan_weights_fails_parity(
     [
         (["--parity-rows", "9999"], "--parity-rows must be >= 10000, got 9999"),
         (["--keep", "0"], "--keep must be >= 1, got 0"),
+        (["--max-calibration-gap", "1"], "--max-calibration-gap must be in [0, 1), got 1.0"),
         (["--target-ops", " , "], "--target-ops ' , ' lists no ops; expected e.g. 'Gemm,Relu,Sigmoid'"),
     ],
 )

@@ -124,7 +124,8 @@ def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_re
     assert error.startswith(
         f"export: error: quality gate refused the candidate on {run / 'val_features.npy'} ({len(y)} validation "
         f"rows): calibration ratio {ratio:.4f} (mean predicted CTR {q.mean():.4f} / observed {y.mean():.4f}) is "
-        f"outside [0.95, 1.05] (candidate: ECE {ece:.4f}, calibration ratio {ratio:.4f}, field calibration error "
+        f"outside [0.95, 1.05] (--max-calibration-gap 0.05) (candidate: ECE {ece:.4f}, calibration ratio "
+        f"{ratio:.4f}, field calibration error "
     )
     assert error.endswith("; nothing was published (--force publishes anyway)")
     assert not repo.exists() or not any(p.name.isdigit() for p in repo.iterdir())
@@ -138,6 +139,16 @@ def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_re
     got = onnxruntime_predictor(repo / "1" / "model.onnx", outputs=BOTH)(np.load(run / "val_features.npy"))
     np.testing.assert_allclose(got[:, 0], q.ravel(), rtol=0, atol=1e-6)  # ctr = sigmoid(z + ln w)
     assert float(np.abs(got[:, 0] - got[:, 1]).max()) > 0.1  # raw_score is the network's own
+
+    gap = round(abs(ratio - 1) + 0.01, 2)  # a wider bound passes it, and the manifest records the bound
+    proc = run_module("export", *argv, "--max-calibration-gap", str(gap), "--max-ece-rise", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gate = _manifest(repo / "2")["quality_gate"]
+    assert (gate["passed"], gate["max_calibration_gap"], gate["calibration_ratio_range"]) == (
+        True,
+        gap,
+        [1 - gap, 1 + gap],
+    )
 
 
 def test_an_old_run_without_a_negative_rate_exports_with_w_1_and_none_gives_ctr_equal_to_raw_score(
