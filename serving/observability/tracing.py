@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 ACTIVE = False  # True once setup() has installed a tracer: the request path tests only this
 _CURRENT: ContextVar[Any] = ContextVar("ctr_request_span", default=None)  # the request's recording span
 _OFFSET_NS = 0  # time.time_ns() - time.perf_counter_ns(): perf_counter stamps to span times
-_start: Callable[[str, bytes, str], tuple[Any, bytes]]  # tracing_sdk's, set by setup()
+_begin_grpc: Callable[[str, bytes], tuple[Any, Any, bytes]]  # tracing_sdk's starters, set by setup()
+_begin_plain_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
 _record: Callable[..., Any]
 _state: dict[str, Any] = {}
 DEFAULTS: dict[str, Any] = {
@@ -95,7 +96,7 @@ def setup(
 ) -> bool:
     """Install the tracer when tracing is wanted; True when it is on. Called once per serving process.
     `on_drop(n)` counts dropped spans where the metrics page reads them (the shared counter under workers)."""
-    global ACTIVE, _OFFSET_NS, _start, _record
+    global ACTIVE, _OFFSET_NS, _begin_grpc, _begin_plain_rest, _record, begin_rest
     if ACTIVE or not wanted(config_file):
         return ACTIVE
     from serving.observability.tracing_sdk import build_tracer  # the SDK is imported only from here
@@ -104,7 +105,9 @@ def setup(
     settings["service_name"] = settings["service_name"] or os.environ.get("OTEL_SERVICE_NAME") or service_name
     _state.update(build_tracer(settings, _dropped))
     _state["dropped"], _state["warned_at"], _state["on_drop"] = 0, -WARN_EVERY_S, on_drop
-    _OFFSET_NS, _start, _record = _state["offset_ns"], _state["start"], _state["record"]
+    _OFFSET_NS, _record, starter = _state["offset_ns"], _state["record"], _state["starter"]
+    _begin_grpc, _begin_plain_rest = starter(_CURRENT, "GRPC"), starter(_CURRENT, "REST")
+    begin_rest = starter(_CURRENT, "REST", b"\r\ntraceparent: ")
     ACTIVE = True
     log.info("tracing on: OTLP %s to %s", _state["protocol"], _state["endpoint"])
     return True
@@ -152,14 +155,16 @@ def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[
     Returns (span, token for end(), the traceparent to answer with). An unsampled request, most of them,
     gets span and token None: its only cost is the sampling decision and the traceparent answered
     (serving/observability/tracing_sdk.py, `request_starter`), and it records no children. A sampled
-    span is made the current one.
+    span is made the current one. `entrypoint`: "REST" or "GRPC".
     """
     if isinstance(traceparent, str):
         traceparent = traceparent.encode("latin-1")
-    span, answer = _start(name, traceparent or b"", entrypoint)
-    if span is None:
-        return None, None, answer
-    return span, _CURRENT.set(span), answer
+    return (_begin_grpc if entrypoint == "GRPC" else _begin_plain_rest)(name, traceparent or b"")
+
+
+# `begin_rest(name, traceparent)`: begin() for the REST router, whose answer is the response header line
+# itself (b"\r\ntraceparent: ..."), appended as it is; one call a request, sampled or not. Set by setup().
+begin_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
 
 
 def end(span: Any, token: Any, error: str | None = None) -> None:

@@ -15,11 +15,13 @@ The gRPC exporter writes its requests with serving/observability/otlp_wire.py.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from random import getrandbits
 from typing import Any
 
@@ -200,39 +202,49 @@ class RequestSpan:
         self._finish(self)
 
 
-Starter = Callable[[str, bytes, str], "tuple[Any, bytes]"]
+# start(name, traceparent) -> (span or None, the context token for tracing.end, the traceparent to answer)
+Starter = Callable[[str, bytes], "tuple[Any, Any, bytes]"]
 
 
 def request_starter(
-    ratio: float, now_ns: Callable[[], int], finish: Callable[[RequestSpan], None]
+    ratio: float,
+    now_ns: Callable[[], int],
+    finish: Callable[[RequestSpan], None],
+    current: ContextVar[Any],
+    entrypoint: str,
+    prefix: bytes = b"",
 ) -> Starter:
-    """`start(name, traceparent, entrypoint) -> (span, the traceparent to answer)`, without the SDK.
+    """`start(name, traceparent) -> (span, token, prefix + the traceparent to answer)`, without the SDK.
 
     ParentBased(TraceIdRatioBased(ratio))'s decision: a valid parent (the W3C rules, lower-case hex only,
     as the SDK's propagator) is followed, sampled or not; a root (no parent, or a malformed one) is
-    sampled when its trace id's low 64 bits are under ratio * 2^64. An unsampled request gets span None
-    and costs a regex match (when it sent a traceparent), two random numbers and one formatting.
+    sampled when its trace id's low 64 bits are under ratio * 2^64. An unsampled request gets span and
+    token None and costs a regex match (when it sent a traceparent), two random numbers and one formatting;
+    a sampled one's span is made `current` (the token resets it). `prefix`: what the answer is written
+    after (REST's header name, so the router appends it as it is).
     """
     bound = round(ratio * (TRACE_ID_LIMIT + 1))
+    unsampled, sampled = prefix + b"00-%s-%016x-00", prefix + b"00-%032x-%016x-01"
+    unsampled_root = prefix + b"00-%032x-%016x-00"
 
-    def start(name: str, traceparent: bytes, entrypoint: str) -> tuple[RequestSpan | None, bytes]:
+    def start(name: str, traceparent: bytes) -> tuple[RequestSpan | None, Any, bytes]:
         parent = None
         if traceparent:
             match = _TRACEPARENT.match(traceparent.strip())
             if match is not None and (match.group(1) != b"00" or match.group(5) is None):
                 flags = int(match.group(4), 16)
                 if not flags & 1:  # an unsampled parent: followed, nothing recorded
-                    return None, b"00-%s-%016x-00" % (match.group(2), getrandbits(64) or 1)
+                    return None, None, unsampled % (match.group(2), getrandbits(64) or 1)
                 trace_id = int(match.group(2), 16)
                 parent = SpanContext(trace_id, int(match.group(3), 16), True, TraceFlags(flags))
         if parent is None:
             trace_id = getrandbits(128) or 1
             if trace_id & TRACE_ID_LIMIT >= bound:
-                return None, b"00-%032x-%016x-00" % (trace_id, getrandbits(64) or 1)
+                return None, None, unsampled_root % (trace_id, getrandbits(64) or 1)
         span_id = getrandbits(64) or 1
         context = SpanContext(trace_id, span_id, False, _SAMPLED)
         span = RequestSpan(name, context, parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish)
-        return span, b"00-%032x-%016x-01" % (trace_id, span_id)
+        return span, current.set(span), sampled % (trace_id, span_id)
 
     return start
 
@@ -266,17 +278,23 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     def now_ns() -> int:
         return offset_ns + time.perf_counter_ns()
 
-    def sdk_start(name: str, traceparent: bytes, entrypoint: str) -> tuple[Any, bytes]:
+    def sdk_starter(current: ContextVar[Any], entrypoint: str, prefix: bytes = b"") -> Starter:
         """Any other sampler than a parent-based ratio: the SDK's tracer on every request."""
-        context: Context | None = None
-        if traceparent:
-            context = propagator.extract({"traceparent": traceparent.decode("latin-1")})  # malformed: none
-        span = tracer.start_span(
-            name, context=context, kind=SpanKind.SERVER, attributes={"ctr.entrypoint": entrypoint}
-        )
-        ctx = span.get_span_context()
-        answer = b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
-        return (span if span.is_recording() else None), answer
+
+        def start(name: str, traceparent: bytes) -> tuple[Any, Any, bytes]:
+            context: Context | None = None
+            if traceparent:  # malformed: an empty context
+                context = propagator.extract({"traceparent": traceparent.decode("latin-1")})
+            span = tracer.start_span(
+                name, context=context, kind=SpanKind.SERVER, attributes={"ctr.entrypoint": entrypoint}
+            )
+            ctx = span.get_span_context()
+            answer = prefix + b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
+            if not span.is_recording():
+                return None, None, answer
+            return span, current.set(span), answer
+
+        return start
 
     # Spans are finished when they are made (from timestamps taken on the way): built as the ReadableSpan
     # the processor gets, they skip the SDK's live-span machinery.
@@ -322,7 +340,10 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
 
     return {
         "provider": provider,
-        "start": sdk_start if ratio is None else request_starter(ratio, now_ns, finish),
+        # starter(current, entrypoint, prefix): tracing.py makes one for REST and one for gRPC
+        "starter": sdk_starter
+        if ratio is None
+        else functools.partial(request_starter, ratio, now_ns, finish),
         "record": record,
         "set_error": set_error,
         "offset_ns": offset_ns,

@@ -70,7 +70,7 @@ class RestRouter:
         span = token = answer = None
         if tracing.ACTIVE and method == "POST":
             name = "infer" if path.startswith("/v2") else "predict"
-            span, token, answer = tracing.begin(name, TRACEPARENT.get(), "REST")
+            span, token, answer = tracing.begin_rest(name, TRACEPARENT.get())
         try:
             route = RequestPath(path)
             segments = route.segments
@@ -104,7 +104,7 @@ class RestRouter:
         if span is not None:
             span.set_attribute("http.response.status_code", status)
             tracing.end(span, token, None if status < 400 else str(status))
-        return status, out, content_type + b"\r\ntraceparent: " + answer
+        return status, out, content_type + answer  # answer: the traceparent header line
 
 
 def build_grpc_server(

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -343,7 +344,8 @@ def test_the_fast_sampling_decision_is_the_sdks() -> None:
     from serving.observability.tracing_sdk import request_starter
 
     finished: list[Any] = []
-    never = request_starter(0.0, time.time_ns, finished.append)
+    current: ContextVar[Any] = ContextVar("span", default=None)
+    never = request_starter(0.0, time.time_ns, finished.append, current, "REST")
     span = "00f067aa0ba902b7"
     for header in (
         f"00-{CLIENT_TRACE}-{span}-01",
@@ -360,18 +362,22 @@ def test_the_fast_sampling_decision_is_the_sdks() -> None:
     ):
         parent = trace.get_current_span(TraceContextTextMapPropagator().extract({"traceparent": header}))
         context = parent.get_span_context()
-        started, answer = never("predict", header.encode(), "REST")
+        started, token, answer = never("predict", header.encode())
         assert (answer[3:35].decode() == CLIENT_TRACE) == context.is_valid, (header, answer)
         if context.is_valid and context.trace_flags.sampled:  # the SDK records it, following its parent
             assert started is not None and started.parent == context, header
             assert started.parent.is_remote and answer.endswith(b"-01"), header
             assert answer[36:52].decode() == f"{started.context.span_id:016x}"
+            assert current.get() is started
+            current.reset(token)
             started.end()
         else:
-            assert started is None and answer.endswith(b"-00"), header
+            assert started is None and token is None and answer.endswith(b"-00"), header
     assert len(finished) == 3 and all(s.attributes == {"ctr.entrypoint": "REST"} for s in finished)
-    quarter = request_starter(0.25, time.time_ns, finished.append)
-    sampled = [s for s, _ in (quarter("predict", b"", "REST") for _ in range(20_000)) if s is not None]
+    quarter = request_starter(0.25, time.time_ns, finished.append, current, "GRPC", b"traceparent: ")
+    started_all = [quarter("predict", b"") for _ in range(20_000)]
+    assert all(answer.startswith(b"traceparent: 00-") for _, _, answer in started_all)
+    sampled = [s for s, _, _ in started_all if s is not None]
     assert 4_500 < len(sampled) < 5_500  # roots at the ratio
     # The root's trace id is the one the ratio was decided on (TraceIdRatioBased's rule, downstream too).
     assert all(s.context.trace_id & (2**64 - 1) < 2**62 and s.parent is None for s in sampled)
@@ -412,3 +418,24 @@ def test_otlp_wire_writes_the_sdks_message() -> None:
         span("r", resource=Resource.create({"service.name": "other"})),
     ):
         assert encode_request([*spans, odd]) == encode_spans([*spans, odd])
+
+
+def test_any_other_sampler_runs_through_the_sdks_tracer(monkeypatch) -> None:
+    """OTEL_TRACES_SAMPLER=always_on (not parent-based): every request is started by the SDK's tracer."""
+    from serving.observability.tracing import DEFAULTS
+    from serving.observability.tracing_sdk import build_tracer
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
+    settings = {**DEFAULTS, "endpoint": f"http://127.0.0.1:{free_port()}", "protocol": "grpc"}
+    state = build_tracer({**settings, "service_name": "t", "export_timeout_s": 0.5}, lambda n: None)
+    current: ContextVar[Any] = ContextVar("span", default=None)
+    start = state["starter"](current, "REST", b"traceparent: ")
+    try:
+        span, token, answer = start("predict", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00".encode())
+        # always_on ignores the unsampled parent, and keeps its trace
+        assert span is not None and current.get() is span and span.is_recording()
+        assert answer.startswith(f"traceparent: 00-{CLIENT_TRACE}-".encode()) and answer.endswith(b"-01")
+        current.reset(token)
+        span.end()
+    finally:
+        state["provider"].shutdown()
