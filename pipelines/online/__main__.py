@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from ctr_model.calibration import METHODS
 from pipelines.clicks.events import parse_time
 from pipelines.online.loop import Trainer, first_interval
 from pipelines.online.metrics import TrainerMetrics
@@ -59,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.01,
         help="quality gate: allowed calibration error rise (default 0.01)",
+    )
+    p.add_argument(
+        "--max-calibration-gap",
+        type=float,
+        default=0.05,
+        help="quality gate: refuse a calibration ratio outside [1 - G, 1 + G] (default 0.05)",
+    )
+    p.add_argument(
+        "--calibration",
+        choices=METHODS,
+        default="auto",
+        help="export's calibrator, fitted on each interval's held-out rows (default auto)",
     )
     p.add_argument(
         "--train-args", default="", help="extra flags for python -m training, e.g. '--batch-size 512'"
@@ -105,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         train_args=tuple(shlex.split(args.train_args)),
         max_auc_drop=args.max_auc_drop,
         max_ece_rise=args.max_ece_rise,
+        max_calibration_gap=args.max_calibration_gap,
+        calibration=args.calibration,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
     metrics = TrainerMetrics()
