@@ -89,15 +89,21 @@ def test_auto_keeps_the_candidate_with_the_lower_report_ece(rows: tuple) -> None
     }
 
 
-def test_fit_uses_even_rows_and_reports_on_odd_rows(rows: tuple) -> None:
+def test_fit_chooses_on_even_rows_reports_on_odd_rows_and_refits_on_all(rows: tuple) -> None:
     z, y, _, _ = rows
     cal, report = fit_calibrator(z[:20_001], y[:20_001], "platt")
-    assert (report["fit_rows"], report["report_rows"]) == (10_001, 10_000)
-    same, _ = fit_calibrator(
+    assert (report["fit_rows"], report["report_rows"], report["refit_rows"]) == (10_001, 10_000, 20_001)
+    # Every even row twice is the even half's fit (a duplicated row weighs as one row counted twice).
+    half, _ = fit_calibrator(
         np.repeat(z[:20_001:2], 2)[:20_001], np.repeat(y[:20_001:2], 2)[:20_001], "platt"
     )
-    assert same.a == pytest.approx(cal.a, abs=1e-9)  # only the even rows shaped the fit
-    assert report["after"]["ece"] == expected_calibration_error(y[1:20_001:2], cal.apply(z[1:20_001:2]))
+    odd = slice(1, 20_001, 2)
+    assert report["after"]["ece"] == pytest.approx(
+        expected_calibration_error(y[odd], half.apply(z[odd])), abs=1e-6
+    )
+    # The served calibrator is fitted on every row: Platt's intercept makes its mean prediction the mean click.
+    assert cal.a != pytest.approx(half.a, abs=1e-6)
+    assert calibration_ratio(y[:20_001], cal.apply(z[:20_001])) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_negative_downsampling_is_corrected_before_the_calibrator() -> None:
@@ -146,7 +152,7 @@ def test_a_reversed_net_is_never_reversed_back(rows: tuple) -> None:
     assert platt.a == 0.05  # clipped at PLATT_SLOPE_RANGE's floor: a calibrator keeps the ranking's sign
     isotonic, report = fit_calibrator(-z, y, "isotonic")
     assert len(isotonic.knots_x) == 1  # PAV pools everything: one constant, the click rate
-    assert isotonic.knots_y[0] == pytest.approx(y[::2].mean())
+    assert isotonic.knots_y[0] == pytest.approx(y.mean())  # refit on every row
     assert report["after"]["auc"] == 0.5
 
 
