@@ -78,6 +78,7 @@ class DynamicBatcher:
         self._waiter: asyncio.Future[None] | None = None
         self._wake_at_rows = 1  # 1 while idle; max_batch_size while holding a batch open
         self._task: asyncio.Task[None] | None = None
+        self._traced: list[Any] = []  # the sampled requests' spans of the batch being taken (tracing on)
 
     async def run(self, batch: Any) -> np.ndarray:
         """Queue `batch` and wait for its scores (the servable's runner interface)."""
@@ -168,6 +169,7 @@ class DynamicBatcher:
             item.queued_s = now - item.enqueued
             if item.span is not None:
                 tracing.child(item.span, "queue_wait", item.enqueued, now)
+                self._traced.append(item.span)
             self._metrics.queuing_latency.observe(item.queued_s * 1e6, "batch_threads")
             item.carries_execution = not batch
             batch.append(item)
@@ -180,7 +182,9 @@ class DynamicBatcher:
         features = parts[0] if len(parts) == 1 else self._concat(parts)
         self._metrics.batch_size.observe(len(features), self._model)
         started = time.perf_counter()
-        traced = [item.span for item in batch if item.span is not None] if tracing.ACTIVE else None
+        traced = self._traced  # filled by _take_batch; mostly empty, and then left as it is
+        if traced:
+            self._traced = []
         try:
             if self._prepare is not None:
                 features = self._prepare(features)
