@@ -272,6 +272,8 @@ def summary_lines(p: dict[str, Any], cal: dict[str, Any] | None, g: dict[str, An
                 f"; on the {rep['report_rows']} reporting rows (fitted on {rep['fit_rows']}): before "
                 f"{_figures(rep['before'])}; after {_figures(rep['after'])}"
             )
+            if rep.get("refit_rows"):
+                line += f"; served: refit on all {rep['refit_rows']} rows"
         lines.append(line)
     if g is not None and g.get("skipped"):
         lines.append(

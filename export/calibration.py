@@ -144,6 +144,13 @@ def fit(
     return Calibration(calibrator, report, labels[half], before, np.asarray(calibrator.apply(z[half])))
 
 
+def after_label(calibration: Calibration) -> str:
+    """The reliability diagram's name for the served calibrator's curve on the reporting half."""
+    refit = calibration.report.get("refit_rows")
+    method = calibration.calibrator.method
+    return f"after ({method}, refit on all {refit} rows)" if refit else f"after ({method})"
+
+
 def write_json(path: Path, calibration: Calibration) -> None:
     """assets.extra/calibration.json."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -171,7 +171,7 @@ def export_version(req: ExportRequest) -> ExportResult:
             fitted.report_labels,
             fitted.report_before,
             fitted.report_after,
-            calibrator.method,
+            calibration.after_label(fitted),
         )
     with trace_stage("quality_gate"):
         quality = gate_export(req, net, metrics, calibrator)  # before the slow steps: a refusal costs seconds

@@ -25,9 +25,14 @@ def bin_points(labels: np.ndarray, probs: np.ndarray, bins: int = BINS) -> tuple
 
 
 def write_reliability(
-    path: Path, labels: np.ndarray, before: np.ndarray, after: np.ndarray, method: str
+    path: Path, labels: np.ndarray, before: np.ndarray, after: np.ndarray, after_label: str
 ) -> bool:
-    """Draw the diagram into `path` (PNG); False (with a warning) when matplotlib is not installed."""
+    """Draw the diagram into `path` (PNG); False (with a warning) when matplotlib is not installed.
+
+    Args:
+        labels, before, after: the reporting half's clicks, and its scores before and after the calibrator.
+        after_label: what `after` is, e.g. "after (isotonic, refit on all 10000 rows)".
+    """
     try:
         import matplotlib
 
@@ -39,14 +44,14 @@ def write_reliability(
     fig, ax = plt.subplots(figsize=(5, 5), dpi=110)
     top = float(max(before.max(), after.max(), labels.mean() * 2, 1e-3))
     ax.plot([0, top], [0, top], color="0.6", lw=1, ls="--", label="calibrated")
-    for probs, name, style in ((before, "before", "o-"), (after, f"after ({method})", "s-")):
+    for probs, name, style in ((before, "before", "o-"), (after, after_label, "s-")):
         x, y = bin_points(labels, probs)
         ece = expected_calibration_error(labels, probs)
         ratio = probs.mean() / labels.mean() if labels.mean() > 0 else float("nan")
         ax.plot(x, y, style, ms=4, label=f"{name}: ECE {ece:.4f}, ratio {ratio:.3f}")
     ax.set_xlabel("mean predicted CTR (bin)")
     ax.set_ylabel("observed CTR (bin)")
-    ax.set_title(f"reliability, {len(labels)} held-out rows, {BINS} bins")
+    ax.set_title(f"reliability on the reporting half ({len(labels)} rows), {BINS} bins")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -120,12 +120,13 @@ def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_re
     y = np.load(run / "val_labels.npy")
     q = 1 / (1 + np.exp(-(_logits(run) + math.log(0.25))))
     ratio, ece = calibration_ratio(y, q), expected_calibration_error(y, q)
+    z = (q.sum() - y.sum()) / np.sqrt((q * (1 - q)).sum())
     assert not 0.95 <= ratio <= 1.05
     assert error.startswith(
         f"export: error: quality gate refused the candidate on {run / 'val_features.npy'} ({len(y)} validation "
         f"rows): calibration ratio {ratio:.4f} (mean predicted CTR {q.mean():.4f} / observed {y.mean():.4f}) is "
-        f"outside [0.95, 1.05] (--max-calibration-gap 0.05) (candidate: ECE {ece:.4f}, calibration ratio "
-        f"{ratio:.4f}, field calibration error "
+        f"outside [0.95, 1.05] (--max-calibration-gap 0.05) by more than the clicks' noise (calibration z {z:.1f}, "
+        f"beyond ±3) (candidate: ECE {ece:.4f}, calibration ratio {ratio:.4f} (z {z:.1f}), field calibration error "
     )
     assert error.endswith("; nothing was published (--force publishes anyway)")
     assert not repo.exists() or not any(p.name.isdigit() for p in repo.iterdir())

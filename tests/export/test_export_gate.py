@@ -17,7 +17,7 @@ import torch
 
 from ctr_model.checkpoint import load_net
 from ctr_model.metrics import expected_calibration_error, roc_auc
-from export.gates.gate import figures, gate_export
+from export.gates.gate import EvalRows, GateError, check_quality, figures, gate_export
 from export.request import ExportRequest
 from tests.export.export_runs import make_run
 from tests.serving.model_repo import reference_predict, write_manifest, write_onnx
@@ -126,6 +126,7 @@ def test_gate_publishes_a_better_candidate_and_force_overrides_a_refusal(runs, r
         "logloss",
         "ece",
         "calibration_ratio",
+        "calibration_z",
         "mean_predicted_ctr",
         "observed_ctr",
         "field_calibration",
@@ -157,3 +158,32 @@ def test_gate_is_skipped_and_says_why_without_held_out_labels(runs, tmp_path: Pa
         "candidate": None,
         "served": None,
     }
+
+
+@pytest.mark.parametrize(("rows", "refused"), [(2_000, False), (20_000, True)])
+def test_a_calibration_ratio_gap_is_refused_only_beyond_the_click_counts_noise(
+    rows: int, refused: bool
+) -> None:
+    # Predicted 25% everywhere, observed 23.3%: ratio 1.073. On 2,000 rows that is z = 1.75 (a calibrated model
+    # misses by that much often); on 20,000 rows z = 5.5.
+    labels = np.zeros(rows)
+    labels[: round(rows * 0.233)] = 1.0
+    data = EvalRows(f"{rows} rows", labels, lambda spec: np.zeros((rows, 1), np.float32))
+    z = (0.25 * rows - labels.sum()) / np.sqrt(rows * 0.25 * 0.75)
+
+    def check() -> dict:
+        return check_quality(
+            lambda x: np.full((len(x), 1), 0.25), Path("spec"), None, None, data, 0.002, 0.01, False
+        )
+
+    if not refused:
+        report = check()
+        assert report["passed"] and report["candidate"]["calibration_z"] == pytest.approx(z)
+        return
+    with pytest.raises(GateError) as e:
+        check()
+    assert (
+        "calibration ratio 1.0730 (mean predicted CTR 0.2500 / observed 0.2330) is outside [0.95, 1.05]"
+        in str(e.value)
+    )
+    assert f"(calibration z {z:.1f}, beyond ±3)" in str(e.value)
