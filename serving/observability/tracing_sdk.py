@@ -219,13 +219,13 @@ def request_starter(
     ParentBased(TraceIdRatioBased(ratio))'s decision: a valid parent (the W3C rules, lower-case hex only,
     as the SDK's propagator) is followed, sampled or not; a root (no parent, or a malformed one) is
     sampled when its trace id's low 64 bits are under ratio * 2^64. An unsampled request gets span and
-    token None and costs a regex match (when it sent a traceparent), two random numbers and one formatting;
+    token None; one that sent a traceparent gets it back with its own span id (a regex match, a random number
+    and one formatting), an unsampled root gets b"" (nothing is answered: its trace is recorded nowhere);
     a sampled one's span is made `current` (the token resets it). `prefix`: what the answer is written
     after (REST's header name, so the router appends it as it is).
     """
     bound = round(ratio * (TRACE_ID_LIMIT + 1))
     unsampled, sampled = prefix + b"00-%s-%016x-00", prefix + b"00-%032x-%016x-01"
-    unsampled_root = prefix + b"00-%032x-%016x-00"
 
     def start(name: str, traceparent: bytes) -> tuple[RequestSpan | None, Any, bytes]:
         parent = None
@@ -239,8 +239,8 @@ def request_starter(
                 parent = SpanContext(trace_id, int(match.group(3), 16), True, TraceFlags(flags))
         if parent is None:
             trace_id = getrandbits(128) or 1
-            if trace_id & TRACE_ID_LIMIT >= bound:
-                return None, None, unsampled_root % (trace_id, getrandbits(64) or 1)
+            if trace_id & TRACE_ID_LIMIT >= bound:  # recorded nowhere: no id to hand back
+                return None, None, b""
         span_id = getrandbits(64) or 1
         context = SpanContext(trace_id, span_id, False, _SAMPLED)
         span = RequestSpan(name, context, parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish)

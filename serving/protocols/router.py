@@ -98,7 +98,7 @@ class RestRouter:
         except BaseException:  # cancelled (the connection went): the span ends all the same
             tracing.end(span, token, "500")
             raise
-        if answer is None:
+        if not answer:  # tracing off, or an unsampled request that sent no traceparent
             return answered
         status, out, content_type = answered
         if span is not None:

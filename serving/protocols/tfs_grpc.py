@@ -46,7 +46,9 @@ class PredictionServicer:
         span, token, answer = tracing.begin("predict", metadata.get("traceparent"), "GRPC")
         error: str | None = "INTERNAL"
         try:
-            response = await self._predict(request, context, (("traceparent", answer.decode()),))
+            response = await self._predict(
+                request, context, (("traceparent", answer.decode()),) if answer else ()
+            )
             error = None
             return response
         finally:

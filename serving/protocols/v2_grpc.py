@@ -102,7 +102,8 @@ class InferenceServicer:
             return await self._model_infer(request, context)
         metadata = dict(context.invocation_metadata() or ())
         span, token, answer = tracing.begin("infer", metadata.get("traceparent"), "GRPC")
-        context.set_trailing_metadata((("traceparent", answer.decode()),))
+        if answer:  # not for an unsampled request that sent no traceparent
+            context.set_trailing_metadata((("traceparent", answer.decode()),))
         error: str | None = "INTERNAL"
         try:
             response = await self._model_infer(request, context)

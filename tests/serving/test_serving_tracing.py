@@ -371,13 +371,17 @@ def test_the_fast_sampling_decision_is_the_sdks() -> None:
             assert current.get() is started
             current.reset(token)
             started.end()
-        else:
+        elif context.is_valid:  # an unsampled parent: followed, its trace id answered, nothing recorded
             assert started is None and token is None and answer.endswith(b"-00"), header
+        else:  # an unsampled root: recorded nowhere, nothing answered
+            assert started is None and token is None and answer == b"", header
     assert len(finished) == 3 and all(s.attributes == {"ctr.entrypoint": "REST"} for s in finished)
     quarter = request_starter(0.25, time.time_ns, finished.append, current, "GRPC", b"traceparent: ")
     started_all = [quarter("predict", b"") for _ in range(20_000)]
-    assert all(answer.startswith(b"traceparent: 00-") for _, _, answer in started_all)
     sampled = [s for s, _, _ in started_all if s is not None]
+    # A sampled root answers its traceparent; an unsampled one nothing (its trace is recorded nowhere).
+    assert all(answer.startswith(b"traceparent: 00-") == (s is not None) for s, _, answer in started_all)
+    assert all(answer == b"" for s, _, answer in started_all if s is None)
     assert 4_500 < len(sampled) < 5_500  # roots at the ratio
     # The root's trace id is the one the ratio was decided on (TraceIdRatioBased's rule, downstream too).
     assert all(s.context.trace_id & (2**64 - 1) < 2**62 and s.parent is None for s in sampled)
