@@ -293,3 +293,18 @@ def test_two_gloo_ranks_partition_the_kept_rows_of_several_files(
         shards = [np.load(out / "sample_audit" / f"epoch{epoch}_rank{rank}.npy") for rank in range(2)]
         assert abs(len(shards[0]) - len(shards[1])) <= 1
         assert np.array_equal(np.sort(np.concatenate(shards)), kept.indices())
+
+
+def test_export_samples_cap_validation_and_training_rows_apart_on_both_loaders(data_copy: Path) -> None:
+    from training.config import TrainConfig
+    from training.data.samples import samples
+    from training.loader.inputs import load_inputs
+
+    got = []
+    for loader in ("memory", "stream"):
+        cfg = TrainConfig(data=data_copy, loader=loader, negative_sample_rate=0.5)
+        inputs = load_inputs(cfg, None, lambda _: None)
+        val_x, val_y, train_x = samples(inputs, 300, 100)
+        assert val_x.shape == (300, 128) and val_y.shape == (300,) and train_x.shape == (100, 128)
+        got.append((val_x.tobytes(), val_y.tobytes(), train_x.tobytes()))
+    assert got[0] == got[1]  # the same rows, whatever the loader, all rows of both splits

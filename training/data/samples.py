@@ -54,16 +54,20 @@ def val_ids(data: ParquetData) -> np.ndarray:
     return np.concatenate([c.ids for c in data.chunks("val", (LABEL,))])
 
 
-def samples(inputs: RunInputs, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The first n validation rows (x, y) and n training rows spread over the data (every k-th row)."""
-    stride = max(1, inputs.rows("train") // n)
+def samples(
+    inputs: RunInputs, n: int, train_n: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The first n validation rows (x, y) and train_n (default n) training rows spread over the data (every
+    k-th row of the whole training split, negative sampling or not: the drift reference is the served traffic)."""
+    train_n = n if train_n is None else train_n
+    stride = max(1, inputs.rows("train") // train_n)
     if inputs.memory is not None:
         m = inputs.memory
-        return m.val_x[:n], m.val_y[:n], m.train_x[::stride][:n]
+        return m.val_x[:n], m.val_y[:n], m.train_x[::stride][:train_n]
     width = inputs.spec.width
     val_x, val_y, _ = expand(read_records(inputs.encoded["val"], 0, min(n, inputs.rows("val"))), width)
     picked = [
-        r[(r["index"] % stride == 0) & (r["index"] // stride < n)]
+        r[(r["index"] % stride == 0) & (r["index"] // stride < train_n)]
         for r in iter_records(inputs.encoded["train"], inputs.rows("train"))
     ]
     train_x = expand(np.concatenate(picked), width)[0]
