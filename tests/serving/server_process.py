@@ -52,6 +52,25 @@ class ServerProcess:
             time.sleep(0.1)
         raise TimeoutError(f"server not ready after {timeout_s}s:\n{self.log()}")
 
+    def wait_versions(self, versions: set[int], timeout_s: float = 60.0) -> None:
+        """Poll the model status until every one of `versions` is AVAILABLE (wait_ready sees the first only)."""
+        deadline = time.monotonic() + timeout_s
+        available: set[int] = set()
+        while time.monotonic() < deadline:
+            status, body = http(self.url(f"/v1/models/{self.model_name}"), timeout=2)
+            if status == 200 and isinstance(body, dict):
+                available = {
+                    int(v["version"])
+                    for v in body.get("model_version_status", [])
+                    if v.get("state") == "AVAILABLE"
+                }
+                if versions <= available:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"versions {sorted(versions - available)} not available after {timeout_s}s:\n{self.log()}"
+        )
+
     def log(self) -> str:
         if not self._log.closed:
             self._log.flush()

@@ -68,6 +68,7 @@ def server(
         "--request_log_sample_rate=1",
     )
     proc.wait_ready()
+    proc.wait_versions({1, 2})  # both kinds of versions, loaded in either order
     yield proc
     proc.stop()
 

@@ -39,6 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, spec: FeatureSpec) -> Itera
         base, tmp_path_factory.mktemp("logs") / "server.log", "--model_version_policy=latest:2"
     )
     proc.wait_ready()
+    proc.wait_versions({1, 2})  # both kinds of versions, loaded in either order
     yield proc
     proc.stop()
 
