@@ -221,6 +221,9 @@ def test_folding_exited_workers_keeps_every_total_and_one_file(tmp_path: Path) -
     def scrape() -> None:  # scrapes while the folds run: each must show the same totals
         while not stop.is_set():
             seen.append(scraper.render())
+            # A pause between scrapes, as Prometheus makes: two threads scraping back to back hold the
+            # directory's shared lock without a gap, and flock(2) lets readers starve a fold.
+            stop.wait(0.02)
 
     threads = [threading.Thread(target=scrape) for _ in range(2)]
     for thread in threads:
