@@ -12,6 +12,7 @@ only) or no labels at all is an InputError, one line, naming the way out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -168,5 +169,12 @@ def record_in_metrics(path: Path, figures: dict[str, Any]) -> None:
         return
     doc[METRICS_KEY] = figures
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only run folder (the k8s export Job mounts it so): the version has them
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        log.warning(
+            "cannot add the calibration figures to %s (%s); they are in the version's manifest", path, e
+        )

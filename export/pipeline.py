@@ -166,13 +166,20 @@ def export_version(req: ExportRequest) -> ExportResult:
         from export.publish.reliability import write_reliability  # matplotlib: only to draw
 
         assert fitted.report_before is not None and fitted.report_after is not None
-        write_reliability(
-            req.run / RELIABILITY_PLOT,
-            fitted.report_labels,
-            fitted.report_before,
-            fitted.report_after,
-            calibration.after_label(fitted),
-        )
+        try:
+            write_reliability(
+                req.run / RELIABILITY_PLOT,
+                fitted.report_labels,
+                fitted.report_before,
+                fitted.report_after,
+                calibration.after_label(fitted),
+            )
+        except OSError as e:  # a read-only run folder (the k8s export Job mounts it so): the figures stay
+            log.warning(
+                "cannot write %s (%s); the calibration figures are in the version's manifest",
+                RELIABILITY_PLOT,
+                e,
+            )
     with trace_stage("quality_gate"):
         quality = gate_export(req, net, metrics, calibrator)  # before the slow steps: a refusal costs seconds
     repo = ModelRepository(req.repo)
