@@ -53,7 +53,11 @@ def _errors(stderr: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("method", "target", "chosen"),
-    [("auto", "standard", "platt"), ("isotonic", "minimal", "isotonic"), ("platt", "minimal", "platt")],
+    [
+        ("auto", "standard", "platt"),
+        ("isotonic", "minimal", "isotonic"),
+        pytest.param("platt", "minimal", "platt", marks=pytest.mark.slow),  # auto already exports Platt
+    ],
 )
 def test_each_method_corrects_a_downsampled_run_in_every_graph(
     runs, run_module, tmp_path: Path, method: str, target: str, chosen: str
