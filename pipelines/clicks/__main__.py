@@ -3,8 +3,8 @@
     python -m pipelines.clicks --logs LOGS --clicks CLICKS --out DATA --start 2026-11-30T08:00:00Z --end ...
     python -m pipelines.clicks --format criteo --logs LOG_DIR --clicks clicks.tsv --out day7.txt
 
-By interval (`--format parquet`, the default): writes DATA/train/interval-N.parquet and
-DATA/holdout/interval-N.parquet for every interval of --interval-s seconds (aligned to the Unix epoch) in
+By interval (`--format parquet`, the default): writes DATA/train/interval-N.parquet,
+DATA/holdout/interval-N.parquet and DATA/shadow/interval-N.parquet (shadow scores) for every interval of --interval-s seconds (aligned to the Unix epoch) in
 [--start, --end), each request labelled by the click events (a folder) within --window-s of it;
 `python -m training --data DATA/train` reads them.
 
@@ -109,7 +109,8 @@ def _intervals(args: argparse.Namespace) -> int:
             if kind != "clicks":
                 ratelog.count(kind, n, "counted and dropped")
         print(
-            f"interval {j}: {r.rows} rows ({r.positives} clicked, {r.holdout_rows} held out) from {r.requests} requests; {r.counts}"
+            f"interval {j}: {r.rows} rows ({r.positives} clicked, {r.holdout_rows} held out) from {r.requests} "
+            f"requests, {r.shadow_rows} shadow rows; {r.counts}"
         )
     return 0
 

@@ -3,7 +3,11 @@
 The request log (`serving/observability/request_log.py`) is a folder of append-only JSON-lines files,
 `requests-<pid>-<n>.jsonl` (in subfolders too: one per pod on Kubernetes), one line per request with its
 `time`; only requests that carry the raw Criteo fields (the `raw` signature: I1..I13, C1..C26 by name, in
-row or columnar form) can become rows. Clicks come in one of two forms:
+row or columnar form) can become rows. A line also says what served it: `model` {`name`, `version`, `label`
+(the version label that routed it, or null)}, `canary` (true for canary traffic), `shadow` (true for a shadow
+line: the same request scored by the `shadow` label's version, no `inputs`) and `outputs` (per instance, its
+scores; the first is the `ctr`). Lines of servers that log no label, canary or shadow read as label null,
+canary false, shadow false. Clicks come in one of two forms:
 
 - by interval (`read_requests`, `read_clicks`): a folder of click events (`*.jsonl`, one line
   `{"request_id": "...", "instance": 0, "time": 1764489600.25}` per click, `time` in Unix seconds). A file
@@ -48,11 +52,22 @@ class Counts:
 
 @dataclass(frozen=True)
 class Request:
-    """One logged request: its id, time (Unix seconds) and raw rows (None when it carried no raw fields)."""
+    """One logged request: its id, time (Unix seconds), raw rows (None when it carried no raw fields), and what
+    served it: model name, version, version label, canary and shadow flags, each instance's `ctr` score."""
 
     request_id: str
     time: float
     rows: list[dict[str, Any]] | None
+    model: str | None = None
+    version: int | None = None
+    label: str | None = None
+    canary: bool = False
+    shadow: bool = False
+    scores: list[float | None] | None = None
+
+    def score(self, instance: int) -> float | None:
+        """The logged `ctr` of one instance (None when the line logged none for it)."""
+        return self.scores[instance] if self.scores is not None and instance < len(self.scores) else None
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,34 @@ def raw_rows(inputs: Any) -> list[dict[str, Any]] | None:
     return None
 
 
+def _first_score(output: Any) -> float | None:
+    """One instance's logged outputs -> its `ctr` (the first output), or None when it is not a finite number."""
+    if isinstance(output, list):
+        output = output[0] if output else None
+    if isinstance(output, int | float) and not isinstance(output, bool) and math.isfinite(output):
+        return float(output)
+    return None
+
+
+def served(request_id: str, stamp: float, entry: dict[str, Any]) -> Request:
+    """A request log entry as a Request; the serving fields a line lacks (older servers) take their defaults."""
+    model = entry.get("model")
+    model = model if isinstance(model, dict) else {}
+    name, version, label = model.get("name"), model.get("version"), model.get("label")
+    outputs = entry.get("outputs")
+    return Request(
+        request_id,
+        stamp,
+        raw_rows(entry.get("inputs")),
+        model=name if isinstance(name, str) else None,
+        version=version if isinstance(version, int) and not isinstance(version, bool) else None,
+        label=label if isinstance(label, str) else None,
+        canary=entry.get("canary") is True,
+        shadow=entry.get("shadow") is True,
+        scores=[_first_score(o) for o in outputs] if isinstance(outputs, list) else None,
+    )
+
+
 def _request_entry(line: bytes) -> tuple[str, dict[str, Any]]:
     """A request log line's request id and entry; raises ValueError, KeyError or TypeError when unreadable."""
     entry = json.loads(line)
@@ -133,7 +176,7 @@ def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Ite
                 continue
             last = stamp
             if start <= stamp < end:
-                yield Request(request_id, stamp, raw_rows(entry.get("inputs")))
+                yield served(request_id, stamp, entry)
 
 
 def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Iterator[Click]:

@@ -20,7 +20,15 @@ has closed. Each click is counted once, by the interval its own time falls in ("
 A request id logged twice (a retry) counts once (`duplicate requests`). Memory holds the requests and clicks
 of the interval widened by one window on each side, never more. The output is two Parquet files, the
 interval's training rows and its held-out rows (a hash of the request id picks ~`holdout` of the requests),
-which `python -m training --data DIR/train` and `python -m export --eval-data` read.
+which `python -m training --data DIR/train` and `python -m export --eval-data` read. Each row also says what
+served it: `model`, `version`, `version_label` (the label that routed it, null for the latest or an explicit
+version), `canary` and `score` (the logged `ctr`), so a version's live figures can be computed from its rows.
+
+Shadow lines (the same request scored by the `shadow` label's version) are joined to their request's rows and
+clicks and written to a third file, OUT/shadow/: never to train/ or holdout/ (training never sees a request
+twice), and they count no clicks and no duplicate requests. A shadow line whose request id has no primary line
+with raw rows in the interval counts as `shadow lines without their request`; a repeated shadow line (a
+retried request) is skipped, its primary counting as the duplicate request.
 
 Whole logs: every instance of every logged request becomes one row, label 1 when the click list names it,
 else 0; a request id logged twice (a retry) counts once, requests logged as engineered feature vectors are
@@ -66,6 +74,7 @@ class JoinReport:
     rows: int = 0
     positives: int = 0
     holdout_rows: int = 0
+    shadow_rows: int = 0
     newest_row_time: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -88,17 +97,28 @@ def _number(v: Any) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _table(rows: list[tuple[Request, int, int]]) -> pa.Table:
-    """(request, instance, label) rows -> a Criteo Parquet table (+ request_id, instance, time columns)."""
-    cols: dict[str, pa.Array] = {LABEL: pa.array([y for _, _, y in rows], pa.int8())}
+# One joined row: (the request with its raw rows, instance, click label, the line that scored it). The scoring
+# line is the request itself, or its shadow line.
+Row = tuple[Request, int, int, Request]
+
+
+def _table(rows: list[Row]) -> pa.Table:
+    """Joined rows -> a Criteo Parquet table (+ request_id, instance, time, model, version, version_label,
+    canary and score columns)."""
+    cols: dict[str, pa.Array] = {LABEL: pa.array([y for _, _, y, _ in rows], pa.int8())}
     for f in NUMERIC_FIELDS:
-        cols[f] = pa.array([_number(r.rows[i].get(f)) for r, i, _ in rows], pa.float64())  # type: ignore[index]
+        cols[f] = pa.array([_number(r.rows[i].get(f)) for r, i, _, _ in rows], pa.float64())  # type: ignore[index]
     for f in CATEGORICAL_FIELDS:
-        values = [r.rows[i].get(f) for r, i, _ in rows]  # type: ignore[index]
+        values = [r.rows[i].get(f) for r, i, _, _ in rows]  # type: ignore[index]
         cols[f] = pa.array([None if v in (None, "") else str(v) for v in values], pa.string())
-    cols["request_id"] = pa.array([r.request_id for r, _, _ in rows], pa.string())
-    cols["instance"] = pa.array([i for _, i, _ in rows], pa.int32())
-    cols["time"] = pa.array([r.time for r, _, _ in rows], pa.float64())
+    cols["request_id"] = pa.array([r.request_id for r, _, _, _ in rows], pa.string())
+    cols["instance"] = pa.array([i for _, i, _, _ in rows], pa.int32())
+    cols["time"] = pa.array([r.time for r, _, _, _ in rows], pa.float64())
+    cols["model"] = pa.array([s.model for _, _, _, s in rows], pa.string())
+    cols["version"] = pa.array([s.version for _, _, _, s in rows], pa.int64())
+    cols["version_label"] = pa.array([s.label for _, _, _, s in rows], pa.string())
+    cols["canary"] = pa.array([s.canary for _, _, _, s in rows], pa.bool_())
+    cols["score"] = pa.array([s.score(i) for _, i, _, s in rows], pa.float64())
     return pa.table(cols)
 
 
@@ -130,11 +150,17 @@ def join_interval(
     window_s: float,
     holdout: float,
 ) -> JoinReport:
-    """Join requests logged in [start, end) with their clicks; write OUT/train and OUT/holdout partitions."""
+    """Join requests logged in [start, end) with their clicks; write OUT/train, OUT/holdout and OUT/shadow
+    partitions."""
     report, counts = JoinReport(interval, start, end), Counts()
     requests: dict[str, Request] = {}  # the interval's own requests
+    shadows: dict[str, Request] = {}  # the interval's shadow lines, by request id
     nearby: dict[str, Request] = {}  # one window either side: ids only matter, for counting clicks
     for r in read_requests(logs, start - window_s, end + window_s, counts):
+        if r.shadow:
+            if start <= r.time < end:
+                shadows.setdefault(r.request_id, r)
+            continue
         if not start <= r.time < end:
             nearby.setdefault(r.request_id, r)
             continue
@@ -158,17 +184,28 @@ def join_interval(
             clicked.add((c.request_id, c.instance))
         if start <= c.time < end:
             counts.add(kind)
-    rows = [
-        (r, i, int((r.request_id, i) in clicked)) for r in requests.values() for i in range(len(r.rows or []))
+    rows: list[Row] = [
+        (r, i, int((r.request_id, i) in clicked), r)
+        for r in requests.values()
+        for i in range(len(r.rows or []))
     ]
+    shadow_rows: list[Row] = []
+    for request_id, s in shadows.items():
+        primary = requests.get(request_id)
+        if primary is None:
+            counts.add("shadow lines without their request")
+            continue
+        n = len(primary.rows or [])
+        shadow_rows += [(primary, i, int((request_id, i) in clicked), s) for i in range(n)]
     report.requests, report.rows = len(requests), len(rows)
-    report.positives = sum(y for _, _, y in rows)
+    report.positives = sum(y for _, _, y, _ in rows)
+    report.shadow_rows = len(shadow_rows)
     report.newest_row_time = max((r.time for r in requests.values()), default=None)
     report.counts = dict(sorted(counts.kinds.items()))
     train = [row for row in rows if not held_out(row[0].request_id, holdout)]
     test = [row for row in rows if held_out(row[0].request_id, holdout)]
     report.holdout_rows = len(test)
-    for part, name in ((train, "train"), (test, "holdout")):
+    for part, name in ((train, "train"), (test, "holdout"), (shadow_rows, "shadow")):
         if part:
             _write(_table(part), out / name / partition_name(interval))
     return report

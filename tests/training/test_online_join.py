@@ -1,4 +1,5 @@
-"""The click join (`pipelines/clicks/join.py`): window, duplicates, late clicks, clicks before requests, unknown ids."""
+"""The click join (`pipelines/clicks/join.py`): window, duplicates, late clicks, clicks before requests, unknown ids,
+the serving columns (model, version, version label, canary, score) and shadow lines."""
 
 from __future__ import annotations
 
@@ -137,3 +138,114 @@ def test_request_logs_in_one_folder_per_pod_are_all_joined(tmp_path: Path):
     r = _join(tmp_path)
     assert _labels(tmp_path) == {("a", 0): 0, ("b", 0): 0, ("b", 1): 1}
     assert (r.requests, r.rows, r.positives) == (2, 3, 1)
+
+
+def _served_line(rid: str, t: float, n: int, **extra) -> str:
+    entry = {"request_id": rid, "time": _iso(t), "inputs": {"instances": [ROW] * n}, **extra}
+    return json.dumps(entry)
+
+
+def _write_lines(folder: Path, lines: list[str], mtime: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "requests-1-1.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    os.utime(path, (mtime, mtime))
+
+
+def _columns(tmp: Path, part: str = "train", interval: int = 0) -> list[tuple]:
+    names = ["request_id", "instance", "label", "model", "version", "version_label", "canary", "score"]
+    t = pq.read_table(tmp / "out" / part / partition_name(interval), columns=names).to_pydict()
+    return sorted(zip(*(t[c] for c in names), strict=True))
+
+
+def test_rows_carry_the_model_version_label_canary_and_logged_score(tmp_path: Path):
+    _write_lines(
+        tmp_path / "logs",
+        [
+            _served_line(
+                "a",
+                T + 10,
+                2,
+                model={"name": "ctr", "version": 3, "label": "stable"},
+                canary=False,
+                shadow=False,
+                outputs=[[0.25], [0.5]],
+            ),
+            _served_line(
+                "b",
+                T + 11,
+                1,
+                model={"name": "ctr", "version": 4, "label": "canary"},
+                canary=True,
+                outputs=[[0.75]],
+            ),
+            # an older server: no label, canary or shadow fields
+            _served_line("c", T + 12, 1, model={"name": "ctr", "version": 3}, outputs=[[0.125]]),
+            # no model field and no outputs at all: nulls, never a refused line
+            _served_line("d", T + 13, 1),
+        ],
+        T + 13,
+    )
+    _clicks(tmp_path / "clicks", ("a", 1, T + 20), ("b", 0, T + 21))
+    r = _join(tmp_path)
+    assert _columns(tmp_path) == [
+        ("a", 0, 0, "ctr", 3, "stable", False, 0.25),
+        ("a", 1, 1, "ctr", 3, "stable", False, 0.5),
+        ("b", 0, 1, "ctr", 4, "canary", True, 0.75),
+        ("c", 0, 0, "ctr", 3, None, False, 0.125),
+        ("d", 0, 0, None, None, None, False, None),
+    ]
+    assert (r.rows, r.positives, r.shadow_rows, r.counts) == (5, 2, 0, {"clicks": 2})
+
+
+def test_shadow_lines_join_the_same_clicks_into_their_own_partition(tmp_path: Path):
+    stable = {"name": "ctr", "version": 3, "label": "stable"}
+    shadow = {"name": "ctr", "version": 5, "label": "shadow"}
+    _write_lines(
+        tmp_path / "logs",
+        [
+            _served_line("a", T + 10, 2, model=stable, outputs=[[0.25], [0.5]]),
+            json.dumps(
+                {
+                    "request_id": "a",
+                    "time": _iso(T + 10),
+                    "model": shadow,
+                    "shadow": True,
+                    "canary": False,
+                    "inputs": None,
+                    "outputs": [[0.3], [0.6]],
+                }
+            ),
+            _served_line("b", T + 20, 1, model=stable, outputs=[[0.1]]),
+            # a retried request: its primary counts once as a duplicate, its shadow line is skipped
+            _served_line("a", T + 30, 2, model=stable, outputs=[[0.25], [0.5]]),
+            json.dumps(
+                {
+                    "request_id": "a",
+                    "time": _iso(T + 30),
+                    "model": shadow,
+                    "shadow": True,
+                    "outputs": [[0.9], [0.9]],
+                }
+            ),
+            # a shadow line whose request was not logged with raw rows
+            json.dumps(
+                {"request_id": "z", "time": _iso(T + 31), "model": shadow, "shadow": True, "outputs": [[0.9]]}
+            ),
+        ],
+        T + 31,
+    )
+    _clicks(tmp_path / "clicks", ("a", 1, T + 15))
+    r = _join(tmp_path)
+    assert _columns(tmp_path) == [
+        ("a", 0, 0, "ctr", 3, "stable", False, 0.25),
+        ("a", 1, 1, "ctr", 3, "stable", False, 0.5),
+        ("b", 0, 0, "ctr", 3, "stable", False, 0.1),
+    ]
+    assert _columns(tmp_path, "shadow") == [
+        ("a", 0, 0, "ctr", 5, "shadow", False, 0.3),
+        ("a", 1, 1, "ctr", 5, "shadow", False, 0.6),
+    ]
+    assert (r.requests, r.rows, r.positives, r.shadow_rows) == (2, 3, 1, 2)
+    assert r.counts == {"clicks": 1, "duplicate requests": 1, "shadow lines without their request": 1}
+    assert not (tmp_path / "out" / "holdout").exists()
