@@ -1,0 +1,151 @@
+"""`python -m pipelines.live_eval`: live AUC, log loss, NE and calibration per model, version and label.
+
+    python -m pipelines.live_eval --logs LOGS --clicks CLICKS --state-dir artifacts/live-eval \
+        --window-s 300 --interval-s 10 --attribution-window-s 60 --min-rows 500 --metrics-port 9108
+
+Every --interval-s seconds of request time is joined with its clicks once its attribution window has closed
+(the online trainer's join, pipelines/clicks/join.py); the figures over the last --window-s seconds of joined
+intervals go to Prometheus gauges, STATE/snapshot.json and one STATE/history.jsonl line per interval. State
+lives in --state-dir: a killed evaluator restarts where it stopped, no interval evaluated twice or skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipelines.clicks.events import parse_time
+from pipelines.clicks.join import join_interval
+from pipelines.live_eval.metrics import LiveMetrics
+from pipelines.live_eval.service import JoinFunction, LiveEval, Settings, first_interval
+
+FLINK_MODULE = (
+    "pipelines.clicks.flink"  # its join_interval has the embedded one's signature (docs/live-eval.md)
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.live_eval", description=(__doc__ or "").splitlines()[0]
+    )
+    p.add_argument(
+        "--logs", type=Path, required=True, help="request log folder (the servers' --request_log_dir)"
+    )
+    p.add_argument("--clicks", type=Path, required=True, help="click events folder (JSON lines)")
+    p.add_argument(
+        "--state-dir", type=Path, required=True, help="state, snapshot, history and joined partitions"
+    )
+    p.add_argument(
+        "--window-s", type=float, default=300.0, help="sliding window of joined intervals (default 300)"
+    )
+    p.add_argument(
+        "--interval-s", type=float, default=10.0, help="seconds of request time per interval (default 10)"
+    )
+    p.add_argument(
+        "--attribution-window-s",
+        type=float,
+        default=60.0,
+        help="a click counts this long after its request (default 60)",
+    )
+    p.add_argument(
+        "--min-rows",
+        type=int,
+        default=500,
+        help="no figure of a key with fewer joined rows in the window (default 500)",
+    )
+    p.add_argument(
+        "--keep-joined-s",
+        type=float,
+        default=86_400.0,
+        help="joined partitions are deleted once older than this and out of the window (default 86400)",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=9108, help="serve Prometheus /metrics here (0: off; default 9108)"
+    )
+    p.add_argument(
+        "--metrics-host", default="0.0.0.0", help="address the metrics port binds (default 0.0.0.0)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("embedded", "flink"),
+        default="embedded",
+        help="the join: embedded (pipelines/clicks/join.py) or the Flink job's (default embedded)",
+    )
+    p.add_argument(
+        "--start",
+        type=parse_time,
+        help="first interval of a fresh state: the first starting at or after this (default: the current one)",
+    )
+    p.add_argument(
+        "--until",
+        type=parse_time,
+        help="stop once every interval starting before this is evaluated (default: run on)",
+    )
+    p.add_argument(
+        "--intervals", type=int, help="stop after evaluating this many intervals (default: run on)"
+    )
+    return p
+
+
+def join_function(engine: str) -> JoinFunction:
+    """The join of `--engine`; raises ValueError when the Flink join is not installed."""
+    if engine == "embedded":
+        return join_interval
+    try:
+        module = importlib.import_module(FLINK_MODULE)
+    except ImportError as e:
+        raise ValueError(f"--engine flink needs {FLINK_MODULE} (docs/flink-join.md): {e}") from e
+    join = getattr(module, "join_interval", None)
+    if join is None:
+        raise ValueError(f"--engine flink: {FLINK_MODULE} has no join_interval")
+    return join  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.getLogger("pipelines.live_eval").setLevel(logging.INFO)
+    problems = []
+    if args.interval_s <= 0 or args.attribution_window_s < 0:
+        problems.append(
+            f"need --interval-s > 0 and --attribution-window-s >= 0, got {args.interval_s:g}, {args.attribution_window_s:g}"
+        )
+    if args.window_s < args.interval_s:
+        problems.append(
+            f"--window-s ({args.window_s:g}) must hold at least one interval ({args.interval_s:g} s)"
+        )
+    if args.min_rows < 0 or (args.intervals is not None and args.intervals < 0):
+        problems.append("--min-rows and --intervals must be >= 0")
+    if problems:
+        print(f"live_eval: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # every write is atomic: a restart resumes
+    try:
+        s = Settings(
+            logs=args.logs,
+            clicks=args.clicks,
+            state_dir=args.state_dir,
+            interval_s=args.interval_s,
+            window_s=args.window_s,
+            attribution_window_s=args.attribution_window_s,
+            min_rows=args.min_rows,
+            keep_joined_s=args.keep_joined_s,
+            join=join_function(args.engine),
+        )
+        metrics = LiveMetrics()
+        evaluator = LiveEval(s, metrics, first_interval(args.start, args.interval_s))
+        metrics.serve(args.metrics_port, args.metrics_host)
+        evaluator.run(args.until, args.intervals, time.sleep)
+    except (ValueError, OSError) as e:
+        print(f"live_eval: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The evaluator's loop: wait for an interval to close, join it, slide the window, record and export the figures.
+
+Interval j covers request times [j*S, (j+1)*S) (S = --interval-s, aligned to the Unix epoch) and closes, as the
+online trainer's do, once its last request's attribution window has closed: at (j+1)*S + window + GRACE_S. Each
+interval is joined into STATE/joined/ (train/, holdout/ and shadow/ partitions), read back into the window as
+(key, score, label) arrays, and recorded: snapshot.json, one history.jsonl line, then state.json (see
+pipelines/live_eval/state.py for why a kill at any moment neither loses nor repeats an interval).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctr_contract.ratelog import RateLimitedLog
+from pipelines.clicks.events import Counts, read_requests
+from pipelines.clicks.join import JoinReport, join_interval, partition_name
+from pipelines.live_eval import state as st
+from pipelines.live_eval.figures import NO_LABEL, PARTS, Key, Window
+from pipelines.live_eval.metrics import LiveMetrics
+
+log = logging.getLogger("pipelines.live_eval")
+GRACE_S = 2.0  # the request log writer and the click tracker may lag this much behind the clock
+POLL_S = 0.5
+JoinFunction = Callable[[Path, Path, Path, int, float, float, float, float], JoinReport]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the evaluator reads and writes, and over which window."""
+
+    logs: Path
+    clicks: Path
+    state_dir: Path
+    interval_s: float = 10.0
+    window_s: float = 300.0
+    attribution_window_s: float = 60.0
+    min_rows: int = 500
+    keep_joined_s: float = 86_400.0  # joined partitions older than this (and out of the window) are deleted
+    join: JoinFunction = join_interval
+
+    @property
+    def joined(self) -> Path:
+        return self.state_dir / "joined"
+
+    @property
+    def window_intervals(self) -> int:
+        return max(1, math.ceil(self.window_s / self.interval_s - 1e-9))
+
+
+class LiveEval:
+    """One evaluator over one state folder."""
+
+    def __init__(self, s: Settings, metrics: LiveMetrics | None = None, first: int | None = None) -> None:
+        self.s, self.metrics = s, metrics or LiveMetrics()
+        self.ratelog = RateLimitedLog(log)
+        loaded = st.load(s.state_dir)
+        if loaded is None:
+            start = first if first is not None else int(time.time() // s.interval_s)
+            loaded = st.State(s.interval_s, s.attribution_window_s, next=start)
+            st.save(s.state_dir, loaded)
+        elif (loaded.interval_s, loaded.attribution_window_s) != (s.interval_s, s.attribution_window_s):
+            raise ValueError(
+                f"{s.state_dir} was evaluated with --interval-s {loaded.interval_s:g} --attribution-window-s "
+                f"{loaded.attribution_window_s:g}, not {s.interval_s:g} and {s.attribution_window_s:g}; use "
+                "those or a new --state-dir"
+            )
+        self.state = loaded
+        st.cut_history(s.state_dir, loaded.history_bytes)  # lines of an interval not recorded before a kill
+        self.metrics.count(loaded.counts)
+        self.window = Window(s.window_intervals)
+        for j in range(loaded.next - self.window.size, loaded.next):
+            self.window.load(s.joined, j)
+        self._pending_at = -math.inf
+
+    def closes_at(self, interval: int) -> float:
+        """When interval `interval` can be joined: its last request's attribution window has closed."""
+        return (interval + 1) * self.s.interval_s + self.s.attribution_window_s + GRACE_S
+
+    def run(
+        self,
+        until: float | None = None,
+        intervals: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Evaluate each interval as it closes; return once every interval starting before `until` is done, or
+        after `intervals` intervals (None: never)."""
+        done = 0
+        while True:
+            j = self.state.next
+            if until is not None and j * self.s.interval_s >= until:
+                return
+            if intervals is not None and done >= intervals:
+                return
+            wait = self.closes_at(j) - time.time()
+            if wait > 0:
+                self._refresh_pending()
+                sleep(min(wait, POLL_S))
+                continue
+            self.run_interval(j)
+            done += 1
+
+    def run_interval(self, j: int) -> dict[str, Any]:
+        """Join interval `j`, slide the window, record the snapshot durably and export it; returns it."""
+        t0 = time.perf_counter()
+        s = self.s
+        start, end = j * s.interval_s, (j + 1) * s.interval_s
+        report = s.join(s.logs, s.clicks, s.joined, j, start, end, s.attribution_window_s, 0.0)
+        self.window.load(s.joined, j)
+        pending = self.pending(end)
+        figures = self.window.figures(s.min_rows, pending)
+        snapshot: dict[str, Any] = {
+            "interval": j,
+            "window_start": (j + 1 - self.window.size) * s.interval_s,
+            "window_end": end,
+            "min_rows": s.min_rows,
+            "window_rows": self.window.rows,
+            "joined": {"rows": report.rows, "shadow_rows": report.shadow_rows, "requests": report.requests},
+            "counts": report.counts,
+            "figures": figures,
+        }
+        st.write_snapshot(s.state_dir, snapshot)
+        self.state.history_bytes = st.append_history(s.state_dir, snapshot)
+        for kind, n in report.counts.items():
+            self.state.counts[kind] = self.state.counts.get(kind, 0) + n
+        self.state.next = j + 1
+        st.save(s.state_dir, self.state)  # the interval is done from here on
+        self.metrics.count(report.counts)
+        self.metrics.show(figures, end)
+        for kind, n in report.counts.items():
+            if kind != "clicks":
+                self.ratelog.count(kind, n, "counted and dropped by the live evaluation's join")
+        self._prune(j)
+        log.info(
+            "interval %d: %d rows joined (%d shadow), %d in the window, %d keys, %.2f s",
+            j,
+            report.rows,
+            report.shadow_rows,
+            self.window.rows,
+            len(figures),
+            time.perf_counter() - t0,
+        )
+        return snapshot
+
+    def pending(self, since: float) -> dict[Key, int]:
+        """Rows logged at or after `since` (their interval not evaluated yet), by key; read over at most one
+        interval plus two attribution windows of request time, so a catching-up evaluator reads a bounded
+        span."""
+        s, counts = self.s, Counts()
+        span = s.interval_s + 2 * (s.attribution_window_s + GRACE_S)
+        out: dict[Key, int] = {}
+        for r in read_requests(s.logs, since, since + span, counts):
+            n = len(r.scores or []) if r.shadow else len(r.rows or [])
+            if n:
+                k = (r.model or "unknown", r.version, r.label or NO_LABEL)
+                out[k] = out.get(k, 0) + n
+        return out
+
+    def _refresh_pending(self) -> None:
+        """While waiting, refresh the pending gauges once per interval."""
+        now = time.monotonic()
+        if now - self._pending_at < self.s.interval_s:
+            return
+        self._pending_at = now
+        end = self.state.next * self.s.interval_s
+        self.metrics.show(self.window.figures(self.s.min_rows, self.pending(end)), None)
+
+    def _prune(self, j: int) -> None:
+        """Delete the joined partitions of the interval that just left both the window and --keep-joined-s."""
+        keep = max(self.window.size, math.ceil(self.s.keep_joined_s / self.s.interval_s))
+        for name in PARTS:
+            (self.s.joined / name / partition_name(j - keep)).unlink(missing_ok=True)
+
+
+def first_interval(start: float | None, interval_s: float) -> int | None:
+    """The first interval of a fresh state: the first one starting at or after `start` (None: the current one)."""
+    return None if start is None else int(-(-start // interval_s))
