@@ -1,0 +1,1 @@
+"""The rollout controller (`python -m pipelines.rollout`): each new version through shadow, canary, stable (docs/rollout.md)."""
