@@ -93,17 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def join_function(engine: str) -> JoinFunction:
-    """The join of `--engine`; raises ValueError when the Flink join is not installed."""
+    """The join of `--engine`; raises ValueError when the Flink join or its venv is not installed."""
     if engine == "embedded":
         return join_interval
     try:
-        module = importlib.import_module(FLINK_MODULE)
+        module = importlib.import_module(FLINK_MODULE)  # lazily: the embedded default needs none of it
     except ImportError as e:
-        raise ValueError(f"--engine flink needs {FLINK_MODULE} (docs/flink-join.md): {e}") from e
-    join = getattr(module, "join_interval", None)
-    if join is None:
-        raise ValueError(f"--engine flink: {FLINK_MODULE} has no join_interval")
-    return join  # type: ignore[no-any-return]
+        raise ValueError(f"--engine flink needs {FLINK_MODULE}: {e}") from e
+    if module.flink_python() is None:
+        raise ValueError(
+            "--engine flink: no Flink venv (make flink-venv installs apache-flink and Java 17; or set "
+            "$CTR_FLINK_PYTHON)"
+        )
+    return module.flink_join_interval  # type: ignore[no-any-return]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         evaluator = LiveEval(s, metrics, first_interval(args.start, args.interval_s))
         metrics.serve(args.metrics_port, args.metrics_host)
         evaluator.run(args.until, args.intervals, time.sleep)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RuntimeError) as e:  # RuntimeError: a Flink job that failed
         print(f"live_eval: error: {e}", file=sys.stderr)
         return 1
     return 0
