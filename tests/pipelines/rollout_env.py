@@ -43,15 +43,16 @@ def corrupt(version_dir: Path) -> None:
 
 
 def write_config(path: Path, base: Path, extra: str = "", with_other: bool = True) -> None:
-    """A model config file with model ctr at `base` (no labels) and, by default, another model's entry."""
+    """A model config file with model ctr at `base` (no labels) and, by default, another model's entry and
+    traffic line."""
     other = f"  {OTHER_MODEL}\n" if with_other else ""
     path.write_text(
         "# our models\n"
-        "# ctr-traffic: model=other canary_percent=5\n"
-        "model_config_list {\n"
-        f'  config {{ name: "ctr" base_path: "{base}" model_platform: "tensorflow" {extra}}}\n'
-        f"{other}"
-        "}\n"
+        + ("# ctr-traffic: model=other canary_percent=5\n" if with_other else "")
+        + "model_config_list {\n"
+        + f'  config {{ name: "ctr" base_path: "{base}" model_platform: "tensorflow" {extra}}}\n'
+        + f"{other}"
+        + "}\n"
     )
 
 

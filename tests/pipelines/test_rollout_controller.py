@@ -212,3 +212,29 @@ def test_the_test_is_one_sided_at_the_given_confidence() -> None:
     assert judge(cand, stable, Policy(min_rows=100, auc_margin=0.0, confidence=0.9)).action == "rollback"
     assert judge(cand, stable, Policy(min_rows=100, auc_margin=0.025, confidence=0.95)).action == "promote"
     assert judge(None, stable, p).action == "wait"
+
+
+def test_a_broken_config_edit_stops_decisions_until_fixed(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    add_version(env.base, 1)
+    good = env.config.read_text()
+    env.config.write_text("model_config_list { config { name: 'ctr' ")  # a person's unfinished edit
+    c = env.controller()
+    assert c.tick() == [] and c.tick() == []
+    errors = [r.getMessage() for r in caplog.records if "no decision until" in r.getMessage()]
+    assert len(errors) == 1 and "not ModelServerConfig text" in errors[0]  # one line, not one per tick
+    env.config.write_text(good)
+    assert _actions(c) == [] and [d["action"] for d in c.tick()] == ["promote"]
+
+
+def test_a_restarted_controller_counts_the_journal_not_again(env: Env) -> None:
+    add_version(env.base, 1)
+    c = env.controller()
+    c.tick()
+    add_version(env.base, 2)
+    c.tick()
+    again = env.controller()
+    counts = {a: again.metrics.decisions.labels("ctr", a)._value.get() for a in ("promote", "load", "shadow")}
+    assert counts == {"promote": 1, "load": 1, "shadow": 1}
+    assert again.metrics.stable_version.labels("ctr")._value.get() == 1
+    assert again.metrics.shadow_percent.labels("ctr")._value.get() == 10
+    assert again.tick() == [] and again.state.seq == 3
