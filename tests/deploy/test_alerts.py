@@ -92,7 +92,7 @@ def test_unit_tests_feed_both_bucket_forms_and_counters_that_start_absent():
 
 def test_compose_prometheus_loads_the_rules_file():
     config = yaml.safe_load((REPO_ROOT / "docker/prometheus/prometheus.yml").read_text())
-    assert config["rule_files"] == ["alerts.yml", "online-alerts.yml"]
+    assert config["rule_files"] == ["alerts.yml", "online-alerts.yml", "live-quality-alerts.yml"]
     compose = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
     assert "./docker/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in mounts

@@ -16,7 +16,18 @@ from tests.helpers import REPO_ROOT
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
-LONG_RUNNING = ("serving", "tfserving", "prometheus", "grafana")
+ROLLOUT_OVERRIDE = yaml.safe_load((REPO_ROOT / "compose.rollout.yaml").read_text())["services"]
+LONG_RUNNING = ("serving", "tfserving", "prometheus", "grafana", "live-eval", "rollout")
+ALL_PROFILES = [
+    "--profile",
+    "monitoring",
+    "--profile",
+    "tfserving",
+    "--profile",
+    "live",
+    "--profile",
+    "rollout",
+]
 
 
 def _duration_s(text: str) -> float:
@@ -40,9 +51,14 @@ def test_compose_file_validates_with_the_compose_cli():
     cli = _compose_cli()
     if cli is None:
         pytest.skip("needs `docker compose` or `docker-compose` (Debian: apt-get install docker-compose)")
-    for profile in ([], ["--profile", "monitoring", "--profile", "tfserving"]):
+    rollout = ["-f", "compose.yaml", "-f", "compose.rollout.yaml"]
+    for files, profile in (
+        (["-f", "compose.yaml"], []),
+        (["-f", "compose.yaml"], ALL_PROFILES),
+        (rollout, ALL_PROFILES),
+    ):
         proc = subprocess.run(
-            [*cli, "-f", "compose.yaml", *profile, "config", "--quiet"],
+            [*cli, *files, *profile, "config", "--quiet"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -65,6 +81,10 @@ def test_optional_services_sit_in_their_profiles():
     assert SERVICES["prometheus"]["profiles"] == ["monitoring"]
     assert SERVICES["grafana"]["profiles"] == ["monitoring"]
     assert SERVICES["tfserving"]["profiles"] == ["tfserving"]
+    assert SERVICES["live-eval"]["profiles"] == ["live"]
+    assert SERVICES["rollout"]["profiles"] == SERVICES["model-config"]["profiles"] == ["rollout"]
+    # `docker compose up serving` starts the model service and the server only.
+    assert {name for name, service in SERVICES.items() if "profiles" not in service} == {"model", "serving"}
     assert "models:/models:ro" in SERVICES["tfserving"]["volumes"]
     assert SERVICES["tfserving"]["image"].startswith("tensorflow/serving:")
     assert SERVICES["tfserving"]["environment"] == {"MODEL_NAME": "ctr", "MODEL_BASE_PATH": "/models"}
@@ -108,9 +128,13 @@ def test_model_service_has_room_in_dev_shm_for_nccl():
 
 def test_built_services_name_dockerfiles_that_exist():
     built = {name: s["build"] for name, s in SERVICES.items() if "build" in s}
-    assert sorted(built) == ["model", "serving"]
+    assert sorted(built) == ["live-eval", "model", "model-config", "rollout", "serving"]
     for build in built.values():
         assert (REPO_ROOT / build["context"] / build["dockerfile"]).is_file()
+    # Two images: each service builds the one its image names, as `model` and `serving` do.
+    images = {SERVICES[name]["image"]: built[name] for name in ("model", "serving")}
+    for name, build in built.items():
+        assert images[SERVICES[name]["image"]] == build, name
 
 
 def test_bind_mounted_files_exist():
@@ -178,3 +202,95 @@ def test_bootstrap_trains_once_and_resumes_an_interrupted_export(tmp_path):
     assert _bootstrap(tmp_path / "a", empty) == ["training.synth", "training", "export"]
     assert _bootstrap(tmp_path / "b", trained) == ["export"]
     assert _bootstrap(tmp_path / "c", published) == []
+
+
+def _flag(argv: list[str], name: str) -> str:
+    [value] = [a.split("=", 1)[1] for a in argv if a.startswith(name + "=")]
+    return value
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """Container path -> (volume, read-only) of a service's named volumes."""
+    found = {}
+    for volume in service["volumes"]:
+        source, target, *mode = volume.split(":")
+        found[target] = (source, mode == ["ro"])
+    return found
+
+
+def test_live_eval_reads_the_servers_request_logs_and_the_clicks():
+    live = SERVICES["live-eval"]
+    assert live["entrypoint"] == ["python", "-m", "pipelines.live_eval"]
+    assert set(flags(live["command"])) <= accepted_flags("pipelines.live_eval")
+    assert SERVICES["model"]["image"] == live["image"]  # the trainer image: pyarrow, ctr_model, pipelines
+    mounts = _mounts(live)
+    logs = _flag(live["command"], "--logs")
+    serving_logs = _flag(SERVICES["serving"]["command"], "--request_log_dir")
+    assert (
+        mounts[logs] == ("request-logs", True)
+        and _mounts(SERVICES["serving"])[serving_logs][0] == "request-logs"
+    )
+    assert mounts[_flag(live["command"], "--clicks")] == ("clicks", True)
+    state = _flag(live["command"], "--state-dir")
+    [(volume, read_only)] = [m for t, m in mounts.items() if state.startswith(t + "/")]
+    assert (volume, read_only) == ("live", False)
+    assert _flag(live["command"], "--metrics-port") == "9108" and "9108" in live["healthcheck"]["test"][-1]
+
+
+def test_rollout_edits_the_config_file_the_overridden_server_reads():
+    rollout = SERVICES["rollout"]
+    assert rollout["entrypoint"] == ["python", "-m", "pipelines.rollout"]
+    assert set(flags(rollout["command"])) <= accepted_flags("pipelines.rollout")
+    assert rollout["image"] == SERVICES["serving"]["image"]  # the server's config parser is its own
+    config = _flag(rollout["command"], "--model-config")
+    # The override runs the image's entrypoint with the config file in place of --model_name/--model_base_path.
+    entrypoint = exec_form(
+        single(final_stage(REPO_ROOT / "docker" / "Dockerfile.serving"), "ENTRYPOINT").args
+    )
+    served = ROLLOUT_OVERRIDE["serving"]["entrypoint"]
+    assert [a for a in entrypoint if not a.startswith(("--model_name=", "--model_base_path="))] == served[:5]
+    assert _flag(served, "--model_config_file") == config
+    assert float(_flag(served, "--model_config_file_poll_wait_seconds")) > 0
+    assert set(flags(served + SERVICES["serving"]["command"])) <= accepted_flags("serving")
+    assert ROLLOUT_OVERRIDE["serving"]["depends_on"] == {
+        "model-config": {"condition": "service_completed_successfully"}
+    }
+    assert set(ROLLOUT_OVERRIDE) == {"serving"}
+    # Both see the config file in the models volume: the controller writes it, the server reads it.
+    assert _mounts(rollout)["/models"] == ("models", False)
+    assert _mounts(SERVICES["serving"])["/models"] == ("models", True)
+    # The controller reads the figures live-eval writes.
+    live_state = _flag(SERVICES["live-eval"]["command"], "--state-dir")
+    assert _flag(rollout["command"], "--eval-state") == live_state
+    assert _mounts(rollout)["/live"] == ("live", True)
+    state = _flag(rollout["command"], "--state-dir")
+    assert _mounts(rollout)[state] == ("rollout-state", False)
+    assert _flag(rollout["command"], "--server") == "http://serving:8501"
+    assert (
+        _flag(rollout["command"], "--metrics-port") == "9109" and "9109" in rollout["healthcheck"]["test"][-1]
+    )
+
+
+def test_model_config_service_writes_a_config_the_server_accepts(tmp_path):
+    from serving.repository.model_config import read_model_config
+
+    service = SERVICES["model-config"]
+    mounts = _mounts(service)
+    [(source, target)] = [
+        (v.split(":")[0], v.split(":")[1]) for v in service["volumes"] if v.startswith("./")
+    ]
+    [spec] = read_model_config(REPO_ROOT / source)
+    assert (spec.name, str(spec.base_path)) == ("ctr", SERVICES["model"]["environment"]["MODEL_BASE_PATH"])
+    assert mounts["/models"] == ("models", False)
+    # The script, run on a folder standing in for /models: it writes the file once and never overwrites it.
+    script = (
+        service["entrypoint"][2].replace("/models/", f"{tmp_path}/").replace(target, str(REPO_ROOT / source))
+    )
+    assert service["entrypoint"][:2] == ["sh", "-c"]
+    subprocess.run(["sh", "-c", script], check=True)
+    written = tmp_path / "models.config"
+    assert written.read_text() == (REPO_ROOT / source).read_text()
+    written.write_text("# edited by the controller\n")
+    subprocess.run(["sh", "-c", script], check=True)
+    assert written.read_text() == "# edited by the controller\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models.config"]

@@ -20,8 +20,26 @@ HADOLINT = Path(sys.executable).parent / "hadolint"
 SERVING = REPO_ROOT / "docker" / "Dockerfile.serving"
 TRAINER = REPO_ROOT / "docker" / "Dockerfile.trainer"
 # What each image's /app holds: the serving image no torch, TensorFlow or training code; the trainer no serving.
+# The packages with C extensions (each image's native stage), and the pipelines each image also carries.
 SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving"}
 TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export"}
+SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/rollout"}
+TRAINER_PIPELINES = {"pipelines/__init__.py", "pipelines/clicks", "pipelines/online", "pipelines/live_eval"}
+# What each image lacks, as module prefixes (pyproject.toml's extras; the packages it does not copy).
+NOT_IN_SERVING = ("torch", "lightning", "pyarrow", "tensorflow", "onnx", "matplotlib", "ctr_model")
+NOT_IN_SERVING += ("training", "export", "pipelines.clicks", "pipelines.online", "pipelines.live_eval")
+NOT_IN_TRAINER = ("serving", "grpc", "orjson", "uvloop", "httptools", "pipelines.rollout")
+_BLOCKED_RUN = """
+import runpy, sys
+blocked = tuple(sys.argv[1].split(","))
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in blocked):
+            raise ImportError("not in the image: " + name)
+sys.meta_path.insert(0, Blocker())
+sys.argv = [sys.argv[2], "--help"]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
 
 
 def image_requirements(*extras: str) -> list[str]:
@@ -105,15 +123,19 @@ def test_trainer_image_defaults_to_cpu_torch_and_is_nccl_ready():
     image_env = env(final_stage(TRAINER))
     assert image_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert image_env["NCCL_DEBUG"] == "WARN"
-    names = image_requirements("train", "export")
-    assert {"torch", "lightning", "onnx", "tensorflow"} <= set(names)
+    names = image_requirements("train", "export", "pipelines")
+    assert {"torch", "lightning", "onnx", "tensorflow", "pyarrow", "prometheus-client"} <= set(names)
+    install = next(
+        i.args for i in instructions(TRAINER) if i.keyword == "RUN" and "pyproject_requirements" in i.args
+    )
+    assert "pyproject.toml train export pipelines >" in install
 
 
 def test_trainer_image_copies_every_package_its_commands_import():
     copied = {
         i.args.split()[0] for i in final_stage(TRAINER) if i.keyword == "COPY" and "--from" not in i.args
     }
-    assert copied == TRAINER_PACKAGES | {"docker/bootstrap-model.sh"}
+    assert copied == TRAINER_PACKAGES | TRAINER_PIPELINES | {"docker/bootstrap-model.sh"}
     assert exec_form(single(final_stage(TRAINER), "ENTRYPOINT").args) == ["python", "-m", "training"]
 
 
@@ -121,7 +143,33 @@ def test_serving_image_copies_the_server_and_the_contract_only():
     copied = {
         i.args.split()[0] for i in final_stage(SERVING) if i.keyword == "COPY" and "--from" not in i.args
     }
-    assert copied == SERVING_PACKAGES
+    assert copied == SERVING_PACKAGES | SERVING_PIPELINES
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("pipelines.rollout", NOT_IN_SERVING),
+        ("pipelines.live_eval", NOT_IN_TRAINER),
+        ("pipelines.online", NOT_IN_TRAINER),
+    ],
+)
+def test_each_pipeline_starts_with_only_what_its_image_holds(module: str, absent: tuple[str, ...]):
+    """The rollout controller runs in the serving image, live evaluation and the online trainer in the trainer's."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_RUN, ",".join(absent), module],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_rollout_demo_stays_out_of_the_build_context():
+    ignore = (REPO_ROOT / ".dockerignore").read_text().splitlines()
+    assert "!pipelines/" in ignore and "pipelines/rollout/demo*" in ignore
+    assert sorted(p.name for p in (REPO_ROOT / "pipelines/rollout").glob("demo*.py"))  # the pattern matches
 
 
 @pytest.mark.parametrize(

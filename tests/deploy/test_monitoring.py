@@ -46,7 +46,13 @@ def test_prometheus_scrapes_the_servers_metrics_path():
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert jobs["serving"]["static_configs"][0]["targets"] == ["serving:8501"]
     assert jobs["tfserving"]["static_configs"][0]["targets"] == ["tfserving:8501"]
-    assert {job["metrics_path"] for job in jobs.values()} == {"/monitoring/prometheus/metrics"}
+    assert {jobs[name]["metrics_path"] for name in ("serving", "tfserving")} == {
+        "/monitoring/prometheus/metrics"
+    }
+    # The live evaluator and the rollout controller: prometheus_client's /metrics, Prometheus' default path.
+    assert jobs["live-eval"]["static_configs"][0]["targets"] == ["live-eval:9108"]
+    assert jobs["rollout"]["static_configs"][0]["targets"] == ["rollout:9109"]
+    assert "metrics_path" not in jobs["live-eval"] and "metrics_path" not in jobs["rollout"]
     tfserving_config = (DOCKER / "tfserving/monitoring.config").read_text()
     assert 'path: "/monitoring/prometheus/metrics"' in tfserving_config
 

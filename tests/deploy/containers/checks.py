@@ -19,8 +19,10 @@ from sources import say, wait_for
 # The README's raw row (by field names; absent fields are missing) and TF Serving's 128-float form.
 README_ROW = {"I1": 3, "I2": 20, "I5": 1520, "C1": "68fd1e64", "C2": "80e26c9b", "C6": "fbad5c96"}
 WIDTH = 128
-SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving"}
-TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export"}
+# pipelines/ in both: the rollout controller in the serving image, the online trainer and live evaluation in the
+# trainer image (docker/Dockerfile.*: each copies its own subpackages of it).
+SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving", "pipelines"}
+TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export", "pipelines"}
 
 _INSPECT = """
 import importlib.util, json, os, pathlib, sys
@@ -66,7 +68,8 @@ def image_contents(project: Project, engine: Engine, times: dict[str, Any]) -> N
         "training",
         "export",
         "ctr_model",
-        "pipelines",
+        "pipelines.online",
+        "pipelines.live_eval",
         "bench",
     ]
     serving = _inspect_image(project, "serving", heavy)
@@ -74,7 +77,7 @@ def image_contents(project: Project, engine: Engine, times: dict[str, Any]) -> N
     check(serving["absent"] == heavy, f"the serving image has {sorted(set(heavy) - set(serving['absent']))}")
     check(serving["so"], "the serving image has no compiled extension (.so) in /app")
     check(serving["uid"] == 10001, f"the serving image runs as uid {serving['uid']}")
-    trainer_absent = ["serving", "pipelines", "bench", "orjson", "msgspec", "uvloop"]
+    trainer_absent = ["serving", "pipelines.rollout", "bench", "orjson", "msgspec", "uvloop"]
     trainer = _inspect_image(project, "model", trainer_absent)
     check(set(trainer["app"]) == TRAINER_PACKAGES | {"docker"}, f"trainer image /app holds {trainer['app']}")
     check(
