@@ -21,7 +21,7 @@ import httptools
 
 from serving.http.connection_end import MAX_PIPELINED, NEVER, ConnectionEnd
 from serving.http.encoding import BodyInflater, compress, compressible, request_coding, response_coding
-from serving.http.messages import CONTINUE, TRACEPARENT, PendingRequest, Rejected, render
+from serving.http.messages import CONTINUE, TIMEOUT, TRACEPARENT, PendingRequest, Rejected, render
 from serving.http.shared import ConnectionBudget, RequestHandler
 from serving.observability.request_log import request_id_from
 
@@ -57,7 +57,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self._url, self._headers = b"", 0
         self._length: int | None = None
         self._expect = False
-        self._request_id = self._traceparent = b""
+        self._request_id = self._traceparent = self._timeout = b""
         self._header_length: int | None = None
         self._chunks: list[bytes] = []
         self._size = 0  # body bytes held: decompressed, when the body has a Content-Encoding
@@ -167,6 +167,8 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
             self._request_id = value
         elif name == b"traceparent":
             self._traceparent = value
+        elif name == b"x-request-timeout-ms":
+            self._timeout = value  # checked by the predict routes (serving/http/messages.py request_deadline)
         elif name == b"inference-header-content-length":
             self._header_length = int(value) if value.isdigit() and len(value) < 19 else -1  # -1: a 400 later
         elif name == b"content-encoding":
@@ -234,6 +236,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
             header_length=self._header_length,
             accept=self._accept if compressible(path) else None,
             traceparent=self._traceparent,
+            timeout=(self._timeout, time.monotonic()) if self._timeout else None,
         )
         self._chunks, self._size, self._inflater = [], 0, None
         self.pending.append(request)
@@ -265,6 +268,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 head_only = request.method == "HEAD"
                 method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
                 TRACEPARENT.set(request.traceparent)  # the router's span (tracing on) continues its trace
+                TIMEOUT.set(request.timeout)  # x-request-timeout-ms, from when the request was read
                 status, body, content_type = await self.app.handle(
                     method, request.path, request.body, request.request_id, request.header_length
                 )

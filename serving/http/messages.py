@@ -2,7 +2,8 @@
 
 `RequestPath` is a request's path as routes see it: split at `/` on the raw path, then each segment decoded, so
 `%2F` stays inside a segment (a name) and can never walk into another route. `require_method` is the method
-check of every REST route (405 naming the method to use, with `Allow`).
+check of every REST route (405 naming the method to use, with `Allow`); `answer_headers` the headers that say
+which version answered a predict.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ from contextvars import ContextVar
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
-from serving.errors import MethodNotAllowed
+from serving.errors import InvalidArgument, MethodNotAllowed
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # The `traceparent` header of the request being answered, set by the connection before the router runs
 # (read only while tracing is on: serving/observability/tracing.py).
 TRACEPARENT: ContextVar[bytes] = ContextVar("traceparent", default=b"")
+# The request's `x-request-timeout-ms` as sent and the time.monotonic() it was read at (None: no header),
+# set likewise; the predict routes turn it into the predictor's deadline (`request_deadline`).
+TIMEOUT: ContextVar[tuple[bytes, float] | None] = ContextVar("timeout", default=None)
+MAX_TIMEOUT_MS = 24 * 3600 * 1000  # a day: a longer x-request-timeout-ms is a mistake, not a deadline
 
 
 class PendingRequest:
@@ -32,6 +37,7 @@ class PendingRequest:
         "method",
         "path",
         "request_id",
+        "timeout",
         "traceparent",
     )
 
@@ -46,6 +52,7 @@ class PendingRequest:
         header_length: int | None = None,
         accept: str | None = None,
         traceparent: bytes = b"",
+        timeout: tuple[bytes, float] | None = None,
     ) -> None:
         self.method, self.path, self.body, self.keep_alive = method, path, body, keep_alive
         self.accept = accept  # the response's coding when its body is large enough (gzip, deflate), or None
@@ -53,10 +60,36 @@ class PendingRequest:
             header_length  # the v2 binary extension's JSON header length (serving/protocols/v2_rest.py)
         )
         self.traceparent = traceparent  # W3C trace context header, as sent (b"": none)
+        self.timeout = timeout  # (x-request-timeout-ms as sent, time.monotonic() when read), or None
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
         self.request_id = (
             request_id  # the client's x-request-id, or a fresh one (serving/observability/request_log.py)
         )
+
+
+def request_deadline() -> float | None:
+    """The answered request's deadline from its `x-request-timeout-ms` (time.monotonic() seconds; None: no
+    header), counted from when the request was read; InvalidArgument (400) for a value that is not a whole
+    number of milliseconds from 1 to MAX_TIMEOUT_MS."""
+    timeout = TIMEOUT.get()
+    if timeout is None:
+        return None
+    value, received = timeout
+    ms = int(value) if value.isdigit() and len(value) < 12 else 0
+    if not 1 <= ms <= MAX_TIMEOUT_MS:
+        shown = value[:40].decode("latin-1")
+        raise InvalidArgument(
+            f"x-request-timeout-ms must be a whole number of milliseconds from 1 to {MAX_TIMEOUT_MS}, got {shown!r}"
+        )
+    return received + ms / 1e3
+
+
+def answer_headers(version: int, fallback: str | None) -> bytes:
+    """The header lines a predict answer adds after its content type: `x-model-version: <the version that
+    answered>`, and `x-ctr-fallback: <reason>` when a fallback version answered (each line CRLF-led)."""
+    if fallback is None:
+        return b"\r\nx-model-version: %d" % version
+    return b"\r\nx-model-version: %d\r\nx-ctr-fallback: %s" % (version, fallback.encode("latin-1"))
 
 
 def require_method(method: str, expected: str) -> None:

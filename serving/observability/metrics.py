@@ -22,6 +22,10 @@ LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
 BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
 # Labels of ctr_serving_versions_rejected_total (serving/repository/states.py).
 REJECT_REASONS = ("hash_mismatch", "not_ready", "load_timeout", "os_error", "bad_manifest", "load_error")
+# Labels of ctr_serving_shadow_dropped_total (serving/dataplane/shadow.py).
+SHADOW_DROP_REASONS = ("queue_full", "busy", "unavailable", "error", "non_finite")
+# Labels of ctr_serving_fallbacks_total (serving/dataplane/fallback.py).
+FALLBACK_REASONS = ("errors", "non_finite", "deadline", "unavailable")
 CTR_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 
 
@@ -228,6 +232,12 @@ class ServingMetrics:
             "Model outputs that were NaN or infinite, withheld from the client (serving/dataplane/output_check.py).",
             ("model_name",),
         )
+        self.fallbacks = self._counter(
+            "ctr_serving_fallbacks_total",
+            "Requests for a version with an open circuit, or that failed on it, answered by the last good "
+            f"version (serving/dataplane/fallback.py); version: the broken one; reason: {', '.join(FALLBACK_REASONS)}.",
+            ("model_name", "version", "reason"),
+        )
         # Sampled request logs (serving/observability/request_log.py); the drift gauges are rendered by serving/observability/drift.py.
         self.request_log_lines = self._counter(
             "ctr_serving_request_log_lines_total", "Request log lines written.", ("model_name",)
@@ -236,6 +246,17 @@ class ServingMetrics:
             "ctr_serving_request_log_dropped_total",
             "Sampled request log lines dropped: the queue was full (slow disk) or the write failed (full disk).",
             ("model_name",),
+        )
+        # Shadow scoring (serving/dataplane/shadow.py): jobs scored by the `shadow` label's version, and dropped.
+        self.shadow_scored = self._counter(
+            "ctr_serving_shadow_scored_total",
+            "Requests scored again, off the client's path, by the model's shadow version.",
+            ("model_name", "version"),
+        )
+        self.shadow_dropped = self._counter(
+            "ctr_serving_shadow_dropped_total",
+            f"Sampled shadow scoring not done, by reason: {', '.join(SHADOW_DROP_REASONS)}.",
+            ("model_name", "reason"),
         )
         # Spans the trace exporter dropped (serving/observability/tracing.py); merged over workers like the rest.
         self.trace_spans_dropped = self._counter(
@@ -269,6 +290,13 @@ class ServingMetrics:
         self.nonfinite_outputs.inc(model_name, amount=0)
         for reason in REJECT_REASONS:
             self.versions_rejected.inc(model_name, reason, amount=0)
+        for reason in SHADOW_DROP_REASONS:
+            self.shadow_dropped.inc(model_name, reason, amount=0)
+
+    def version_at_zero(self, model_name: str, version: int) -> None:
+        """Show a newly loaded version's alerted counters at 0 (ctr_serving_fallbacks_total per reason)."""
+        for reason in FALLBACK_REASONS:
+            self.fallbacks.inc(model_name, str(version), reason, amount=0)
 
     def _counter(self, name: str, help_text: str, labelnames: Sequence[str]) -> Counter:
         return Counter(name, help_text, labelnames)

@@ -154,6 +154,7 @@ class VersionStates(dict[int, VersionState]):
 
     def available(self, state: VersionState) -> None:
         state.state, state.error_code, state.error_message = "AVAILABLE", "OK", ""
+        self.metrics.version_at_zero(self.model_name, state.version)  # its fallback counters, at 0
         state.waiting_since = state.last_stamp = None
 
     def forget_gone(self, present: set[int]) -> None:

@@ -1,0 +1,286 @@
+"""Circuit breaking per version: a version that fails answers no routed request; the last good version does.
+
+Each loaded version of a model has a breaker over a short rolling window (`--fallback_window_s`, in ten
+buckets). It counts the version's outcomes: successes, and failures by reason:
+    errors      the backend failed (an exception, a 500 that is not the client's doing);
+    non_finite  the model's output was NaN or infinite for an input the API accepted
+                (serving/dataplane/output_check.py; an input far outside the training ranges is the client's
+                400 and counts nothing);
+    deadline    the run finished after the request's deadline, was cut by it, or waited past the batching
+                queue's deadline (`--rest_api_timeout_in_ms`);
+    unavailable the version answered UNAVAILABLE while it ran the request (e.g. unloaded under it).
+Client mistakes (4xx), a full batching queue (429) and a deadline that passed before the work started count
+nothing. Once at least `--fallback_min_requests` outcomes in the window hold a share of failures of at least
+`--fallback_error_rate`, the breaker opens, named after the most frequent reason in the window.
+
+While it is open, routed requests (no explicit version or label: those the stable label, the latest rule or
+the canary split chose) are answered by the last good version, `fallback_for`: the `stable` label's version
+when it is loaded, not this one and closed, else the newest other loaded version whose breaker is closed.
+Requests for `/versions/N` or `/labels/L` are never redirected (the client chose the version), but their
+outcomes count. After `--fallback_cooldown_s` the breaker is half-open: one routed request in
+`--fallback_probe_every` goes back to the version; PROBE_SUCCESSES successes in a row close it, a failure opens
+it again for another cool-down. A routed request whose version fails (errors, non_finite, unavailable) is also
+retried once on the last good version instead of answering the error. With no last good version, the
+version answers as it would without a breaker, and its errors are returned.
+
+An answer from the last good version carries the reason (`Prediction.fallback`; the REST header
+`x-ctr-fallback`, gRPC trailing metadata) and counts `ctr_serving_fallbacks_total{model_name,version,reason}`
+(version: the broken one). The breakers live on one worker's event loop: with `--num_workers N` each worker
+judges the versions on its own traffic, and the counter adds up over the workers. docs/serving-fallback.md has
+the rules and the flags.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from serving.errors import (
+    DeadlineExceeded,
+    NonFiniteOutput,
+    ServingError,
+    Unavailable,
+)
+from serving.observability.metrics import ServingMetrics
+from serving.repository.manager import ModelManager
+from serving.runtime.servable import LoadedVersion
+
+log = logging.getLogger(__name__)
+BUCKETS = 10  # the rolling window's buckets: it slides by a tenth of --fallback_window_s
+PROBE_SUCCESSES = 3  # successful probes in a row that close a half-open breaker
+RETRIED = (
+    "errors",
+    "non_finite",
+    "unavailable",
+)  # a routed request failing so is retried on the last good one
+
+
+@dataclass(frozen=True)
+class FallbackOptions:
+    """The breaker's flags (serving/app/config.py); `error_rate` 0 turns breaking and retries off."""
+
+    error_rate: float = 0.5
+    min_requests: int = 5
+    window_s: float = 10.0
+    cooldown_s: float = 30.0
+    probe_every: int = 10
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError(f"--fallback_error_rate must be in [0, 1], got {self.error_rate}")
+        if self.min_requests < 1 or self.probe_every < 1:
+            raise ValueError(
+                f"--fallback_min_requests and --fallback_probe_every must be >= 1, got {self.min_requests} "
+                f"and {self.probe_every}"
+            )
+        if not (self.window_s > 0 and self.cooldown_s >= 0):
+            raise ValueError(
+                f"--fallback_window_s must be > 0 and --fallback_cooldown_s >= 0, got {self.window_s} and "
+                f"{self.cooldown_s}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.error_rate > 0
+
+
+class DeadlinePassed(DeadlineExceeded):
+    """The request's deadline passed before the work started: nothing ran, no version is blamed."""
+
+
+def check_deadline(deadline: float | None, when: str) -> None:
+    """Raise DeadlinePassed when `deadline` (time.monotonic() seconds; None: none) has passed; `when`: what
+    was about to start, for the message."""
+    if deadline is not None:
+        late = time.monotonic() - deadline
+        if late >= 0:
+            raise DeadlinePassed(
+                f"the request's deadline passed {late * 1e3:.0f} ms before {when}, so it was not run "
+                "(gRPC deadline or x-request-timeout-ms); retry with a longer deadline"
+            )
+
+
+def failure_reason(exc: BaseException) -> str | None:
+    """The breaker's reason for a failed run of a version; None when the version is not at fault."""
+    if isinstance(exc, DeadlinePassed):
+        return None
+    if isinstance(exc, NonFiniteOutput):
+        return "non_finite"
+    if isinstance(exc, DeadlineExceeded):
+        return "deadline"
+    if isinstance(exc, Unavailable):
+        return "unavailable"
+    if isinstance(exc, ServingError):
+        return "errors" if exc.http_status >= 500 else None  # 4xx: the client's mistake or 429's load
+    return "errors" if isinstance(exc, Exception) else None  # a backend exception; cancellation is not
+
+
+class Breaker:
+    """One version's rolling window of outcomes and its state: "closed", "open" or "half_open"."""
+
+    def __init__(self, options: FallbackOptions) -> None:
+        self.options = options
+        self.state = "closed"
+        self.reason = ""  # why it opened: the most frequent failure reason in the window then
+        self.opened_at = 0.0
+        self._width = options.window_s / BUCKETS
+        self._epochs = [-1] * BUCKETS  # the bucket number each slot holds now
+        self._totals = [0] * BUCKETS
+        self._failures: list[Counter[str]] = [Counter() for _ in range(BUCKETS)]
+        self._ticks = 0  # routed requests seen while half-open
+        self._probe_successes = 0
+
+    def _slot(self, now: float) -> int:
+        epoch = int(now / self._width)
+        slot = epoch % BUCKETS
+        if self._epochs[slot] != epoch:
+            self._epochs[slot], self._totals[slot] = epoch, 0
+            self._failures[slot].clear()
+        return slot
+
+    def _reset(self) -> None:
+        self._epochs = [-1] * BUCKETS
+
+    def window(self, now: float) -> tuple[int, Counter[str]]:
+        """(outcomes, failures by reason) over the last --fallback_window_s."""
+        current, total, failures = int(now / self._width), 0, Counter[str]()
+        for slot in range(BUCKETS):
+            if current - BUCKETS < self._epochs[slot] <= current:
+                total += self._totals[slot]
+                failures.update(self._failures[slot])
+        return total, failures
+
+    def record(self, now: float, reason: str | None) -> bool:
+        """Count one outcome (`reason` None: a success); True when this outcome opened the breaker."""
+        slot = self._slot(now)
+        self._totals[slot] += 1
+        if reason is None:
+            if self.state == "half_open":
+                self._probe_successes += 1
+                if self._probe_successes >= PROBE_SUCCESSES:
+                    self.state, self.reason = "closed", ""
+                    self._reset()
+            return False
+        self._failures[slot][reason] += 1
+        if self.state == "half_open":  # a failed probe: another cool-down
+            self._open(now, reason)
+            return True
+        if self.state == "open":
+            return False
+        total, failures = self.window(now)
+        failed = sum(failures.values())
+        if total >= self.options.min_requests and failed >= self.options.error_rate * total:
+            self._open(now, max(failures, key=lambda r: (failures[r], r == reason)))
+            return True
+        return False
+
+    def _open(self, now: float, reason: str) -> None:
+        self.state, self.reason, self.opened_at = "open", reason, now
+        self._probe_successes = self._ticks = 0
+        self._reset()
+
+    def admits(self, now: float) -> bool:
+        """Whether a routed request may run on this version now (half-open: one in --fallback_probe_every)."""
+        if self.state == "closed":
+            return True
+        if self.state == "open":
+            if now - self.opened_at < self.options.cooldown_s:
+                return False
+            self.state, self._ticks, self._probe_successes = "half_open", 0, 0
+        self._ticks += 1
+        return self._ticks % self.options.probe_every == 1 % self.options.probe_every
+
+
+class Fallback:
+    """One model's breakers (by version) and its choice of the last good version."""
+
+    def __init__(self, manager: ModelManager, options: FallbackOptions, metrics: ServingMetrics) -> None:
+        self.manager, self.options, self.metrics = manager, options, metrics
+        self.breakers: dict[int, Breaker] = {}
+
+    def breaker(self, version: int) -> Breaker:
+        breaker = self.breakers.get(version)
+        if breaker is None:
+            # A version number reused after an unload starts afresh: forget versions no longer loaded.
+            for gone in [v for v in self.breakers if v not in self.manager.loaded]:
+                del self.breakers[gone]
+            breaker = self.breakers[version] = Breaker(self.options)
+        return breaker
+
+    def _closed(self, version: int) -> bool:
+        breaker = self.breakers.get(version)
+        return breaker is None or breaker.state == "closed"
+
+    def fallback_for(self, broken: int) -> LoadedVersion | None:
+        """The last good version: the stable label's when loaded, not `broken` and closed, else the newest
+        other loaded version whose breaker is closed; None when there is none."""
+        loaded = self.manager.loaded
+        stable = self.manager.labels.get("stable")
+        if stable is not None and stable != broken and stable in loaded and self._closed(stable):
+            return loaded[stable]
+        for version in sorted(loaded, reverse=True):
+            if version != broken and self._closed(version):
+                return loaded[version]
+        return None
+
+    def route(self, servable: LoadedVersion) -> tuple[LoadedVersion, str | None]:
+        """The version a routed request runs on, and the fallback reason (None: `servable` itself)."""
+        breaker = self.breakers.get(servable.version)
+        if breaker is None or breaker.state == "closed" or breaker.admits(time.monotonic()):
+            return servable, None
+        target = self.fallback_for(servable.version)
+        if target is None:
+            return servable, None
+        self.metrics.fallbacks.inc(self.manager.name, str(servable.version), breaker.reason)
+        return target, breaker.reason
+
+    def succeeded(self, version: int, deadline: float | None) -> None:
+        """A run of `version` answered; past `deadline` it counts as a deadline miss."""
+        now = time.monotonic()
+        self._record(version, now, "deadline" if deadline is not None and now > deadline else None)
+
+    def failed(self, version: int, exc: BaseException, deadline: float | None) -> str | None:
+        """Count a failed run of `version`; returns the failure's reason (None: not the version's fault).
+        A cancelled run (gRPC) whose deadline has passed is a deadline miss."""
+        now = time.monotonic()
+        reason = failure_reason(exc)
+        if reason is None and not isinstance(exc, Exception) and deadline is not None and now >= deadline:
+            reason = "deadline"
+        if reason is not None:
+            self._record(version, now, reason)
+        return reason
+
+    def retry(self, version: int, reason: str | None, deadline: float | None) -> LoadedVersion | None:
+        """The version a routed request that failed on `version` for `reason` runs on once more; None: none
+        (the error is answered)."""
+        if reason not in RETRIED or (deadline is not None and time.monotonic() >= deadline):
+            return None
+        target = self.fallback_for(version)
+        if target is not None:
+            self.metrics.fallbacks.inc(self.manager.name, str(version), reason)
+        return target
+
+    def _record(self, version: int, now: float, reason: str | None) -> None:
+        breaker = self.breaker(version)
+        was = breaker.state
+        if breaker.record(now, reason) and was != "half_open":
+            target = self.fallback_for(version)
+            log.warning(
+                "%s version %d: circuit open (%s); routed requests go to the last good version (%s) for %gs, "
+                "then 1 in %d to this one",
+                self.manager.name,
+                version,
+                breaker.reason,
+                "none" if target is None else target.version,
+                self.options.cooldown_s,
+                self.options.probe_every,
+            )
+        elif was == "half_open" and breaker.state == "closed":
+            log.info(
+                "%s version %d: circuit closed after %d good probes",
+                self.manager.name,
+                version,
+                PROBE_SUCCESSES,
+            )
