@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install sysdeps run data train tune day online-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean fuzz
+.PHONY: help install flink-venv sysdeps run data train tune day online-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean fuzz
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -32,8 +32,20 @@ $(STAMP): pyproject.toml setup.py ctr_features/compiled/_table_native.c ctr_feat
 
 install: $(STAMP) ## Create .venv and install every stage (skipped when done)
 
-sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, strace, java for TorchServe)
-	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v strace >/dev/null || ! command -v java >/dev/null; then \
+# The Flink click join's own venv (pipelines/clicks/flink/, docs/flink-join.md): apache-flink and its Java 17
+# (sysdeps). The main venv has no pyflink: the join runs there as a subprocess.
+FLINK_VENV  ?= .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed
+$(FLINK_STAMP):
+	test -x $(FLINK_VENV)/bin/python || python3 -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/pip install -q --upgrade pip
+	$(FLINK_VENV)/bin/pip install -q 'apache-flink==2.3.*'
+	touch $(FLINK_STAMP)
+
+flink-venv: sysdeps $(FLINK_STAMP) ## The Flink join's venv (.venv-flink: apache-flink 2.3, Java 17 from sysdeps)
+
+sysdeps: ## Install the Debian tools the tests and benchmarks use (prometheus, promtool, wrk, docker-compose, strace, Java 17 for TorchServe and Flink)
+	@if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null || ! command -v wrk >/dev/null || ! command -v docker-compose >/dev/null || ! command -v strace >/dev/null || ! command -v java >/dev/null || ! ls /usr/lib/jvm/java-17-openjdk-*/bin/java >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus wrk docker-compose strace openjdk-17-jre-headless >/dev/null; \
 	  else echo "sysdeps: run 'sudo make sysdeps' to install prometheus, wrk, docker-compose, strace and java (TorchServe)"; fi; fi
 
@@ -74,10 +86,10 @@ fmt: $(STAMP) ## Format the code with ruff
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) sysdeps lint ## Lint, then the test suite (excludes tests marked slow)
+test: $(STAMP) sysdeps $(FLINK_STAMP) lint ## Lint, then the test suite (excludes tests marked slow)
 	$(PY) -m pytest -m "not slow" $(ARGS)
 
-test-slow: $(STAMP) sysdeps ## Only the slow tests
+test-slow: $(STAMP) sysdeps $(FLINK_STAMP) ## Only the slow tests
 	$(PY) -m pytest -m slow $(ARGS)
 
 test-containers: $(STAMP) ## The images on a real engine: podman and docker-compose from Debian, `docker compose up serving` end to end, the k8s Jobs' commands (root)

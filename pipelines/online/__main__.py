@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--until", type=parse_time, help="stop once every interval starting before this time is finished"
     )
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
+    p.add_argument(
+        "--engine",
+        choices=("embedded", "flink"),
+        default="embedded",
+        help="the click join: embedded (default) or the same join as a Flink job (needs make flink-venv)",
+    )
     return p
 
 
@@ -120,7 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         max_ece_rise=args.max_ece_rise,
         max_calibration_gap=args.max_calibration_gap,
         calibration=args.calibration,
+        engine=args.engine,
     )
+    if args.engine == "flink":
+        from pipelines.clicks.flink.engine import flink_python
+
+        if flink_python() is None:
+            print("online: error: --engine flink needs the Flink venv: run make flink-venv", file=sys.stderr)
+            return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
     metrics = TrainerMetrics()
     try:

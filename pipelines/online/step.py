@@ -46,6 +46,9 @@ class Settings:
     max_ece_rise: float = 0.01
     max_calibration_gap: float = 0.05
     calibration: str = "auto"  # export's --calibration; fitted on each interval's held-out rows (see _export)
+    engine: str = (
+        "embedded"  # the click join: "embedded" (pipelines/clicks/join.py) or "flink" (its Flink job)
+    )
 
     @property
     def data(self) -> Path:
@@ -59,11 +62,14 @@ def newest_version(repo: Path) -> int | None:
 
 
 def join(s: Settings, interval: int) -> JoinReport:
-    """Join one interval into the data folder."""
+    """Join one interval into the data folder (`s.engine`: the embedded join, or the same join on Flink)."""
     start = interval * s.interval_s
-    return join_interval(
-        s.logs, s.clicks, s.data, interval, start, start + s.interval_s, s.window_s, s.holdout
-    )
+    fn = join_interval
+    if s.engine == "flink":  # the Flink venv runs it (pipelines/clicks/flink/engine.py); no pyflink here
+        from pipelines.clicks.flink.engine import flink_join_interval
+
+        fn = flink_join_interval
+    return fn(s.logs, s.clicks, s.data, interval, start, start + s.interval_s, s.window_s, s.holdout)
 
 
 def replay_parts(data: Path, interval: int, replay: int, replay_rows: int) -> list[Path]:

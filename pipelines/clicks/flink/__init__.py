@@ -1,0 +1,1 @@
+"""The click join as an Apache Flink job, equal to the embedded join (docs/flink-join.md)."""
