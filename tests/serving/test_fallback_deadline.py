@@ -35,6 +35,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         base,
         tmp_path_factory.mktemp("logs") / "server.log",
         "--model_version_policy=all",
+        "--num_workers=1",
         "--enable_batching",
         f"--batch_timeout_micros={WINDOW_US}",
         "--fallback_min_requests=4",
@@ -117,6 +118,6 @@ def test_grpc_deadline_passed_in_the_queue_is_not_run_and_breaks_the_version(ser
         # requests are answered by version 1.
         response, call = stub.Predict.with_call(grpc_request(rows(0.5)), timeout=10)
         assert response.model_spec.version.value == 1
-        assert dict(call.trailing_metadata() or ()).get("x-ctr-fallback", "deadline") == "deadline"
+        assert dict(call.trailing_metadata() or ())["x-ctr-fallback"] == "deadline"
     assert fallbacks(server)[("2", "deadline")] >= 1
     assert "version 2: circuit open (deadline)" in server.log()

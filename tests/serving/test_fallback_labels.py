@@ -1,0 +1,64 @@
+"""Which version is the last good one: the stable label's, else the newest other version with a closed breaker.
+
+Versions 1 and 3 are plain MLPs; version 2 answers NaN for rows whose feature 0 is above 10
+(tests/serving/fallback_repo.py). Every routed request of a poison row fails on version 2 and is retried once on
+the last good version, so its answer says which version that is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.serving.fallback_repo import write_broken_version, write_good_version
+from tests.serving.model_repo import make_weights
+from tests.serving.server_process import ServerProcess
+from tests.serving.test_fallback import BREAKER_FLAGS, CLEAN, POISON_NAN, WEIGHTS, answered_by, predict
+
+WEIGHTS_3 = make_weights(3)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("labels") / "ctr"
+    base.mkdir()
+    write_good_version(base, 1, WEIGHTS[1])
+    write_broken_version(base, 2, WEIGHTS[2])
+    write_good_version(base, 3, WEIGHTS_3)
+    return base
+
+
+def _server(base: Path, log: Path, *flags: str) -> Iterator[ServerProcess]:
+    proc = ServerProcess(base, log, "--model_version_policy=all", *BREAKER_FLAGS, *flags)
+    try:
+        proc.wait_versions({1, 2, 3})
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_a_broken_canary_falls_back_to_stable_not_to_the_newest(base: Path, tmp_path: Path) -> None:
+    for proc in _server(
+        base, tmp_path / "server.log", "--version_labels=stable=1,canary=2", "--canary_percent=100"
+    ):
+        status, body, headers = predict(proc, CLEAN)
+        assert status == 200 and headers["x-model-version"] == "2" and "x-ctr-fallback" not in headers
+        status, body, headers = predict(proc, POISON_NAN)
+        assert status == 200 and answered_by(body, POISON_NAN) == 1
+        assert (headers["x-model-version"], headers["x-ctr-fallback"]) == ("1", "non_finite")
+
+
+def test_a_broken_stable_falls_back_to_the_newest_other_version(base: Path, tmp_path: Path) -> None:
+    for proc in _server(base, tmp_path / "server.log", "--version_labels=stable=2"):
+        status, body, headers = predict(proc, CLEAN)
+        assert status == 200 and headers["x-model-version"] == "2"
+        status, body, headers = predict(proc, POISON_NAN)
+        assert status == 200 and (headers["x-model-version"], headers["x-ctr-fallback"]) == (
+            "3",
+            "non_finite",
+        )
+        # An explicit label is never redirected: /labels/stable is version 2's answer or its error.
+        status, body, headers = predict(proc, POISON_NAN, "/v1/models/ctr/labels/stable:predict")
+        assert status == 500 and "not finite" in body["error"] and "x-ctr-fallback" not in headers
