@@ -91,6 +91,15 @@ class Controller:
         last = self.decisions[-1] if self.decisions else None
         # A decision journalled but not finished (killed before its state was saved): finished on the next tick.
         self.pending = last if last is not None and last["seq"] > self.state.seq else None
+        if self.pending is not None:
+            seq, action, version = (self.pending[k] for k in ("seq", "action", "version"))
+            log.info(
+                "%s: decision %d (%s version %s) is journalled, not finished: finishing it",
+                model,
+                seq,
+                action,
+                version,
+            )
         self._said: dict[str, str] = {}
         self.metrics.start(model, self.decisions)
         shown = State.from_dict(self.pending["state"]) if self.pending else self.state
@@ -111,26 +120,25 @@ class Controller:
             if record is None:
                 break
             made.append(record)
+            if self.pending is not None:
+                break  # its config or state write failed: finished on the next tick
         return made
 
     def _finish_pending(self) -> bool:
+        """Write the config and the state of the journalled decision `pending`; False when that failed."""
         if self.pending is None:
             return True
         record = self.pending
         try:
             config_file.apply(self.config_path, self.model, Target.from_dict(record["target"]))
-        except ConfigFileError as exc:
-            self._say("config", f"cannot finish decision {record['seq']}: {exc}", logging.ERROR)
+            _kill_point("config", record["seq"])
+            state = State.from_dict(record["state"])
+            self.store.save_state(state)
+        except (ConfigFileError, OSError) as exc:
+            self._say("config", f"cannot finish decision {record['seq']} yet: {exc}", logging.ERROR)
             return False
-        self.state = State.from_dict(record["state"])
-        self.store.save_state(self.state)
-        self.pending = None
-        log.info(
-            "finished decision %d (%s version %s), journalled before a restart",
-            record["seq"],
-            record["action"],
-            record["version"],
-        )
+        self.state, self.pending = state, None
+        self.metrics.show(self.model, state.stable, state.candidate, state.target)
         return True
 
     def _say(self, key: str, text: str, level: int = logging.INFO) -> None:
@@ -316,16 +324,13 @@ class Controller:
             "target": target.to_dict(),
             "state": new.to_dict(),
         }
-        self.store.append(record)
+        self.store.append(record)  # the decision is made: a restart finishes it, never makes it again
         _kill_point("journal", new.seq)
-        config_file.apply(self.config_path, self.model, target)
-        _kill_point("config", new.seq)
-        self.store.save_state(new)
-        self.state = new
         self.decisions.append(record)
         self.metrics.decisions.labels(self.model, action).inc()
-        self.metrics.show(self.model, new.stable, new.candidate, new.target)
         log.info("%s: decision %d: %s version %d: %s", self.model, new.seq, action, version, reason)
+        self.pending = record
+        self._finish_pending()
         return record
 
     def run(self, interval_s: float, stop: Callable[[], bool]) -> None:

@@ -51,8 +51,10 @@ class Policy:
     keep_previous: bool = True  # keep the previous stable version loaded (the server's fallback)
 
     def next_step(self, step: str) -> str:
-        """The step after `step` ("load" is the one before the first)."""
-        return self.steps[0] if step == "load" else self.steps[self.steps.index(step) + 1]
+        """The policy's step after `step` ("load" comes before every step; a step the policy no longer has
+        is followed by the policy's next one in the order shadow, canary, stable)."""
+        order = ("load", *STEPS)
+        return next(s for s in self.steps if order.index(s) > order.index(step))
 
     def check(self) -> Policy:
         """Return self when every value is usable; PolicyError naming the first that is not."""

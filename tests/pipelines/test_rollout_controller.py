@@ -202,6 +202,12 @@ def test_policy_errors_name_the_key() -> None:
     with pytest.raises(PolicyError, match="unknown policy keys"):
         load_policy(None, {"canary": 1})
     assert load_policy(None, {"steps": ["stable"]}).steps == ("stable",)
+    two = Policy(steps=("canary", "stable"))
+    assert (two.next_step("load"), two.next_step("shadow"), two.next_step("canary")) == (
+        "canary",
+        "canary",
+        "stable",
+    )
 
 
 def test_the_test_is_one_sided_at_the_given_confidence() -> None:

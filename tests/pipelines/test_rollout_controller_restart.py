@@ -14,12 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pipelines.rollout.config_file import Target, render
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, free_port
 from tests.pipelines.rollout_env import add_version, decisions, fig, write_config, write_snapshot
 
 EXPECTED = [("adopt", 1), ("load", 2), ("shadow", 2), ("canary", 2), ("promote", 2)]
@@ -97,3 +99,54 @@ def test_a_torn_journal_line_was_never_a_decision(
     assert _run(root) == 0
     assert _outcome(root) == reference[1]
     assert (root / "rollout" / "decisions.jsonl").read_text().startswith((tmp_path / "two-lines").read_text())
+
+
+def test_the_long_running_controller_serves_its_metrics_and_stops_on_sigterm(tmp_path: Path) -> None:
+    root, port = _world(tmp_path), free_port()
+    args = [
+        "--model-config",
+        root / "models.config",
+        "--eval-state",
+        root / "live",
+        "--state-dir",
+        root / "rollout",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.rollout",
+        *map(str, args),
+        "--server",
+        "none",
+        "--interval-s",
+        "0.2",
+    ]
+    proc = subprocess.Popen(
+        [*cmd, "--metrics-port", str(port)], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline, text = time.monotonic() + 30, ""
+        while 'ctr_rollout_stable_version{model="ctr"} 2.0' not in text:
+            assert time.monotonic() < deadline and proc.poll() is None, text
+            time.sleep(0.2)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue
+        for action, n in (
+            ("adopt", 1),
+            ("load", 1),
+            ("shadow", 1),
+            ("canary", 1),
+            ("promote", 1),
+            ("rollback", 0),
+        ):
+            assert f'ctr_rollout_decisions_total{{action="{action}",model="ctr"}} {n}.0' in text
+        assert 'ctr_rollout_canary_percent{model="ctr"} 0.0' in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert "decision 5: promote version 2" in err
