@@ -7,44 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctr_contract.cli_help import DefaultsHelpFormatter
-from ctr_contract.repository import parse_version_dir
 from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.app.cpu_plan import cpu_plan
+from serving.app.flags import add_http_flags, add_traffic_flags, bool_flag, labels_flag, policy_flag
 from serving.app.tls import load_tls_config
+from serving.dataplane.fallback import FallbackOptions
 from serving.http.shared import COMPRESS_MIN_BYTES
 from serving.observability.tracing import read_config as read_tracing_config
 from serving.repository.model_config import read_model_config
 from serving.repository.policy import VersionPolicy
 from serving.runtime.backends import BACKENDS
-
-
-def _bool(text: str) -> bool:
-    """gflags-style booleans: `--enable_batching`, `--enable_batching=true`, `--enable_batching=false`."""
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _labels(text: str) -> dict[str, int]:
-    """`stable=1,canary=2` -> {"stable": 1, "canary": 2}."""
-    labels = {}
-    for pair in filter(None, text.split(",")):
-        name, _, version = pair.partition("=")
-        number = parse_version_dir(version)  # a label names a version folder: the same rule
-        if not name or number is None:
-            raise argparse.ArgumentTypeError(f"expected LABEL=VERSION pairs such as stable=1, got {pair!r}")
-        labels[name] = number
-    return labels
-
-
-def _policy(text: str) -> VersionPolicy:
-    try:
-        return VersionPolicy.parse(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -98,6 +70,15 @@ class ServerConfig:
     model_config_file_poll_wait_seconds: int = 0
     # OpenTelemetry tracing (serving/observability/tracing.py); None: only the OTEL_* variables turn it on
     tracing_config: Path | None = None
+    # Traffic split by label (serving/repository/traffic.py): the shares of a model with no ctr-traffic line
+    canary_percent: float = 0.0
+    shadow_percent: float = 0.0
+    # Circuit breaking per version (serving/dataplane/fallback.py); fallback_error_rate 0 = off
+    fallback_error_rate: float = 0.5
+    fallback_min_requests: int = 5
+    fallback_window_s: float = 10.0
+    fallback_cooldown_s: float = 30.0
+    fallback_probe_every: int = 10
 
     def __post_init__(self) -> None:
         """Check every bound here, so that `dataclasses.replace()` is checked as much as the command line."""
@@ -130,9 +111,23 @@ class ServerConfig:
             raise ValueError(
                 f"--model_config_file_poll_wait_seconds must be >= 0, got {self.model_config_file_poll_wait_seconds}"
             )
+        self.fallback_options()  # raises ValueError naming a bad --fallback_* flag
+        for flag in ("canary_percent", "shadow_percent"):
+            if not 0.0 <= getattr(self, flag) <= 100.0:
+                raise ValueError(f"--{flag} must be in [0, 100], got {getattr(self, flag)}")
         for flag in ("port", "rest_api_port"):
             if not 0 <= getattr(self, flag) <= 65535:
                 raise ValueError(f"--{flag} must be a TCP port in 0..65535, got {getattr(self, flag)}")
+
+    def fallback_options(self) -> FallbackOptions:
+        """The --fallback_* flags as the breakers take them (serving/dataplane/fallback.py)."""
+        return FallbackOptions(
+            self.fallback_error_rate,
+            self.fallback_min_requests,
+            self.fallback_window_s,
+            self.fallback_cooldown_s,
+            self.fallback_probe_every,
+        )
 
 
 _AT_LEAST_ONE = (
@@ -189,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tf.add_argument(
         "--enable_batching",
-        type=_bool,
+        type=bool_flag,
         nargs="?",
         const=True,
         default=False,
@@ -230,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     ours.add_argument("--max_instances", type=int, default=1024, help="most instances in one request")
     ours.add_argument(
         "--allow_nonfinite",
-        type=_bool,
+        type=bool_flag,
         nargs="?",
         const=True,
         default=False,
@@ -238,12 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ours.add_argument(
         "--model_version_policy",
-        type=_policy,
+        type=policy_flag,
         default=VersionPolicy("latest", 1),
         help="latest:N (default latest:1), all, or specific:V1,V2",
     )
     ours.add_argument(
-        "--version_labels", type=_labels, default={}, help="LABEL=VERSION,... for /labels/LABEL"
+        "--version_labels", type=labels_flag, default={}, help="LABEL=VERSION,... for /labels/LABEL"
     )
     ours.add_argument(
         "--manifest_wait_timeout_seconds",
@@ -275,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ours.add_argument(
         "--print_curl_example",
-        type=_bool,
+        type=bool_flag,
         nargs="?",
         const=True,
         default=False,
@@ -312,46 +307,36 @@ def build_parser() -> argparse.ArgumentParser:
         default=64 << 20,
         help="start a new request log file once one holds this many bytes",
     )
-    http = p.add_argument_group("REST connection limits (against slow and hostile clients)")
-    http.add_argument(
-        "--header_timeout_seconds",
+    add_http_flags(p)
+    add_traffic_flags(p)
+    breaker = p.add_argument_group("circuit breaking and fallback (docs/serving-fallback.md)")
+    breaker.add_argument(
+        "--fallback_error_rate",
         type=float,
-        default=10.0,
-        help="time from a request's first byte (or the connect) to the end of its headers",
+        default=0.5,
+        help="share of a version's outcomes in the window (errors, non-finite outputs, deadline misses) that "
+        "opens its circuit: routed requests then go to the last good version; 0 = off (no breaking, no retry)",
     )
-    http.add_argument(
-        "--body_timeout_seconds",
+    breaker.add_argument(
+        "--fallback_min_requests",
+        type=int,
+        default=5,
+        help="outcomes a version needs in the window before its circuit can open",
+    )
+    breaker.add_argument(
+        "--fallback_window_s", type=float, default=10.0, help="the rolling window the rate is taken over"
+    )
+    breaker.add_argument(
+        "--fallback_cooldown_s",
         type=float,
         default=30.0,
-        help="time to receive a body after its headers; also how long output may stay unread",
+        help="seconds an open circuit waits before it is half-open and probes the version",
     )
-    http.add_argument(
-        "--keepalive_timeout_seconds",
-        type=float,
-        default=75.0,
-        help="idle time between requests before a connection is closed",
-    )
-    http.add_argument(
-        "--max_header_bytes", type=int, default=64 << 10, help="request line + headers over this get 431"
-    )
-    http.add_argument("--max_headers", type=int, default=200, help="more header lines get 431")
-    http.add_argument(
-        "--max_connections",
+    breaker.add_argument(
+        "--fallback_probe_every",
         type=int,
-        default=1024,
-        help="open REST connections per worker; more are answered 503 and closed",
-    )
-    http.add_argument(
-        "--max_output_bytes",
-        type=int,
-        default=1 << 20,
-        help="unsent response bytes per connection before it stops being read",
-    )
-    http.add_argument(
-        "--max_buffered_bytes",
-        type=int,
-        default=64 << 20,
-        help="request body bytes held by all connections of a worker; larger bodies past it get 503",
+        default=10,
+        help="half-open: one routed request in this many goes to the version (3 good ones close the circuit)",
     )
     p.add_argument_group("tracing (OpenTelemetry, opt-in: docs/serving.md)").add_argument(
         "--tracing_config",
@@ -359,14 +344,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="export spans over OTLP as this JSON file says (default: none; tracing is then on only when "
         "OTEL_TRACES_EXPORTER=otlp or OTEL_EXPORTER_OTLP_ENDPOINT is set)",
-    )
-    http.add_argument(
-        "--response_compression_min_bytes",
-        type=int,
-        default=COMPRESS_MIN_BYTES,
-        help="REST responses larger than this are compressed (gzip, else deflate) for a client whose "
-        "Accept-Encoding takes it; 0 compresses every non-empty response (measured: "
-        "docs/perf/serving-compression.md)",
     )
     return p
 

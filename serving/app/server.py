@@ -30,6 +30,7 @@ from serving.app.config import ServerConfig
 from serving.app.curl_example import curl_example
 from serving.app.tls import load_tls_config
 from serving.codecs import raw_body
+from serving.dataplane.fallback import Fallback
 from serving.dataplane.model_set import ModelSet, ServedModels
 from serving.dataplane.predictor import Predictor
 from serving.dataplane.validation import Limits
@@ -44,6 +45,7 @@ from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.router import RestRouter, build_grpc_server
 from serving.repository.manager import ModelManager
 from serving.repository.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
+from serving.repository.traffic import TrafficSplit
 from serving.runtime.backends import Backend
 from serving.runtime.servable import BatchingOptions, Runner, build_runners
 
@@ -171,6 +173,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
     disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
     limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
+    fallback = cfg.fallback_options()
 
     def build(spec: ModelSpec) -> Predictor:
         """One model's version manager and predictor; all share the metrics, the limits and the threads."""
@@ -187,8 +190,14 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
             make_runners=_runner_factory(cfg, metrics, run_executor, spec.name),
             manifest_wait_s=cfg.manifest_wait_timeout_seconds,
             load_timeout_s=cfg.model_load_timeout_seconds,
+            traffic=TrafficSplit(cfg.canary_percent, cfg.shadow_percent),  # the default of every model
         )
-        return Predictor(manager, limits, metrics)
+        if spec.traffic is not None:  # the model's ctr-traffic line in --model_config_file
+            manager.traffic = spec.traffic
+        predictor = Predictor(manager, limits, metrics)
+        if fallback.enabled:
+            predictor.fallback = Fallback(manager, fallback, metrics)
+        return predictor
 
     models = _served_models(cfg, build, metrics, worker)
     decoder = BodyDecoder(cfg.max_instances)  # started with the REST port (a child process for large bodies)
@@ -252,17 +261,28 @@ def _served_models(
     metrics: ServingMetrics,
     worker: WorkerRole | None,
 ) -> ServedModels:
-    """`--model_name` + `--model_base_path`: one model with drift and request log; or the config file's models."""
+    """`--model_name` + `--model_base_path`: one model with drift and request log; or the config file's models,
+    each with its own request log folder."""
     if cfg.model_base_path is not None:
         predictor = build(
             ModelSpec(cfg.model_name, cfg.model_base_path, cfg.model_version_policy, cfg.version_labels)
         )
         _watch_traffic(cfg, predictor, metrics, worker)
         return ServedModels.one(predictor)
-    if cfg.request_log_sample_rate > 0:  # one log folder and one drift reference belong to one model
-        log.warning("--request_log_sample_rate is ignored with --model_config_file: it serves one model only")
     log.info("drift metrics are off with --model_config_file (they watch a single --model_base_path)")
-    return ModelSet(build, cfg.file_system_poll_wait_seconds)
+    logs: dict[str, RequestLog] = {}  # one per model name, kept when a model leaves the config and comes back
+
+    def build_logged(spec: ModelSpec) -> Predictor:
+        """The model's predictor, logging into DIR/<model name>/ with `--request_log_sample_rate`."""
+        predictor = build(spec)
+        if cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None:
+            if spec.name not in logs:
+                folder = spec.name if spec.name.strip(".") else spec.name.replace(".", "%2E")
+                logs[spec.name] = _request_log(cfg, metrics, spec.name, cfg.request_log_dir / folder)
+            predictor.request_log = logs[spec.name]
+        return predictor
+
+    return ModelSet(build_logged, cfg.file_system_poll_wait_seconds)
 
 
 async def _first_scan(cfg: ServerConfig, models: ServedModels) -> None:
@@ -307,16 +327,22 @@ def _watch_traffic(
         shared = worker.metrics_dir if worker is not None else None
         predictor.drift = DriftMonitor(cfg.model_name, cfg.drift_window, newest_dir, shared, cfg.num_workers)
     if cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None:
-        for counter in (metrics.request_log_lines, metrics.request_log_dropped):
-            counter.inc(cfg.model_name, amount=0)  # present from the start: alerts see 0, not no data
-        predictor.request_log = RequestLog(
-            cfg.request_log_dir,
-            cfg.request_log_sample_rate,
-            cfg.request_log_max_bytes,
-            on_drop=lambda n: metrics.request_log_dropped.inc(cfg.model_name, amount=n),
-            on_write=lambda n: metrics.request_log_lines.inc(cfg.model_name, amount=n),
-        )
-        predictor.request_log.start()
+        predictor.request_log = _request_log(cfg, metrics, cfg.model_name, cfg.request_log_dir)
+
+
+def _request_log(cfg: ServerConfig, metrics: ServingMetrics, name: str, directory: Path) -> RequestLog:
+    """Model `name`'s sampled request log, writing into `directory`, started (its counters exist at 0)."""
+    for counter in (metrics.request_log_lines, metrics.request_log_dropped):
+        counter.inc(name, amount=0)  # present from the start: alerts see 0, not no data
+    request_log = RequestLog(
+        directory,
+        cfg.request_log_sample_rate,
+        cfg.request_log_max_bytes,
+        on_drop=lambda n: metrics.request_log_dropped.inc(name, amount=n),
+        on_write=lambda n: metrics.request_log_lines.inc(name, amount=n),
+    )
+    request_log.start()
+    return request_log
 
 
 def run_server(cfg: ServerConfig, worker: WorkerRole | None = None) -> int:

@@ -68,7 +68,7 @@ class ModelSet(ServedModels):
         self._polls: dict[str, asyncio.Task[None]] = {}
 
     async def apply(self, specs: list[ModelSpec]) -> None:
-        """Remove models no longer listed, add new ones, update policy and labels in place; then scan each."""
+        """Remove models no longer listed, add new ones, update policy, labels and split in place; then scan."""
         wanted = {s.name: s for s in specs}
         for name in [
             n for n in self.specs if n not in wanted or wanted[n].base_path != self.specs[n].base_path
@@ -78,6 +78,10 @@ class ModelSet(ServedModels):
         for name, spec in wanted.items():
             if name in self.predictors:
                 manager = self.predictors[name].manager
+                traffic = spec.traffic or manager.default_traffic  # no ctr-traffic line: the flags' shares
+                if manager.traffic != traffic:
+                    log.info("model %s: traffic %s", name, traffic)
+                    manager.traffic = traffic
                 if (manager.policy, manager.labels) != (spec.policy, spec.labels):
                     log.info("model %s: version policy %s, labels %s", name, spec.policy, spec.labels)
                     manager.policy, manager.labels = spec.policy, spec.labels

@@ -2,8 +2,16 @@
 
 One JSON line per sampled predict request:
 
-    {"request_id": "...", "time": "2026-11-30T08:00:00.123Z", "model": {"name": "ctr", "version": 3},
-     "inputs": {"inputs": {"I1": [3.0], ..., "C26": [""]}}, "outputs": [[0.21], ...]}
+    {"request_id": "...", "time": "2026-11-30T08:00:00.123Z",
+     "model": {"name": "ctr", "version": 3, "label": "stable"}, "canary": false, "shadow": false,
+     "fallback": null, "inputs": {"inputs": {"I1": [3.0], ..., "C26": [""]}}, "outputs": [[0.21], ...]}
+
+`model.label` is the label that routed the request (serving/repository/traffic.py): "stable" or "canary" for an
+unlabelled request the split sent there, the label's name for a `/labels/L` request, null for the latest version
+or a `/versions/N` request; `canary` is true for canary traffic; `fallback` names why a fallback version
+answered (null: none did). A shadow line (`record_shadow`) has the primary line's request id and time,
+`"shadow": true`, `model.label` "shadow", the shadow version and its scores, and `inputs` null; it is written
+only for a request whose primary line is.
 
 `inputs` is the batch as decoded (serving/requests.py), not the client's bytes: a raw request, in row or
 columnar form, as columns of all 39 fields (counts as floats, missing counts null, missing categories "");
@@ -65,6 +73,11 @@ MAX_ID_CHARS = 128
 def new_request_id() -> str:
     """A fresh request id, unique across processes (random prefix + counter): no clock or random read per id."""
     return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+
+
+def server_made(request_id: str) -> bool:
+    """Whether this process made the id (`new_request_id`): the client sent none."""
+    return request_id.startswith(_ID_PREFIX) and request_id[len(_ID_PREFIX) : len(_ID_PREFIX) + 1] == "-"
 
 
 def request_id_from(client_value: str | bytes | None) -> str:
@@ -129,15 +142,34 @@ class RequestLog:
         version: int,
         inputs: Callable[[], Any],
         outputs: np.ndarray,
-    ) -> None:
-        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests."""
+        label: str | None = None,
+        canary: bool = False,
+        fallback: str | None = None,
+    ) -> float | None:
+        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests.
+
+        Returns the line's time stamp (for `record_shadow`); None when the request is not sampled or the line
+        was dropped.
+        """
         if not sampled(request_id, self.rate):
-            return
-        entry = (request_id, time.time(), model_name, version, inputs(), outputs)
+            return None
+        stamp = time.time()
+        entry = (request_id, stamp, model_name, version, label, canary, False, fallback, inputs(), outputs)
+        return stamp if self._put(entry) else None
+
+    def record_shadow(
+        self, request_id: str, stamp: float, model_name: str, version: int, outputs: np.ndarray
+    ) -> None:
+        """Queue the shadow line of a request whose primary line `record` queued at `stamp`; never blocks."""
+        self._put((request_id, stamp, model_name, version, "shadow", False, True, None, None, outputs))
+
+    def _put(self, entry: tuple[Any, ...]) -> bool:
         try:
             self._queue.put_nowait(entry)
         except queue.Full:
             self._on_drop(1)
+            return False
+        return True
 
     # --- the writer thread ---------------------------------------------------------------------
     def _drain(self) -> None:
@@ -152,7 +184,7 @@ class RequestLog:
             self._write(entry)
         self._close()
 
-    def _write(self, entry: tuple[str, float, str, int, Any, np.ndarray]) -> None:
+    def _write(self, entry: tuple[Any, ...]) -> None:
         try:
             line = self._line(*entry)
         except TypeError as exc:  # orjson.JSONEncodeError is a TypeError: inputs of a kind we cannot write
@@ -162,7 +194,17 @@ class RequestLog:
         self._append(line)
 
     def _line(
-        self, request_id: str, stamp: float, name: str, version: int, inputs: Any, outputs: np.ndarray
+        self,
+        request_id: str,
+        stamp: float,
+        name: str,
+        version: int,
+        label: str | None,
+        canary: bool,
+        shadow: bool,
+        fallback: str | None,
+        inputs: Any,
+        outputs: np.ndarray,
     ) -> bytes:
         return orjson.dumps(
             {
@@ -170,7 +212,10 @@ class RequestLog:
                 "time": datetime.fromtimestamp(stamp, UTC)
                 .isoformat(timespec="milliseconds")
                 .replace("+00:00", "Z"),
-                "model": {"name": name, "version": version},
+                "model": {"name": name, "version": version, "label": label},
+                "canary": canary,
+                "shadow": shadow,
+                "fallback": fallback,
                 "inputs": inputs,
                 "outputs": outputs,
             },

@@ -8,6 +8,7 @@ parse are INVALID_ARGUMENT; when the cause is a string field that is not UTF-8, 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -53,6 +54,17 @@ def unary(
     return grpc.unary_unary_rpc_method_handler(
         handler, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
     )
+
+
+def add_trailing(context: grpc.aio.ServicerContext, key: str, value: str) -> None:
+    """Add one entry to the call's trailing metadata, keeping those set before (e.g. the traceparent)."""
+    context.set_trailing_metadata((*(context.trailing_metadata() or ()), (key, value)))
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline in time.monotonic() seconds (the predictor's `deadline`); None when it has none."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 def invalid_utf8_field(descriptor: Descriptor, data: bytes, path: str = "") -> str | None:

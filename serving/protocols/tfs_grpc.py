@@ -19,7 +19,7 @@ from serving.dataplane.model_set import ServedModels
 from serving.errors import InvalidArgument
 from serving.observability import tracing
 from serving.observability.request_log import request_id_from
-from serving.protocols.grpc_calls import unary
+from serving.protocols.grpc_calls import add_trailing, deadline_of, unary
 from serving.protocols.model_info import metadata_response, status_response
 from serving.requests import DecodedRequest
 from serving.signatures import Signature
@@ -65,13 +65,18 @@ class PredictionServicer:
 
         request_id = None
         predictor = self.models.lookup(name)
-        if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+        if predictor.request_log is not None or predictor.manager.traffic.active:  # only when logged or split
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
             trailing = (*trailing, ("x-request-id", request_id))
         if trailing:
             context.set_trailing_metadata(trailing)
-        scores, servable, decoded = await predictor.predict(name, version, label, decode, "GRPC", request_id)
+        prediction = await predictor.predict(
+            name, version, label, decode, "GRPC", request_id, deadline=deadline_of(context)
+        )
+        scores, servable, decoded = prediction.scores, prediction.servable, prediction.request
+        if prediction.fallback is not None:
+            add_trailing(context, "x-ctr-fallback", prediction.fallback)
         response = protos.PredictResponse()
         response.model_spec.name = name
         response.model_spec.version.value = servable.version

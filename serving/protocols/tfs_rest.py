@@ -17,7 +17,13 @@ from serving.codecs.rest_codec import encode_predictions
 from serving.dataplane.model_set import ServedModels
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, NotFound, Unavailable, Unimplemented
-from serving.http.messages import RequestPath, model_route, require_method
+from serving.http.messages import (
+    RequestPath,
+    answer_headers,
+    model_route,
+    request_deadline,
+    require_method,
+)
 from serving.observability import tracing
 from serving.protocols.model_info import metadata_json, status_response, to_json
 from serving.protocols.rest_body import BodyDecoder, BodyOverLimits
@@ -56,7 +62,8 @@ class TfsRestApp:
             self.models.lookup(name).manager.status(name)  # an unknown model is a 404 before any 405
         if action == ":predict":
             require_method(method, "POST")
-            return 200, await self._predict(body, name, version, label, request_id), JSON
+            answer, headers = await self._predict(body, name, version, label, request_id)
+            return 200, answer, JSON + headers
         if action in (":classify", ":regress"):
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         require_method(method, "GET")
@@ -76,7 +83,8 @@ class TfsRestApp:
         version: int | None,
         label: str | None,
         request_id: str | None = None,
-    ) -> bytes:
+    ) -> tuple[bytes, bytes]:
+        """The answer's body and its header lines (`x-model-version`, `x-ctr-fallback`)."""
         predictor = self.models.lookup(name)
         columnar = False
 
@@ -89,14 +97,16 @@ class TfsRestApp:
                 raise
             return request
 
-        prediction = await predictor.predict(name, version, label, decode, "REST", request_id)
+        prediction = await predictor.predict(
+            name, version, label, decode, "REST", request_id, deadline=request_deadline()
+        )
         started = time.perf_counter()
         # `ctr` alone, whatever the version serves (docs/decisions/0007-v1-rest-answers-ctr.md).
         answer = encode_predictions(prediction.servable.backend.signature.score(prediction.scores), columnar)
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)
-        return answer
+        return answer, answer_headers(prediction.servable.version, prediction.fallback)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         predictor = self.models.lookup(name)

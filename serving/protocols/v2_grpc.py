@@ -21,7 +21,7 @@ from serving.dataplane.validation import parse_version
 from serving.errors import InvalidArgument, NotFound
 from serving.observability import tracing
 from serving.observability.request_log import request_id_from
-from serving.protocols.grpc_calls import unary
+from serving.protocols.grpc_calls import add_trailing, deadline_of, unary
 from serving.protocols.v2_models import V2Models
 from serving.protos import v2 as protos
 from serving.requests import DecodedRequest
@@ -127,11 +127,14 @@ class InferenceServicer:
             return to_request(tensors, sig, signature)
 
         request_id = None
-        if predictor.request_log is not None:  # ids cost a metadata read: only when they are logged
+        if predictor.request_log is not None or predictor.manager.traffic.active:  # only when logged or split
             request_id = request_id_from(dict(context.invocation_metadata() or ()).get("x-request-id"))
-        scores, servable, _ = await predictor.predict(
-            predictor.manager.name, version, None, decode, "GRPC", request_id
+        prediction = await predictor.predict(
+            predictor.manager.name, version, None, decode, "GRPC", request_id, deadline=deadline_of(context)
         )
+        scores, servable = prediction.scores, prediction.servable
+        if prediction.fallback is not None:
+            add_trailing(context, "x-ctr-fallback", prediction.fallback)
         started = time.perf_counter()
         response = protos.ModelInferResponse(
             model_name=request.model_name, model_version=str(servable.version), id=request.id

@@ -35,7 +35,13 @@ from serving.codecs.v2_codec import (
 )
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, InvalidArgument, NotFound
-from serving.http.messages import RequestPath, model_route, require_method
+from serving.http.messages import (
+    RequestPath,
+    answer_headers,
+    model_route,
+    request_deadline,
+    require_method,
+)
 from serving.observability import tracing
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.v2_models import V2Models
@@ -148,9 +154,10 @@ class V2RestApp:
             sig.requested(wanted, "outputs")
             return to_request(request.tensors, sig, signature)
 
-        scores, servable, _ = await predictor.predict(
-            predictor.manager.name, version, None, decode, "REST", request_id
+        prediction = await predictor.predict(
+            predictor.manager.name, version, None, decode, "REST", request_id, deadline=request_deadline()
         )
+        scores, servable = prediction.scores, prediction.servable
         binary_default = boolean_parameter(request.parameters, "binary_data_output", "parameters")
         sig = servable.backend.signature
         # Every output unless `outputs` names some, in the order it names them.
@@ -159,11 +166,11 @@ class V2RestApp:
             for name in sig.requested(wanted, "outputs")
         ]
         started = time.perf_counter()
-        answer = encode_response(v2_name, servable.version, request.id, answered)
+        status, out, content_type = encode_response(v2_name, servable.version, request.id, answered)
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)
-        return answer
+        return status, out, content_type + answer_headers(servable.version, prediction.fallback)
 
 
 class InferRequest:

@@ -28,6 +28,7 @@ from serving.repository.manifest_check import check_outputs
 from serving.repository.policy import VersionPolicy
 from serving.repository.scan import Scan, scan_base
 from serving.repository.states import VersionState, VersionStates
+from serving.repository.traffic import TrafficSplit
 from serving.repository.warmup import warm_up
 from serving.runtime.backends import Backend, load_backend
 from serving.runtime.servable import LoadedVersion, Runner, build_runners
@@ -60,9 +61,14 @@ class ModelManager:
         make_runners: Callable[[Backend], dict[str, Runner]] | None = None,
         manifest_wait_s: float = 600.0,
         load_timeout_s: float = 600.0,
+        traffic: TrafficSplit | None = None,
     ) -> None:
+        """`traffic`: the shares of the unlabelled requests (serving/repository/traffic.py); None: none split."""
         self.name, self.base_path, self.backend_kind = name, base_path, backend_kind
         self.intra_op_threads, self.policy, self.labels = intra_op_threads, policy, labels
+        # `--canary_percent`/`--shadow_percent`: what a model without a ctr-traffic line in the config gets.
+        self.default_traffic = traffic or TrafficSplit()
+        self.traffic = self.default_traffic
         self.metrics, self._disk_executor = metrics, disk_executor
         # A loaded version's runner per signature (serving/runtime/servable.py); None: each request runs
         # alone, large ones on the event loop's default thread pool.
@@ -77,7 +83,10 @@ class ModelManager:
 
     # --- request path -------------------------------------------------------------------------
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> LoadedVersion:
-        """Find the servable for a request; raise NotFound / InvalidArgument / Unavailable."""
+        """Find the servable for a request (unsplit); raise NotFound / InvalidArgument / Unavailable.
+
+        No version and no label: the `stable` label's version when it is loaded, else the latest.
+        """
         if name != self.name:
             kind = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
             raise NotFound(f"Servable not found for request: {kind}")
@@ -86,13 +95,46 @@ class ModelManager:
                 raise InvalidArgument(f"Unrecognized servable version label: {label}")
             version = self.labels[label]
         if version is None:
-            if self.latest is None:
-                raise Unavailable(f"Servable not found for request: Latest({name}); no version is loaded yet")
-            return self.latest
+            return self._unlabelled()[0]
         servable = self.loaded.get(version)
         if servable is None:
             raise NotFound(f"Servable not found for request: Specific({name}, {version})")
         return servable
+
+    def route(
+        self, name: str, version: int | None, label: str | None, request_id: str | None
+    ) -> tuple[LoadedVersion, str]:
+        """The servable of a predict and how it was chosen: "version", "label", "canary", "stable" or "latest".
+
+        Only a request that names no version and no label is split (serving/repository/traffic.py).
+        """
+        if version is not None or label is not None or name != self.name:
+            return self.resolve(name, version, label), "version" if label is None else "label"
+        if self.traffic.canary_percent > 0:
+            canary = self.labelled("canary")
+            if canary is not None and self.traffic.canary(request_id):
+                return canary, "canary"
+        return self._unlabelled()
+
+    def labelled(self, label: str) -> LoadedVersion | None:
+        """The loaded version `label` names; None when the label is not set or its version is not loaded."""
+        version = self.labels.get(label)
+        return None if version is None else self.loaded.get(version)
+
+    @property
+    def shadow_percent(self) -> float:
+        """The share of unlabelled requests the `shadow` label's version also scores."""
+        return self.traffic.shadow_percent
+
+    def _unlabelled(self) -> tuple[LoadedVersion, str]:
+        stable = self.labelled("stable")
+        if stable is not None:
+            return stable, "stable"
+        if self.latest is None:
+            raise Unavailable(
+                f"Servable not found for request: Latest({self.name}); no version is loaded yet"
+            )
+        return self.latest, "latest"
 
     def acquire(self, servable: LoadedVersion) -> None:
         servable.inflight += 1

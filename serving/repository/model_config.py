@@ -12,11 +12,17 @@ text_format with the real `tensorflow.serving.ModelServerConfig` message (commit
         version_labels { key: "stable" value: 1 }
       }
     }
+    # ctr-traffic: model=ctr canary_percent=10 shadow_percent=0
+
+The `# ctr-traffic:` comment gives a model's traffic split by label (serving/repository/traffic.py); stock
+TF Serving reads it as a comment.
 
 With `--model_config_file_poll_wait_seconds N` the file is re-read every N seconds: models added to it are
 loaded, models removed from it stop taking requests and are unloaded once their in-flight requests finish,
-and a changed policy or labels apply in place. An edit that does not parse or check keeps the last good
-config and logs one line (once per bad content).
+and a changed policy, labels or split apply in place. An edit that does not parse or check keeps the last good
+config and logs one line (once per bad content): among the checks, a share outside [0, 100], and a label
+naming a version that is not on disk, or that a `specific` policy does not list. Such an edit is checked
+again at each poll and applies once the version it names is on disk.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from google.protobuf import text_format
 from ctr_contract.repository import parse_version_dir
 from serving import protos
 from serving.repository.policy import VersionPolicy
+from serving.repository.scan import scan_base
+from serving.repository.traffic import TrafficError, TrafficSplit, parse_traffic
 
 log = logging.getLogger(__name__)
 PLATFORMS = ("", "tensorflow")  # what stock TF Serving accepts; the server's --backend loads the files
@@ -49,6 +57,7 @@ class ModelSpec:
     base_path: Path
     policy: VersionPolicy
     labels: dict[str, int]
+    traffic: TrafficSplit | None = None  # its `# ctr-traffic:` line; None: the server's --canary_percent etc.
 
 
 def _policy(config: object, where: str) -> VersionPolicy:
@@ -77,6 +86,10 @@ def parse_model_config(text: str, source: str = "--model_config_file") -> list[M
         raise ModelConfigError(
             f"{source} needs model_config_list {{ config {{ name: ... base_path: ... }} }}"
         )
+    try:
+        traffic = parse_traffic(text, source)
+    except TrafficError as exc:
+        raise ModelConfigError(str(exc)) from exc
     specs: dict[str, ModelSpec] = {}
     for i, config in enumerate(message.model_config_list.config):
         where = f"{source} config {i} ({config.name or 'no name'})"
@@ -94,8 +107,40 @@ def parse_model_config(text: str, source: str = "--model_config_file") -> list[M
         bad = [f"{k}={v}" for k, v in labels.items() if not k or parse_version_dir(str(v)) is None]
         if bad:
             raise ModelConfigError(f"{where}: version_labels {bad} must map a name to a version >= 1")
-        specs[config.name] = ModelSpec(config.name, Path(config.base_path), _policy(config, where), labels)
+        policy = _policy(config, where)
+        unlisted = [
+            f"{k}={v}" for k, v in labels.items() if policy.kind == "specific" and v not in policy.versions
+        ]
+        if unlisted:
+            raise ModelConfigError(
+                f"{where}: version_labels {unlisted} name versions the specific policy {list(policy.versions)} "
+                "does not serve"
+            )
+        specs[config.name] = ModelSpec(
+            config.name, Path(config.base_path), policy, labels, traffic.get(config.name)
+        )
+    unknown = sorted(set(traffic) - set(specs))
+    if unknown:
+        raise ModelConfigError(
+            f"{source}: ctr-traffic lines name models {unknown} that it does not configure"
+        )
     return list(specs.values())
+
+
+def labels_off_disk(specs: list[ModelSpec]) -> str:
+    """What is wrong when a label names a version with no folder under its model's base path ("" if none)."""
+    problems = []
+    for spec in specs:
+        if not spec.labels:
+            continue
+        scan = scan_base(spec.base_path, set())
+        missing = {k: v for k, v in spec.labels.items() if v not in scan.versions}
+        if missing:
+            where = f"no such version under {spec.base_path}" + (
+                f" ({scan.base_error})" if scan.base_error else ""
+            )
+            problems.append(f"model {spec.name}: version_labels {missing} name versions with {where}")
+    return "; ".join(problems)
 
 
 def read_model_config(path: Path) -> list[ModelSpec]:
@@ -128,6 +173,10 @@ class ModelConfigPoller:
             specs = parse_model_config(text, f"--model_config_file {self.path}")
         except ModelConfigError as exc:
             self._report(str(exc))
+            return
+        missing = labels_off_disk(specs)
+        if missing:
+            self._report(f"--model_config_file {self.path}: {missing}")
             return
         self._last_text, self._last_error = text, ""
         await self._apply(specs)

@@ -76,7 +76,9 @@ def test_sampled_lines_follow_the_rate_and_hold_the_request(model_repo: Path, st
     lines = log_lines(logs)
     assert sorted(line["request_id"] for line in lines) == sorted(expected)
     line = lines[0]
-    assert line["model"] == {"name": "ctr", "version": 1}
+    # The latest version answered (no label routed it): no canary, no shadow, no fallback.
+    assert line["model"] == {"name": "ctr", "version": 1, "label": None}
+    assert (line["canary"], line["shadow"], line["fallback"]) == (False, False, None)
     assert np.allclose(line["inputs"]["instances"], ROWS)
     assert np.allclose(line["outputs"], answers[line["request_id"]])
     assert line["time"].endswith("Z") and len(line["time"]) == len("2026-11-30T08:00:00.123Z")

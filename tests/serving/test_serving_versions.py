@@ -122,7 +122,8 @@ def test_latest_two_policy_serves_both_versions(start_server, writable_base: Pat
     ):
         expected = float(reference_predict(weights[version], ROW)[0, 0])
         assert _predict(server, path) == pytest.approx(expected, abs=1e-6)
-    assert _predict(server) == pytest.approx(float(reference_predict(weights[2], ROW)[0, 0]), abs=1e-6)
+    # An unlabelled request goes to the `stable` label's version, not the latest (serving/repository/traffic.py).
+    assert _predict(server) == pytest.approx(float(reference_predict(weights[1], ROW)[0, 0]), abs=1e-6)
 
 
 def test_readiness_is_503_until_a_version_is_loaded(start_server, tmp_path: Path) -> None:

@@ -1,0 +1,117 @@
+"""Flags of `python -m serving` beside serving/app/config.py: their argparse types (gflags-style booleans,
+version labels, version policies, shares), the REST connection limits and the traffic split by label."""
+
+from __future__ import annotations
+
+import argparse
+
+from ctr_contract.repository import parse_version_dir
+from serving.http.shared import COMPRESS_MIN_BYTES
+from serving.repository.policy import VersionPolicy
+from serving.repository.traffic import TrafficError, check_percent
+
+
+def bool_flag(text: str) -> bool:
+    """gflags-style booleans: `--enable_batching`, `--enable_batching=true`, `--enable_batching=false`."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def labels_flag(text: str) -> dict[str, int]:
+    """`stable=1,canary=2` -> {"stable": 1, "canary": 2}."""
+    labels = {}
+    for pair in filter(None, text.split(",")):
+        name, _, version = pair.partition("=")
+        number = parse_version_dir(version)  # a label names a version folder: the same rule
+        if not name or number is None:
+            raise argparse.ArgumentTypeError(f"expected LABEL=VERSION pairs such as stable=1, got {pair!r}")
+        labels[name] = number
+    return labels
+
+
+def policy_flag(text: str) -> VersionPolicy:
+    try:
+        return VersionPolicy.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def percent(text: str) -> float:
+    """A share in percent: a number in [0, 100]."""
+    try:
+        return check_percent("the share", float(text))
+    except (TrafficError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"expected a percent in [0, 100], got {text!r}") from exc
+
+
+def add_http_flags(p: argparse.ArgumentParser) -> None:
+    """The REST connection limits (serving/http/shared.py HttpLimits) and response compression."""
+    http = p.add_argument_group("REST connection limits (against slow and hostile clients)")
+    http.add_argument(
+        "--header_timeout_seconds",
+        type=float,
+        default=10.0,
+        help="time from a request's first byte (or the connect) to the end of its headers",
+    )
+    http.add_argument(
+        "--body_timeout_seconds",
+        type=float,
+        default=30.0,
+        help="time to receive a body after its headers; also how long output may stay unread",
+    )
+    http.add_argument(
+        "--keepalive_timeout_seconds",
+        type=float,
+        default=75.0,
+        help="idle time between requests before a connection is closed",
+    )
+    http.add_argument(
+        "--max_header_bytes", type=int, default=64 << 10, help="request line + headers over this get 431"
+    )
+    http.add_argument("--max_headers", type=int, default=200, help="more header lines get 431")
+    http.add_argument(
+        "--max_connections",
+        type=int,
+        default=1024,
+        help="open REST connections per worker; more are answered 503 and closed",
+    )
+    http.add_argument(
+        "--max_output_bytes",
+        type=int,
+        default=1 << 20,
+        help="unsent response bytes per connection before it stops being read",
+    )
+    http.add_argument(
+        "--max_buffered_bytes",
+        type=int,
+        default=64 << 20,
+        help="request body bytes held by all connections of a worker; larger bodies past it get 503",
+    )
+    http.add_argument(
+        "--response_compression_min_bytes",
+        type=int,
+        default=COMPRESS_MIN_BYTES,
+        help="REST responses larger than this are compressed (gzip, else deflate) for a client whose "
+        "Accept-Encoding takes it; 0 compresses every non-empty response (measured: "
+        "docs/perf/serving-compression.md)",
+    )
+
+
+def add_traffic_flags(p: argparse.ArgumentParser) -> None:
+    """The shares of a model's unlabelled requests (serving/repository/traffic.py) with no ctr-traffic line."""
+    split = p.add_argument_group("traffic split by label (docs/serving-versions.md)")
+    for share, what in (
+        ("canary", "go to the canary label's version"),
+        ("shadow", "are also scored by the shadow label's version"),
+    ):
+        split.add_argument(
+            f"--{share}_percent",
+            type=percent,
+            default=0.0,
+            help=f"percent of unlabelled predicts that {what}, by a hash of the client's x-request-id; "
+            "a model's '# ctr-traffic:' line in --model_config_file overrides it",
+        )
