@@ -26,8 +26,15 @@ TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "ex
 SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/rollout"}
 TRAINER_PIPELINES = {"pipelines/__init__.py", "pipelines/clicks", "pipelines/online", "pipelines/live_eval"}
 # What each image lacks, as module prefixes (pyproject.toml's extras; the packages it does not copy).
-NOT_IN_SERVING = ("torch", "lightning", "pyarrow", "tensorflow", "onnx", "matplotlib", "ctr_model")
-NOT_IN_SERVING += ("training", "export", "pipelines.clicks", "pipelines.online", "pipelines.live_eval")
+NOT_IN_SERVING: tuple[str, ...] = ("torch", "lightning", "pyarrow", "tensorflow", "onnx", "matplotlib")
+NOT_IN_SERVING += (
+    "ctr_model",
+    "training",
+    "export",
+    "pipelines.clicks",
+    "pipelines.online",
+    "pipelines.live_eval",
+)
 NOT_IN_TRAINER = ("serving", "grpc", "orjson", "uvloop", "httptools", "pipelines.rollout")
 _BLOCKED_RUN = """
 import runpy, sys

@@ -15,6 +15,7 @@ K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 CRDS = {
     ("kubeflow.org/v1", "PyTorchJob"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
 }
 OVERLAYS = [k for k in KUSTOMIZATIONS if "/overlays/" in k]
