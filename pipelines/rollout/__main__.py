@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--auc-margin", float),
         ("--confidence", float),
         ("--calibration-bound", float),
+        ("--calibration-z", float),
         ("--load-timeout-s", float),
     ):
         p.add_argument(flag, type=kind, help="overrides the policy's value (default: the policy's)")
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             "auc_margin",
             "confidence",
             "calibration_bound",
+            "calibration_z",
             "load_timeout_s",
         )
     }

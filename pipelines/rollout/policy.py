@@ -3,11 +3,12 @@
 Read from a JSON file (`--policy`), then overridden by the flags. Every key is optional:
 
     {"steps": ["shadow", "canary", "stable"], "shadow_percent": 10, "canary_percent": 10, "min_rows": 500,
-     "auc_margin": 0.01, "confidence": 0.95, "calibration_bound": 0.1, "load_timeout_s": 120,
-     "keep_previous": true}
+     "auc_margin": 0.01, "confidence": 0.95, "calibration_bound": 0.1, "calibration_z": 3,
+     "load_timeout_s": 120, "keep_previous": true}
 
-The test a candidate passes to move on, from the live evaluator's figures (STATE/snapshot.json): for the candidate's rows in its step (label `shadow` or `canary`) and stable's rows (label `stable`), each
-with at least `min_rows` joined rows:
+The test a candidate passes to move on, from the live evaluator's figures (STATE/snapshot.json): for the
+candidate's rows in its step (label `shadow` or `canary`) and stable's rows (label `stable`), each with at
+least `min_rows` joined rows:
 
 - d = AUC(candidate) - AUC(stable), its variance var_c + var_s (DeLong's variance of each AUC; the two sets
   of rows are treated as independent, which overstates the variance when they share requests, as shadow rows
@@ -15,7 +16,9 @@ with at least `min_rows` joined rows:
 - **promote** when the lower bound d - z sqrt(var) > -auc_margin (not worse than stable by more than the
   margin, at that one-sided confidence) and the candidate's calibration ratio lies in [1 - b, 1 + b];
 - **roll back** as soon as the upper bound d + z sqrt(var) < -auc_margin (significantly worse), or the
-  candidate's calibration ratio lies outside [1 - b, 1 + b];
+  candidate's calibration ratio lies outside [1 - b, 1 + b] by more than chance: |z| > calibration_z for
+  z = (observed - predicted) / sqrt(predicted (1 - predicted / rows)), the clicks' standard deviation were the
+  scores right (an upper bound of sum p (1 - p)); a ratio of a few dozen clicks strays 10 % by chance alone;
 - otherwise wait for more rows.
 """
 
@@ -47,6 +50,7 @@ class Policy:
     auc_margin: float = 0.01  # the candidate may be this much below stable's AUC and still be "not worse"
     confidence: float = 0.95  # of the one-sided interval on AUC(candidate) - AUC(stable)
     calibration_bound: float = 0.1  # the candidate's calibration ratio must lie in [1 - b, 1 + b]
+    calibration_z: float = 3.0  # ...and is rolled back outside it only when its clicks' z-score passes this
     load_timeout_s: float = 120.0  # a candidate not AVAILABLE this long after it was listed is rolled back
     keep_previous: bool = True  # keep the previous stable version loaded (the server's fallback)
 
@@ -83,6 +87,8 @@ class Policy:
             raise PolicyError(f"confidence {self.confidence} must be within [0.5, 1)")
         if not 0 < self.calibration_bound < 1:
             raise PolicyError(f"calibration_bound {self.calibration_bound} must be within (0, 1)")
+        if self.calibration_z < 0:
+            raise PolicyError(f"calibration_z {self.calibration_z} must be at least 0")
         if self.load_timeout_s <= 0:
             raise PolicyError(f"load_timeout_s {self.load_timeout_s} must be positive")
         return self
@@ -166,6 +172,18 @@ def _enough(f: dict[str, Any] | None, policy: Policy, *keys: str) -> bool:
     )
 
 
+def calibration_z(f: dict[str, Any]) -> float:
+    """(observed - predicted clicks) / their standard deviation were the scores right (inf: no spread)."""
+    rows, observed = float(f.get("rows") or 0), float(f.get("positives") or 0)
+    predicted = f.get("predicted")
+    predicted = (
+        float(predicted) if isinstance(predicted, int | float) else float(f["calibration_ratio"]) * observed
+    )
+    var = predicted * (1 - predicted / rows) if rows else 0.0
+    gap = observed - predicted
+    return gap / math.sqrt(var) if var > 0 else (0.0 if gap == 0 else math.copysign(math.inf, gap))
+
+
 def judge(candidate: dict[str, Any] | None, stable: dict[str, Any] | None, policy: Policy) -> Verdict:
     """The verdict on the candidate's figures against stable's (either None: not in the snapshot)."""
     figures: dict[str, Any] = {"candidate": candidate, "stable": stable}
@@ -174,9 +192,18 @@ def judge(candidate: dict[str, Any] | None, stable: dict[str, Any] | None, polic
         rows = 0 if candidate is None else int(candidate.get("rows") or 0)
         return Verdict("wait", f"candidate has {rows} of {policy.min_rows} joined rows with figures", figures)
     assert candidate is not None
-    ratio = float(candidate["calibration_ratio"])
-    if not low <= ratio <= high:
-        return Verdict("rollback", f"calibration ratio {ratio:.4f} outside [{low:g}, {high:g}]", figures)
+    ratio, cal_z = float(candidate["calibration_ratio"]), calibration_z(candidate)
+    inside = low <= ratio <= high
+    figures["calibration"] = {
+        "ratio": ratio,
+        "z": cal_z,
+        "bound": policy.calibration_bound,
+        "max_z": policy.calibration_z,
+    }
+    if not inside and abs(cal_z) > policy.calibration_z:
+        return Verdict(
+            "rollback", f"calibration ratio {ratio:.4f} outside [{low:g}, {high:g}], z {cal_z:+.2f}", figures
+        )
     if not _enough(stable, policy, "auc", "auc_var"):
         rows = 0 if stable is None else int(stable.get("rows") or 0)
         return Verdict("wait", f"stable has {rows} of {policy.min_rows} joined rows with figures", figures)
@@ -198,6 +225,12 @@ def judge(candidate: dict[str, Any] | None, stable: dict[str, Any] | None, polic
     shown = f"AUC diff {diff:+.4f}, {policy.confidence:g} interval [{lower:+.4f}, {upper:+.4f}]"
     if upper < -policy.auc_margin:
         return Verdict("rollback", f"{shown}: worse than stable by more than {policy.auc_margin:g}", figures)
+    if lower > -policy.auc_margin and not inside:
+        return Verdict(
+            "wait",
+            f"{shown}; calibration ratio {ratio:.4f} outside [{low:g}, {high:g}] by chance so far",
+            figures,
+        )
     if lower > -policy.auc_margin:
         return Verdict("promote", f"{shown}, calibration ratio {ratio:.4f}: not worse than stable", figures)
     return Verdict("wait", f"{shown}: not yet decided", figures)

@@ -244,3 +244,23 @@ def test_a_restarted_controller_counts_the_journal_not_again(env: Env) -> None:
     assert again.metrics.stable_version.labels("ctr")._value.get() == 1
     assert again.metrics.shadow_percent.labels("ctr")._value.get() == 10
     assert again.tick() == [] and again.state.seq == 3
+
+
+def test_a_ratio_off_by_chance_on_few_clicks_waits_instead_of_rolling_back() -> None:
+    p = Policy(min_rows=100, calibration_bound=0.1, calibration_z=3.0)
+    stable = fig(1, "stable", 0.75)
+    few = {
+        **fig(2, "canary", 0.76, rows=190),
+        "positives": 57,
+        "predicted": 50.5,
+        "calibration_ratio": 50.5 / 57,
+    }
+    verdict = judge(few, stable, p)  # 0.886 outside [0.9, 1.1], but z = +1.07: chance
+    assert verdict.action == "wait" and "by chance so far" in verdict.reason
+    assert verdict.figures["calibration"]["z"] == pytest.approx(1.07, abs=0.01)
+    off = {**few, "predicted": 57 * 1.25, "calibration_ratio": 1.25}  # z = -2.14 on 57 clicks: chance at 3
+    assert judge(off, stable, p).action == "wait"
+    worse = {**few, "predicted": 57 * 1.4, "calibration_ratio": 1.4}  # z = -3.35: caught on 57 clicks
+    assert judge(worse, stable, p).action == "rollback"
+    many = {**fig(2, "canary", 0.76, rows=2000, ratio=1.4)}  # 280 predicted for 200 clicks: z = -5.1
+    assert judge(many, stable, p).action == "rollback"
