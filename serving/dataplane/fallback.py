@@ -8,7 +8,7 @@ buckets). It counts the version's outcomes: successes, and failures by reason:
                 400 and counts nothing);
     deadline    the run finished after the request's deadline, was cut by it, or waited past the batching
                 queue's deadline (`--rest_api_timeout_in_ms`);
-    unavailable the version answered UNAVAILABLE while it ran the request (e.g. unloaded under it).
+    unavailable the version answered UNAVAILABLE (503) while it ran the request.
 Client mistakes (4xx), a full batching queue (429) and a deadline that passed before the work started count
 nothing. Once at least `--fallback_min_requests` outcomes in the window hold a share of failures of at least
 `--fallback_error_rate`, the breaker opens, named after the most frequent reason in the window.
@@ -276,6 +276,14 @@ class Fallback:
                 "none" if target is None else target.version,
                 self.options.cooldown_s,
                 self.options.probe_every,
+            )
+        elif was == "half_open" and breaker.state == "open":
+            log.info(
+                "%s version %d: a probe failed (%s); open for another %gs",
+                self.manager.name,
+                version,
+                reason,
+                self.options.cooldown_s,
             )
         elif was == "half_open" and breaker.state == "closed":
             log.info(
