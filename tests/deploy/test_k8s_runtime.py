@@ -17,8 +17,8 @@ from tests.helpers import REPO_ROOT
 
 OUR_IMAGE = re.compile(r"^(?:[\w.-]+(?::\d+)?/)*ctr-(?:serving|trainer)(?::[\w.-]+)?$")
 # Flags whose value is a folder the process writes into; ${VAR} and $(VAR) suffixes are per pod.
-WRITE_FLAGS = ("--out", "--repo", "--request_log_dir")
-READ_FLAGS = ("--data", "--run", "--eval-data")
+WRITE_FLAGS = ("--out", "--repo", "--request_log_dir", "--work", "--state-dir")
+READ_FLAGS = ("--data", "--run", "--eval-data", "--logs", "--clicks")
 WORKER_MIB = 256  # RSS of one serving worker with its body decoder, rounded up (docs/deploy.md)
 SERVING_ENTRYPOINT = ["python", "-m", "serving"]  # docker/Dockerfile.serving; args are appended to it
 
@@ -79,9 +79,9 @@ def mount_for(
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_every_container_of_ours_pulls_if_not_present(builds, path: str):
     found = list(our_containers(builds[path]))
-    # The data Job's, the export Job's, the server's, the online trainer's, and the init and main containers of
-    # Master and Worker.
-    assert len(found) == 8
+    # The data Job's, the export Job's, the server's, the online trainer's, live evaluation's, and the init and
+    # main containers of Master and Worker.
+    assert len(found) == 9
     for name, _, c in found:
         assert c.get("imagePullPolicy") == "IfNotPresent", (
             f"{name}: imagePullPolicy {c.get('imagePullPolicy')}"
@@ -125,7 +125,15 @@ def test_volumes_are_writable_wherever_the_code_writes(builds, path: str):
             value = flag_value(args, f)
             if value is not None:
                 assert mount_for(spec, c, value) is not None, f"{name} reads {f}={value} from no volume"
-    assert checked >= {"/runs/ctr-train", "/models/ctr", "/var/log/ctr", "/data", "/tmp"}
+    assert checked >= {
+        "/runs/ctr-train",
+        "/models/ctr",
+        "/var/log/ctr",
+        "/data",
+        "/tmp",
+        "/online",
+        "/live/eval",
+    }
 
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
