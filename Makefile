@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install flink-venv sysdeps run data train tune day online-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean fuzz
+.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean fuzz
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ day: $(STAMP) ## One day of the daily loop: make day N=1 (day N's data, warm sta
 
 online-demo: $(STAMP) ## Online learning for ~5 min: server + simulator + online trainer; report in OUT (artifacts/online-demo)
 	$(PY) -m pipelines.online.demo --out $(or $(OUT),artifacts/online-demo) $(ARGS)
+
+rollout-demo: $(STAMP) ## Safe rollout for ~3 min: server, simulator, live evaluation, controller; a good version promoted, a bad one rolled back; report in OUT (artifacts/rollout-demo)
+	$(PY) -m pipelines.rollout.demo --out $(or $(OUT),artifacts/rollout-demo) $(ARGS)
 
 export: $(STAMP) ## Export the best checkpoint into the versioned model repository
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)

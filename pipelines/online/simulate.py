@@ -8,12 +8,15 @@ from --start-day to --end-day over --duration seconds. For each row the world's 
 with the row's true probability), a click event `{"request_id", "instance", "time"}` is appended to
 CLICKS/clicks-<pid>-<n>.jsonl after a random delay (exponential, mean --click-delay-s); --duplicate-rate of
 clicks are sent twice. With --truth-dir, every request's true click probabilities are written there too (the
-oracle of `make online-demo`; a real click stream has none).
+oracle of `make online-demo`; a real click stream has none). With --summary, the counts go to that file as JSON
+too: requests sent and failed, the failures by HTTP status or exception, and the answers by the version that
+gave them (the `x-model-version` response header). SIGINT stops the traffic early with the counts so far.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import heapq
 import http.client
 import itertools
@@ -90,6 +93,8 @@ class Simulator:
         self.truth = (args.truth_dir / f"truth-{args.seed}.jsonl").open("a") if args.truth_dir else None
         self.due: list[tuple[float, int, str, int]] = []  # (time, tie-break, request id, instance)
         self.sent = self.failed = self.rows = 0
+        self.errors: collections.Counter[str] = collections.Counter()  # HTTP status or exception name
+        self.answered_by: collections.Counter[str] = collections.Counter()  # x-model-version
         self._seq = itertools.count()
         self._world: tuple[float, GroundTruth] | None = None
 
@@ -119,12 +124,15 @@ class Simulator:
             resp = self.conn.getresponse()
             resp.read()
             ok = resp.status == 200
-        except (OSError, http.client.HTTPException):
+            why = str(resp.status)
+            self.answered_by[resp.getheader("x-model-version") or "none"] += ok
+        except (OSError, http.client.HTTPException) as e:
             self.conn.close()
-            ok = False
+            ok, why = False, type(e).__name__
         self.sent += 1
         if not ok:
             self.failed += 1
+            self.errors[why] += 1
             return
         now = time.time()
         self.rows += n
@@ -186,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-s", type=float, default=10.0, help="after the end, keep writing due clicks this long"
     )
     p.add_argument("--seed", type=int, default=1, help="sampling seed (also names the files and request ids)")
+    p.add_argument("--summary", type=Path, help="also write the counts here as JSON (default: none)")
     return p
 
 
@@ -205,7 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sim = Simulator(args)
-    sim.run()
+    try:
+        sim.run()
+    except KeyboardInterrupt:  # stopped early: the counts so far
+        sim.clicks.close()
+    if args.summary:
+        summary: dict[str, object] = {"sent": sim.sent, "failed": sim.failed, "rows": sim.rows}
+        summary["clicks"] = sim.clicks.written
+        summary |= {"errors": dict(sim.errors), "answered_by": dict(sim.answered_by)}
+        args.summary.write_text(json.dumps(summary) + "\n")
     print(
         f"simulate: sent {sim.sent} requests ({sim.failed} failed, {sim.rows} rows), wrote {sim.clicks.written} "
         f"click events to {args.clicks_dir}; world days {args.start_day:g}..{args.end_day:g} x{args.drift_scale:g}"

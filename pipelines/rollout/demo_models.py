@@ -1,0 +1,136 @@
+"""The rollout demo's three versions: `python -m pipelines.rollout.demo_models --out DIR ...`, one process.
+
+- Version 1, the stable one: --v1-rows rows of the world at --start-day, one epoch, calibrated on --bad-rows
+  other rows of that day.
+- Version 2, the good candidate: --v2-rows rows of the world half-way to --end-day, two epochs; it passes
+  export's quality gate against version 1.
+- Version 3, the bad candidate: version 2's network with a calibrator fitted on rows whose clicks were
+  miscounted (--bad `shifted`: every clicked row counted twice, so it predicts ~1.6x the clicks; `flipped`: every
+  label inverted, so it ranks the rows backwards). Export's gate refuses it; it is published with `--force`, as
+  if it had slipped past the offline gate.
+
+Training and export run in this process (`training.cli.main`, `export.pipeline.export_version`, as the online
+trainer does), so PyTorch, Lightning and TensorFlow are imported once. Version 1 goes straight into DIR/repo;
+versions 2 and 3 are exported into DIR/staging (a copy of DIR/repo, so the gate compares them with what is
+published) and moved into DIR/repo when their turn comes (`publish`: one rename, so nothing polling the
+repository sees half a version). DIR/models/vN.done marks each version ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+BAD_KINDS = ("shifted", "flipped")
+
+
+def done(out: Path, version: int) -> Path:
+    """The file that says version `version` is exported (into OUT/repo for 1, OUT/staging for 2 and 3)."""
+    return out / "models" / f"v{version}.done"
+
+
+def publish(out: Path, version: int) -> None:
+    """Move a staged version into OUT/repo (one rename on the same file system)."""
+    os.rename(out / "staging" / str(version), out / "repo" / str(version))
+
+
+def miscounted(src: Path, dst: Path, how: str) -> Path:
+    """A copy of a Criteo file whose clicks are miscounted: `shifted` (clicked rows twice) or `flipped`."""
+    with src.open() as f, dst.open("w") as g:
+        for line in f:
+            label, rest = line.split("\t", 1)
+            if how == "flipped":
+                g.write(f"{1 - int(label)}\t{rest}")
+            else:
+                g.write(line * (2 if label == "1" else 1))
+    return dst
+
+
+def _synth(out: Path, rows: int, day: float, a: argparse.Namespace, seed: int) -> Path:
+    from training.synth import main as synth_main
+
+    argv = ["--out", str(out), "--rows", str(rows), "--day", str(day), "--seed", str(seed)]
+    synth_main([*argv, "--drift-scale", str(a.drift_scale)])
+    return out
+
+
+def _train(data: Path, run_dir: Path, epochs: int) -> Path:
+    from training.cli import main as train_main
+
+    argv = ["--data", str(data), "--out", str(run_dir), "--no-progress-bar", "--max-epochs", str(epochs)]
+    code = train_main([*argv, "--batch-size", "512", "--threads", "1"])
+    if code != 0:
+        sys.exit(f"demo_models: error: training {run_dir} exited {code}")
+    return run_dir
+
+
+def _export(run_dir: Path, repo: Path, version: int, *extra: str) -> None:
+    from ctr_contract.tf_log import quiet_tensorflow_import
+
+    with quiet_tensorflow_import():
+        import tensorflow  # noqa: F401
+    from export.__main__ import build_parser, request_from_args
+    from export.pipeline import export_version
+
+    argv = ["--run", str(run_dir), "--repo", str(repo), "--version", str(version), "--no-torchscript", *extra]
+    result = export_version(request_from_args(build_parser().parse_args(argv)))
+    gate = result.quality_gate or {}
+    print(
+        f"demo_models: version {version} exported into {repo}; gate {gate.get('verdict', gate.get('passed'))}"
+    )
+
+
+def build(a: argparse.Namespace) -> None:
+    out: Path = a.out
+    work = out / "models"
+    work.mkdir(parents=True, exist_ok=True)
+    day2 = a.start_day + (a.end_day - a.start_day) / 2
+    run1 = _train(_synth(work / "v1.txt", a.v1_rows, a.start_day, a, 1), work / "run1", 1)
+    cal1 = _synth(
+        work / "calibration1.txt", a.bad_rows, a.start_day, a, 4
+    )  # v1's few validation rows are too few
+    _export(run1, out / "repo", 1, "--calibration-data", str(cal1))
+    shutil.copytree(out / "repo", out / "staging")
+    done(out, 1).touch()
+    run2 = _train(_synth(work / "v2.txt", a.v2_rows, day2, a, 2), work / "run2", 2)
+    _export(run2, out / "staging", 2)
+    done(out, 2).touch()
+    bad = miscounted(_synth(work / "calibration.txt", a.bad_rows, day2, a, 3), work / f"{a.bad}.txt", a.bad)
+    _export(run2, out / "staging", 3, "--calibration", "platt", "--calibration-data", str(bad), "--force")
+    done(out, 3).touch()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.rollout.demo_models", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="the demo's folder: writes OUT/repo, OUT/staging, OUT/models"
+    )
+    p.add_argument("--v1-rows", type=int, default=3000, help="version 1's rows (default 3000)")
+    p.add_argument("--v2-rows", type=int, default=30000, help="version 2's rows (default 30000)")
+    p.add_argument(
+        "--bad-rows",
+        type=int,
+        default=20000,
+        help="rows of version 1's and version 3's calibration files (default 20000)",
+    )
+    p.add_argument(
+        "--bad", choices=BAD_KINDS, default="shifted", help="how version 3's clicks are miscounted"
+    )
+    p.add_argument("--start-day", type=float, default=0.0)
+    p.add_argument("--end-day", type=float, default=0.02)
+    p.add_argument("--drift-scale", type=float, default=24.0)
+    a = p.parse_args(argv)
+    with contextlib.suppress(FileExistsError):
+        (a.out / "repo").mkdir(parents=True)
+    build(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
