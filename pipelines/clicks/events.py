@@ -12,10 +12,11 @@ canary false, shadow false. Clicks come in one of two forms:
 - by interval (`read_requests`, `read_clicks`): a folder of click events (`*.jsonl`, one line
   `{"request_id": "...", "instance": 0, "time": 1764489600.25}` per click, `time` in Unix seconds). A file
   whose mtime is before a range's start holds nothing of it (lines are appended in time order), so a reader
-  skips it unopened: what a join reads is bounded by the recent files, not by history. A line that cannot
-  be read counts as bad in the range of the last good line before it in its file (the file's mtime when
-  there is none), so every bad line is counted exactly once over consecutive ranges; a last line without
-  its newline is being written and is left for later.
+  skips it unopened, and stops reading a file at its first line stamped `ORDER_SLACK_S` past the range's end:
+  what a join reads is bounded by the range, not by history or by the files after it. A line that cannot be
+  read counts as bad in the range of the last good line before it in its file (the file's mtime when there
+  is none), so every bad line is counted exactly once over consecutive ranges; a last line without its
+  newline is being written and is left for later.
 - whole logs (`log_files`, `read_logged`, `read_click_list`): a day's closed logs and a click list, one
   click per line, `REQUEST_ID` (the first instance) or `REQUEST_ID<TAB>INSTANCE` (0-based), e.g. from the
   click tracker that received the `x-request-id` the server returned. A last line without its newline was
@@ -36,6 +37,10 @@ from typing import Any
 from ctr_contract.schema import RAW_FIELDS
 
 MTIME_SLACK_S = 2.0  # a line stamped just before its file's mtime was set is still found
+# Lines are appended in time order, give or take this much (a shadow line is written after its request is scored
+# off the client's path, with the request's time): a reader stops reading a file at the first line stamped this
+# far past its range's end, so a catching-up reader's cost is bounded by its range, not by the files after it.
+ORDER_SLACK_S = 60.0
 # `**/`: also one folder per pod, as the k8s serving pods write them.
 REQUEST_LOGS = "**/requests-*.jsonl"
 
@@ -177,6 +182,8 @@ def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Ite
             last = stamp
             if start <= stamp < end:
                 yield served(request_id, stamp, entry)
+            elif stamp >= end + ORDER_SLACK_S:
+                break
 
 
 def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Iterator[Click]:
@@ -196,6 +203,8 @@ def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Itera
             last = stamp
             if start <= stamp < end:
                 yield Click(request_id, instance, stamp, (path.name, number))
+            elif stamp >= end + ORDER_SLACK_S:
+                break
 
 
 def log_files(paths: list[Path]) -> list[Path]:

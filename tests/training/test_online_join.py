@@ -249,3 +249,28 @@ def test_shadow_lines_join_the_same_clicks_into_their_own_partition(tmp_path: Pa
     assert (r.requests, r.rows, r.positives, r.shadow_rows) == (2, 3, 1, 2)
     assert r.counts == {"clicks": 1, "duplicate requests": 1, "shadow lines without their request": 1}
     assert not (tmp_path / "out" / "holdout").exists()
+
+
+def test_a_shadow_line_written_after_later_requests_is_still_joined(tmp_path: Path):
+    # shadow scoring runs off the client's path: its line (stamped with the request's time) may follow lines of
+    # requests logged seconds later; a reader stops in a file only 60 s (ORDER_SLACK_S) past its range's end
+    stable, shadow = (
+        {"name": "ctr", "version": 1, "label": "stable"},
+        {"name": "ctr", "version": 2, "label": "shadow"},
+    )
+    _write_lines(
+        tmp_path / "logs",
+        [
+            _served_line("a", T + 90, 1, model=stable, outputs=[[0.2]]),
+            _served_line(
+                "b", T + 150, 1, model=stable, outputs=[[0.3]]
+            ),  # interval 1, past this read's range
+            json.dumps(
+                {"request_id": "a", "time": _iso(T + 90), "model": shadow, "shadow": True, "outputs": [[0.4]]}
+            ),
+        ],
+        T + 150,
+    )
+    r = _join(tmp_path)
+    assert _columns(tmp_path, "shadow") == [("a", 0, 0, "ctr", 2, "shadow", False, 0.4)]
+    assert (r.rows, r.shadow_rows, r.counts) == (1, 1, {})
