@@ -65,6 +65,7 @@ _STOP = object()
 
 
 _ID_PREFIX = os.urandom(6).hex()  # per process: ids of different workers and restarts never collide
+_SERVER_PREFIX = f"{_ID_PREFIX}-"
 _ID_COUNTER = itertools.count(1)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 MAX_ID_CHARS = 128
@@ -77,7 +78,7 @@ def new_request_id() -> str:
 
 def server_made(request_id: str) -> bool:
     """Whether this process made the id (`new_request_id`): the client sent none."""
-    return request_id.startswith(_ID_PREFIX) and request_id[len(_ID_PREFIX) : len(_ID_PREFIX) + 1] == "-"
+    return request_id.startswith(_SERVER_PREFIX)
 
 
 def request_id_from(client_value: str | bytes | None) -> str:

@@ -35,6 +35,7 @@ DIRECTIVE = "ctr-traffic:"
 SHARES = ("canary_percent", "shadow_percent")
 _LINE = re.compile(r"^[ \t]*#[ \t]*ctr-traffic:(.*)$", re.MULTILINE)
 _UNIT = 2**32 / 100  # hash values per percent
+_CANARY, _SHADOW = zlib.crc32(b"canary:"), zlib.crc32(b"shadow:")
 
 
 class TrafficError(ValueError):
@@ -50,13 +51,18 @@ def check_percent(name: str, value: float) -> float:
 
 def in_share(salt: bytes, request_id: str | None, percent: float) -> bool:
     """Whether a request falls in `percent` % by `salt`: a hash of a client's id, a random draw without one."""
+    return _drawn(zlib.crc32(salt), request_id, percent)
+
+
+def _drawn(seed: int, request_id: str | None, percent: float) -> bool:
+    """`in_share` with the salt's crc32 as `seed`: crc32(id, crc32(salt)) is crc32(salt + id), without the copy."""
     if percent <= 0:
         return False
     if percent >= 100:
         return True
     if request_id is None or server_made(request_id):
         return random.random() * 100 < percent
-    return zlib.crc32(salt + request_id.encode()) < percent * _UNIT
+    return zlib.crc32(request_id.encode(), seed) < percent * _UNIT
 
 
 @dataclass(frozen=True)
@@ -77,11 +83,11 @@ class TrafficSplit:
 
     def canary(self, request_id: str | None) -> bool:
         """Whether this unlabelled request goes to the `canary` label's version."""
-        return in_share(b"canary:", request_id, self.canary_percent)
+        return _drawn(_CANARY, request_id, self.canary_percent)
 
     def shadow(self, request_id: str | None) -> bool:
         """Whether this unlabelled request is also scored by the `shadow` label's version."""
-        return in_share(b"shadow:", request_id, self.shadow_percent)
+        return _drawn(_SHADOW, request_id, self.shadow_percent)
 
 
 def parse_traffic(text: str, source: str = "--model_config_file") -> dict[str, TrafficSplit]:
