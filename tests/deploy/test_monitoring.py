@@ -110,3 +110,20 @@ def test_dashboard_has_the_drift_panel():
     assert exprs[1].startswith("max(ctr_serving_score_drift_psi{")
     steps = drift["fieldConfig"]["defaults"]["thresholds"]["steps"]
     assert [s["value"] for s in steps] == [None, 0.1, 0.2]  # the alert fires above the last one
+
+
+def test_dashboard_has_the_live_quality_row():
+    auc = _panel("Live AUC per version")["targets"][0]["expr"]
+    ratio = _panel("Live calibration ratio per version")
+    assert auc == 'max by (version, label) (ctr_live_auc{model="$model"})'
+    assert "ctr_live_calibration_ratio" in ratio["targets"][0]["expr"]
+    steps = ratio["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [s["value"] for s in steps] == [None, 0.9, 1.1]  # CtrLiveCalibrationOff's bounds
+    fallbacks = [t["expr"] for t in _panel("Fallbacks and canary share")["targets"]]
+    assert (
+        "increase(ctr_serving_fallbacks_total" in fallbacks[0]
+        and "ctr_rollout_canary_percent" in fallbacks[1]
+    )
+    row = [p["gridPos"] for p in DASHBOARD["panels"] if p["id"] in (12, 13, 14)]
+    assert {g["y"] for g in row} == {max(p["gridPos"]["y"] for p in DASHBOARD["panels"])}
+    assert sum(g["w"] for g in row) == 24
