@@ -24,7 +24,7 @@ from google.protobuf import text_format
 
 from ctr_contract.repository import version_dirs
 from serving import protos
-from serving.repository.model_config import ModelConfigError, ModelSpec, parse_model_config
+from serving.repository.model_config import ModelConfigError, ModelSpec, labels_off_disk, parse_model_config
 from serving.repository.traffic import TrafficError, TrafficSplit, format_traffic, parse_traffic
 
 MANAGED_LABELS = ("stable", "canary", "shadow")
@@ -131,6 +131,9 @@ def check(text: str, model: str, target: Target, source: str) -> None:
         if not 0 <= share <= 100:
             raise ConfigFileError(f"{key} {share} is outside [0, 100]")
     spec = model_spec(text, model, source)
+    off_disk = labels_off_disk([spec])  # the server's own check at each re-read
+    if off_disk:
+        raise ConfigFileError(off_disk)
     on_disk = set(version_dirs(spec.base_path))
     missing = sorted(set(target.versions) - on_disk)
     if missing:
