@@ -126,11 +126,13 @@ def our_server(
     flags: Sequence[str] = (),
     checkout: Path | None = None,
     env: dict[str, str] | None = None,
+    config_file: Path | None = None,
 ) -> Server:
     """Our server on `base` (REST on a free port of 127.0.0.1): one worker, one intra-op thread, warnings only.
 
     `flags`: more of the server's flags. `checkout`: another copy of the project to run it from (its code on
     PYTHONPATH, e.g. the code before a change). `env`: the environment (default: this process's).
+    `config_file`: serve the models of this `--model_config_file` instead of `base` alone.
     """
     port = free_port()
     cmd = [
@@ -140,8 +142,11 @@ def our_server(
         "--host=127.0.0.1",
         f"--port={free_port()}",
         f"--rest_api_port={port}",
-        "--model_name=ctr",
-        f"--model_base_path={base}",
+        *(
+            [f"--model_config_file={config_file}"]
+            if config_file is not None
+            else ["--model_name=ctr", f"--model_base_path={base}"]
+        ),
         "--intra_op_threads=1",
         "--log_level=warning",
         f"--enable_batching={str(batching).lower()}",

@@ -19,6 +19,7 @@ from bench.report.tables import (
     serving_memory_table,
     table,
 )
+from bench.sections.serving_rollout import rollout_lines
 from bench.sections.training_profile import profile_lines
 
 PLOTS = {
@@ -64,6 +65,8 @@ def section_lines(number: int, name: str, sec: dict[str, Any], plots: set[str]) 
         lines += [*raw_signature_lines(sec), ""]
     if name == "serving" and sec.get("rss_mib"):
         lines += [*serving_memory_table(sec), ""]
+    if name == "serving" and sec.get("rollout"):
+        lines += [*rollout_lines(sec["rollout"]), ""]
     if name == "training":
         lines += [*training_settings_lines(sec.get("rows") or []), *profile_lines(sec.get("profile") or {})]
     if name == "scaling" and sec.get("loaders"):

@@ -3,7 +3,8 @@
 Same machine, same load generator (wrk, POST through a Lua script), single-instance requests at 1, 8 and 64
 connections, the servers measured in interleaved rounds; then 100-instance requests against our server, as
 128-float vectors and as raw Criteo rows (the ranking rows); then what OpenTelemetry tracing costs our server
-at 64 connections: off, 1% and 100% sampling (bench/sections/serving_tracing.py), interleaved in its own rounds.
+at 64 connections: off, 1% and 100% sampling (bench/sections/serving_tracing.py), interleaved in its own rounds;
+then the traffic split at canary 0%, 1% and 10% and shadow scoring at 0% and 10% (bench/sections/serving_rollout.py).
 Every server gets 1 worker process and 1 intra-op thread; each one's RSS (whole process group) is taken after
 the load. TorchServe gets the same JSON body on its own predictions API (see `bench.peers.torchserve_server`).
 Called by `make bench` (`bench.section_runner`).
@@ -31,7 +32,7 @@ from bench.harness.servers import (
     write_wrk_script,
 )
 from bench.peers.torchserve_server import REQUEST_API as TS_REQUEST_API
-from bench.sections import serving_tracing
+from bench.sections import serving_rollout, serving_tracing
 from ctr_contract.repository import RAW_ONNX_MODEL
 
 # Run by path with .venv-kserve's python (importing it here would need kserve in this venv).
@@ -119,6 +120,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
          "raw_vs_features_qps_at_64",
          "instances_per_sec_batched", "instances_per_sec_unbatched", "ranking_rows", "raw_ranking_rows" (100
          raw rows per request, with `rows_per_sec`), "raw_instances_per_sec_batched", "..._unbatched",
+         "tracing" (bench/sections/serving_tracing.py), "rollout" (bench/sections/serving_rollout.py),
          "commands", "notes"}.
     """
     workdir.mkdir(parents=True, exist_ok=True)
@@ -200,6 +202,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     finally:
         procs.stop_all()
     tracing = serving_tracing.run(rounds, seconds, base, workdir / "tracing", commands)
+    rollout = serving_rollout.run(rounds, seconds, base, workdir / "rollout", commands)
     return {
         "rows": list(single_rows.values()),
         **rankings,
@@ -214,6 +217,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
             s.name: TS_REQUEST_API if s.name == TORCHSERVE else f"POST {PREDICT_PATH}" for s in servers
         },
         "tracing": tracing,
+        "rollout": rollout,
         "commands": commands,
         "notes": notes,
     }

@@ -10,7 +10,9 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from serving.dataplane.fallback import Fallback, check_deadline
 from serving.dataplane.output_check import check_outputs
+from serving.dataplane.shadow import ShadowScorer
 from serving.dataplane.validation import Limits, check_request
 from serving.errors import ServingError, Unavailable
 from serving.observability import tracing
@@ -32,6 +34,10 @@ class Prediction(NamedTuple):
     scores: np.ndarray
     servable: LoadedVersion
     request: DecodedRequest
+    fallback: str | None = None  # why the last good version answered (serving/dataplane/fallback.py)
+    # How the version was chosen (serving/repository/traffic.py): "stable", "latest" or "canary" for a request
+    # naming no version or label, "version" or "label" for one that names it.
+    route: str = "latest"
 
 
 class Predictor:
@@ -45,6 +51,10 @@ class Predictor:
         # The server sets these two (serving/observability/drift.py and request_log.py).
         self.drift: DriftMonitor | None = None
         self.request_log: RequestLog | None = None
+        # Circuit breaking per version (serving/dataplane/fallback.py); the server sets it, None: off.
+        self.fallback: Fallback | None = None
+        # A sampled share of unlabelled requests scored again by the `shadow` label's version, off the path.
+        self.shadow = ShadowScorer(manager, metrics, lambda: self.inflight)
 
     async def predict(
         self,
@@ -55,6 +65,7 @@ class Predictor:
         entrypoint: str,
         request_id: str | None = None,
         inputs: Callable[[], Any] | None = None,
+        deadline: float | None = None,
     ) -> Prediction:
         """Predict for one request.
 
@@ -62,8 +73,10 @@ class Predictor:
             name, version, label: the model spec of the request.
             decode: turns the request into a DecodedRequest for the resolved version's signature.
             entrypoint: "REST" or "GRPC" (metric label).
-            request_id: the request's id, for the request log; None: not logged.
+            request_id: the request's id, for the traffic split (a random choice when the client sent none)
+                and the request log; None: not logged.
             inputs: the request's inputs as the client sent them, for the request log (default: the batch).
+            deadline: the request's deadline, time.monotonic() seconds (None: none); once passed, no work starts.
         Returns:
             the scores, the version that produced them and the decoded request.
         """
@@ -77,34 +90,63 @@ class Predictor:
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
-            servable = self.manager.resolve(name, version, label)
-            # Held from here: a version retired while a large body decodes stays loaded until it answers.
-            self.manager.acquire(servable)
-            self.inflight += 1
-            try:
-                decode_start = time.perf_counter()
-                request = await decode(servable.backend.signature)
-                timing.decoded = time.perf_counter_ns()
-                if span is not None:
-                    tracing.child(span, "decode", decode_start)
-                    tracing.annotate(span, name, servable.version, request.signature, len(request.batch))
-                check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
-                scores = await servable.run(request)
-                timing.ran = time.perf_counter_ns()
-            finally:
-                self.inflight -= 1
-                self.manager.release(servable)
-            features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
-            # No NaN leaves, nor is observed; the ranges are looked at only when a score is not finite.
-            check_outputs(
-                scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
-            )
+            check_deadline(deadline, "its work started")
+            servable, route = self.manager.route(name, version, label, request_id)
+            routed, fallback = version is None and label is None, None  # routed: the only kind redirected
+            if self.fallback is not None and routed:
+                servable, fallback = self.fallback.route(servable)
+            # A routed request that fails is run once more, on the last good version (fallback.retry).
+            for retried in (False, True):
+                try:
+                    # Held from here: a version retired while a large body decodes stays loaded until it answers.
+                    self.manager.acquire(servable)
+                    self.inflight += 1
+                    try:
+                        decode_start = time.perf_counter()
+                        request = await decode(servable.backend.signature)
+                        timing.decoded = time.perf_counter_ns()
+                        if span is not None:
+                            tracing.child(span, "decode", decode_start)
+                            tracing.annotate(
+                                span, name, servable.version, request.signature, len(request.batch)
+                            )
+                        check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
+                        check_deadline(deadline, "the model ran")
+                        scores = await servable.run(request)
+                        timing.ran = time.perf_counter_ns()
+                    finally:
+                        self.inflight -= 1
+                        self.manager.release(servable)
+                    features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
+                    # No NaN leaves, nor is observed; the ranges are looked at only when a score is not finite.
+                    check_outputs(
+                        scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
+                    )
+                    if self.fallback is not None:
+                        self.fallback.succeeded(servable.version, deadline)
+                    break
+                except BaseException as exc:
+                    if self.fallback is None:
+                        raise
+                    reason = self.fallback.failed(servable.version, exc, deadline)
+                    target = (
+                        None
+                        if retried or not routed
+                        else self.fallback.retry(servable.version, reason, deadline)
+                    )
+                    if target is None:
+                        raise
+                    servable, fallback = target, reason
+            assert request is not None  # the loop ends only with a run that answered
             ctr = servable.backend.signature.score(scores)  # `ctr` alone is watched, whatever else is served
             self._observe_scores(ctr)
             status = "OK"
+            logged_at = None
             if self.drift is not None or self.request_log is not None:
-                self._watch(servable, request, ctr, request_id, inputs)
-            return Prediction(scores, servable, request)
+                logged_at = self._watch(servable, request, ctr, request_id, inputs, route, label, fallback)
+            if version is None and label is None:  # explicit versions and labels are never shadowed
+                self.shadow.offer(request, request_id, self.request_log, logged_at)
+            return Prediction(scores, servable, request, fallback, route)
         except ServingError as exc:
             status = exc.code
             raise
@@ -137,22 +179,35 @@ class Predictor:
         scores: np.ndarray,
         request_id: str | None,
         inputs: Callable[[], Any] | None,
-    ) -> None:
-        """Feed the drift window and the request log; a failure here is logged and never fails the predict."""
+        route: str = "latest",
+        label: str | None = None,
+        fallback: str | None = None,
+    ) -> float | None:
+        """Feed the drift window and the request log; a failure here is logged and never fails the predict.
+        Returns the time of the request's log line (None: not logged)."""
         try:
             if self.drift is not None:
                 self.drift.observe(request, scores)
             if self.request_log is not None and request_id is not None:
-                self.request_log.record(
-                    request_id, self.manager.name, servable.version, inputs or request.logged_inputs, scores
+                return self.request_log.record(
+                    request_id,
+                    self.manager.name,
+                    servable.version,
+                    inputs or request.logged_inputs,
+                    scores,
+                    label if route == "label" else route if route in ("stable", "canary") else None,
+                    route == "canary",
+                    fallback,
                 )
         except Exception:
             log.exception("drift tracking and request logging are off from now on: they failed on a request")
             self.drift = self.request_log = None
+        return None
 
     async def drain(self, grace_s: float) -> bool:
         """Refuse new requests and wait up to `grace_s` for in-flight ones; True when all finished."""
         self.draining = True
+        self.shadow.stop()
         deadline = time.monotonic() + grace_s
         while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)  # polling keeps the request path free of Event bookkeeping

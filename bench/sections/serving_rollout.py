@@ -1,0 +1,179 @@
+"""What the traffic split and shadow scoring cost the server: canary 0%, 1% and 10%; shadow 0% and 10%.
+
+Our server (batching on, 1 worker, 1 intra-op thread) on a repository of two versions (the model's latest
+version copied as versions 1 and 2), each server with its own `--model_config_file`: labels `stable` = 1 and
+`canary` = 2 (or `shadow` = 2), `specific` policy {1, 2}, and the `# ctr-traffic:` line with the share
+(serving/repository/traffic.py). wrk sends no request id, so each request's choice is the server's random draw.
+Measured in interleaved rounds (the servers' order reversed every other round), one 128-float instance a
+request: the canary servers at 64 connections (QPS and server CPU a request), and shadow 0% against 10% at 8
+connections (the client's p99). Each figure is also given paired: each round's ratio to the 0% server of the same
+round (the two measured back to back), its median and min-max, as bench/sections/serving_tracing.py does.
+After the load, each server's metrics page gives the share each version answered and the shadow jobs scored
+and dropped. The serving section of `make bench` (bench/sections/serving_load.py, key `rollout`) runs it;
+standalone:
+    python -m bench.sections.serving_rollout BASE_PATH [--rounds 6] [--seconds 4]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.harness import procs
+from bench.harness.inputs import PROJECT_ROOT
+from bench.harness.inputs import latest_version as latest_version_dir
+from bench.harness.servers import Server, median_row, our_server, write_lua, wrk_point
+from bench.sections.serving_tracing import paired
+
+MIN_ROUNDS = 6  # as the tracing comparison: medians of at least 6 interleaved rounds when points are >= 4 s
+CANARY_CONNECTIONS, SHADOW_CONNECTIONS = 64, 8
+CANARY_0, CANARY_1, CANARY_10 = "canary 0%", "canary 1%", "canary 10%"
+SHADOW_10 = "shadow 10%"
+SETUPS = {  # server -> (the second version's label, canary percent, shadow percent)
+    CANARY_0: ("canary", 0.0, 0.0),
+    CANARY_1: ("canary", 1.0, 0.0),
+    CANARY_10: ("canary", 10.0, 0.0),
+    SHADOW_10: ("shadow", 0.0, 10.0),
+}
+# (connections, servers measured at it); the first server of each is the one the others are paired with.
+PLAN = ((CANARY_CONNECTIONS, (CANARY_0, CANARY_1, CANARY_10)), (SHADOW_CONNECTIONS, (CANARY_0, SHADOW_10)))
+
+
+def two_versions(base: Path, repo: Path) -> Path:
+    """`repo`/ctr/1 and /2: copies of `base`'s latest version (a server's split cost does not depend on the
+    weights). Returns the base path."""
+    source = latest_version_dir(base)
+    target = repo / "ctr"
+    shutil.rmtree(target, ignore_errors=True)
+    for version in (1, 2):
+        shutil.copytree(source, target / str(version))
+    return target
+
+
+def model_config(base: Path, label: str, canary: float, shadow: float) -> str:
+    """The ModelServerConfig text: versions 1 and 2, `stable` = 1, `label` = 2, and the ctr-traffic line."""
+    return (
+        f"# ctr-traffic: model=ctr canary_percent={canary:g} shadow_percent={shadow:g}\n"
+        "model_config_list {\n  config {\n"
+        f'    name: "ctr"\n    base_path: "{base}"\n    model_platform: "tensorflow"\n'
+        "    model_version_policy { specific { versions: 1 versions: 2 } }\n"
+        f'    version_labels {{ key: "stable" value: 1 }}\n    version_labels {{ key: "{label}" value: 2 }}\n'
+        "  }\n}\n"
+    )
+
+
+def _server(name: str, base: Path, workdir: Path) -> Server:
+    label, canary, shadow = SETUPS[name]
+    config = workdir / f"{re.sub(r'[^a-z0-9]+', '_', name)}.config"
+    config.write_text(model_config(base, label, canary, shadow))
+    return our_server(name, base, batching=True, config_file=config)
+
+
+def served_shares(server: Server) -> dict[str, Any]:
+    """Requests answered by each version (Triton's statistics, /v2/models/ctr/stats) and the shadow jobs
+    scored and dropped (the metrics page), after the load."""
+    root = server.url.split("/v1/")[0]
+    with urllib.request.urlopen(root + "/v2/models/ctr/stats", timeout=10) as response:
+        stats = json.loads(response.read())["model_stats"]
+    with urllib.request.urlopen(root + "/monitoring/prometheus/metrics", timeout=10) as response:
+        text = response.read().decode()
+    answered = {s["version"]: float(s["inference_stats"]["success"]["count"]) for s in stats}
+    total = sum(answered.values())
+    scored = sum(map(float, re.findall(r"ctr_serving_shadow_scored_total\{[^}]*\} (\S+)", text)))
+    dropped = re.findall(r'ctr_serving_shadow_dropped_total\{[^}]*reason="(\w+)"\} (\S+)', text)
+    return {
+        "answered": answered,
+        "share_version_2": answered.get("2", 0.0) / total if total else None,
+        "shadow_scored": scored,
+        "shadow_dropped": {reason: float(value) for reason, value in dropped},
+    }
+
+
+def run(rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str]) -> dict[str, Any]:
+    """Measure; returns {"rows": [...] (median rows per server and connections), "paired": {connections:
+    {server: {"qps", "cpu_us", "p99_ms"}}} (each against the 0% server round by round: median, min, max,
+    rounds), "shadow_p99_ratio_at_8" (the paired median, minus 1), "served": {server: served_shares}}."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rounds = max(rounds, MIN_ROUNDS) if seconds >= 4 else rounds  # tiny mode (2 s points) keeps its budget
+    repo_base = two_versions(base, workdir / "repo")
+    servers = {name: _server(name, repo_base, workdir) for name in SETUPS}
+    script = write_lua(workdir / "single.lua", 1)
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {}
+    try:
+        for server in servers.values():
+            server.start(workdir, commands)
+        for round_ in range(rounds):
+            for connections, names in PLAN:
+                for name in names if round_ % 2 == 0 else names[::-1]:
+                    point = wrk_point(servers[name], connections, script, seconds, commands)
+                    runs.setdefault((name, connections), []).append(point)
+        served = {name: served_shares(server) for name, server in servers.items()}
+    finally:
+        procs.stop_all()
+    rows = [median_row(name, connections, r) for (name, connections), r in runs.items()]
+    out: dict[str, Any] = {"rows": rows, "paired": {}, "served": served}
+    for connections, names in PLAN:
+        against = runs[(names[0], connections)]
+        out["paired"][str(connections)] = {
+            name: {f: paired(runs[(name, connections)], against, f) for f in ("qps", "cpu_us", "p99_ms")}
+            for name in names[1:]
+        }
+    out["shadow_p99_ratio_at_8"] = out["paired"][str(SHADOW_CONNECTIONS)][SHADOW_10]["p99_ms"]["median"]
+    return out
+
+
+def rollout_lines(result: dict[str, Any]) -> list[str]:
+    """The report's table: each server's median QPS, p99 and CPU, and its paired ratios against 0%."""
+    if not result.get("rows"):
+        return []
+    head = "| server | connections | QPS | p99 ms | CPU µs / request | paired QPS | paired p99 | paired CPU |"
+    lines = [
+        "Traffic split and shadow scoring (paired: median of the rounds' ratios to canary 0%, min-max):",
+        "",
+    ]
+    lines += [head, "|---|---:|---:|---:|---:|---|---|---|"]
+    for row in result["rows"]:
+        pair = result.get("paired", {}).get(str(row["connections"]), {}).get(row["server"], {})
+        cells = [_ratio(pair.get(f)) for f in ("qps", "p99_ms", "cpu_us")]
+        cpu = row.get("cpu_us")
+        lines.append(
+            f"| {row['server']} | {row['connections']} | {row['qps']:,.0f} | {row['p99_ms']:.2f} | "
+            f"{'' if cpu is None else f'{cpu:.1f}'} | {' | '.join(cells)} |"
+        )
+    return lines
+
+
+def _ratio(figure: dict[str, Any] | None) -> str:
+    if not figure:
+        return ""
+    return f"{figure['median']:+.1%} ({figure['min']:+.1%} to {figure['max']:+.1%})"
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", type=Path, help="the model base path (versions inside)")
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds (default: 6)")
+    parser.add_argument("--seconds", type=int, default=4, help="seconds of wrk per point (default: 4)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=PROJECT_ROOT / "bench" / "results" / "serving_rollout",
+        help="logs, configs, the two-version repository (default: bench/results/serving_rollout)",
+    )
+    args = parser.parse_args()
+    procs.install_cleanup()
+    commands: list[str] = []
+    result = run(args.rounds, args.seconds, args.base.resolve(), args.workdir, commands)
+    print(json.dumps({**result, "commands": commands}, indent=2))
+    print("\n".join(rollout_lines(result)), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
