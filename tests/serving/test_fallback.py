@@ -26,7 +26,7 @@ from tests.serving.model_repo import make_weights, reference_predict
 from tests.serving.server_process import ServerProcess
 
 WEIGHTS = {1: make_weights(1), 2: make_weights(2)}
-COOLDOWN_S = 1.5
+COOLDOWN_S = 3.0
 PROBE_EVERY = 2
 BREAKER_FLAGS = (
     "--num_workers=1",  # the breakers are per worker: one sees every request
