@@ -7,11 +7,14 @@ the last good version, so its answer says which version that is.
 
 from __future__ import annotations
 
+import http.client
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.serving.fallback_repo import rows as make_rows
 from tests.serving.fallback_repo import write_broken_version, write_good_version
 from tests.serving.model_repo import make_weights
 from tests.serving.server_process import ServerProcess
@@ -39,15 +42,23 @@ def _server(base: Path, log: Path, *flags: str) -> Iterator[ServerProcess]:
         proc.stop()
 
 
-def test_a_broken_canary_falls_back_to_stable_not_to_the_newest(base: Path, tmp_path: Path) -> None:
-    for proc in _server(
-        base, tmp_path / "server.log", "--version_labels=stable=1,canary=2", "--canary_percent=100"
-    ):
-        status, body, headers = predict(proc, CLEAN)
-        assert status == 200 and headers["x-model-version"] == "2" and "x-ctr-fallback" not in headers
-        status, body, headers = predict(proc, POISON_NAN)
-        assert status == 200 and answered_by(body, POISON_NAN) == 1
-        assert (headers["x-model-version"], headers["x-ctr-fallback"]) == ("1", "non_finite")
+@pytest.fixture(scope="module")
+def canary(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Version 2 is the canary at 100 %, version 1 stable."""
+    yield from _server(
+        base,
+        tmp_path_factory.mktemp("canary") / "server.log",
+        "--version_labels=stable=1,canary=2",
+        "--canary_percent=100",
+    )
+
+
+def test_a_broken_canary_falls_back_to_stable_not_to_the_newest(canary: ServerProcess) -> None:
+    status, body, headers = predict(canary, CLEAN)
+    assert status == 200 and headers["x-model-version"] == "2" and "x-ctr-fallback" not in headers
+    status, body, headers = predict(canary, POISON_NAN)
+    assert status == 200 and answered_by(body, POISON_NAN) == 1
+    assert (headers["x-model-version"], headers["x-ctr-fallback"]) == ("1", "non_finite")
 
 
 def test_a_broken_stable_falls_back_to_the_newest_other_version(base: Path, tmp_path: Path) -> None:
@@ -62,3 +73,24 @@ def test_a_broken_stable_falls_back_to_the_newest_other_version(base: Path, tmp_
         # An explicit label is never redirected: /labels/stable is version 2's answer or its error.
         status, body, headers = predict(proc, POISON_NAN, "/v1/models/ctr/labels/stable:predict")
         assert status == 500 and "not finite" in body["error"] and "x-ctr-fallback" not in headers
+
+
+def test_the_v2_protocol_falls_back_alike(canary: ServerProcess) -> None:
+    batch = make_rows(POISON_NAN)
+    tensor = {
+        "name": "features",
+        "shape": list(batch.shape),
+        "datatype": "FP32",
+        "data": batch.ravel().tolist(),
+    }
+    conn = http.client.HTTPConnection("127.0.0.1", canary.rest_port, timeout=10)
+    conn.request(
+        "POST", "/v2/models/ctr/infer", json.dumps({"inputs": [tensor]}), {"content-type": "application/json"}
+    )
+    response = conn.getresponse()
+    answer, headers = json.loads(response.read()), dict(response.getheaders())
+    conn.close()
+    assert response.status == 200, answer
+    assert answer["model_version"] == "1"
+    assert (headers["x-model-version"], headers["x-ctr-fallback"]) == ("1", "non_finite")
+    assert answered_by({"predictions": [answer["outputs"][0]["data"][0]]}, POISON_NAN) == 1
