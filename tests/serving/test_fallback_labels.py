@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,21 +46,42 @@ def _server(base: Path, log: Path, *flags: str) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def canary(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Version 2 is the canary at 100 %, version 1 stable."""
+    """Version 2 is the canary at 100 %, version 1 stable; every request logged."""
+    folder = tmp_path_factory.mktemp("canary")
     yield from _server(
         base,
-        tmp_path_factory.mktemp("canary") / "server.log",
+        folder / "server.log",
         "--version_labels=stable=1,canary=2",
         "--canary_percent=100",
+        f"--request_log_dir={folder / 'requests'}",
+        "--request_log_sample_rate=1",
     )
+
+
+def logged(server: ServerProcess, request_id: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The request log line of `request_id` (the writer thread is polled for it)."""
+    folder = Path(
+        next(f for f in server.proc.args if str(f).startswith("--request_log_dir=")).split("=", 1)[1]
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for path in folder.glob("requests-*.jsonl"):
+            for line in path.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["request_id"] == request_id and not entry["shadow"]:
+                    return entry
+        time.sleep(0.05)
+    raise AssertionError(f"no request log line for {request_id}")
 
 
 def test_a_broken_canary_falls_back_to_stable_not_to_the_newest(canary: ServerProcess) -> None:
     status, body, headers = predict(canary, CLEAN)
     assert status == 200 and headers["x-model-version"] == "2" and "x-ctr-fallback" not in headers
-    status, body, headers = predict(canary, POISON_NAN)
+    status, body, headers = predict(canary, POISON_NAN, headers={"x-request-id": "poisoned-canary-1"})
     assert status == 200 and answered_by(body, POISON_NAN) == 1
     assert (headers["x-model-version"], headers["x-ctr-fallback"]) == ("1", "non_finite")
+    entry = logged(canary, "poisoned-canary-1")  # the log says which version answered, and why
+    assert (entry["model"]["version"], entry["fallback"]) == (1, "non_finite")
 
 
 def test_a_broken_stable_falls_back_to_the_newest_other_version(base: Path, tmp_path: Path) -> None:
