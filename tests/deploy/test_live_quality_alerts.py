@@ -223,8 +223,11 @@ def test_rules_fire_on_the_series_the_evaluator_controller_and_server_export(tmp
         expect("30m", "CtrServingFallback"),  # 5 minutes after the last fallback
     ]
     assert {c["alertname"] for c in checks} == EXPECTED
-    tests = {"rule_files": [str(ALERTS)], "evaluation_interval": "1m"}
-    tests["tests"] = [{"interval": "1m", "input_series": inputs, "alert_rule_test": checks}]
+    tests = {
+        "rule_files": [str(ALERTS)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": checks}],
+    }
     path = tmp_path / "exporters_test.yml"
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
