@@ -32,8 +32,9 @@ NOT_IN_SERVING_IMAGE = (
     *("torch", "lightning", "tensorflow", "tensorflow_serving", "keras", "onnx", "onnxscript", "fastapi"),
     *("training", "export", "bench"),
 )
-# Installed here, absent from the trainer image (train + export extras; it copies training/ and export/ only).
-NOT_IN_TRAINER_IMAGE = ("serving", "bench", "fastapi", "uvicorn", "prometheus_client", "matplotlib")
+# Installed here, absent from the trainer image (train, export and pipelines extras; of ours it copies training/,
+# export/ and pipelines/ without rollout/).
+NOT_IN_TRAINER_IMAGE = ("serving", "bench", "fastapi", "uvicorn", "matplotlib")
 
 
 @dataclass
