@@ -294,3 +294,16 @@ def test_model_config_service_writes_a_config_the_server_accepts(tmp_path):
     subprocess.run(["sh", "-c", script], check=True)
     assert written.read_text() == "# edited by the controller\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models.config"]
+
+
+@pytest.mark.parametrize("name", ["live-eval", "rollout"])
+def test_live_services_run_hardened_and_write_only_their_volumes(name: str):
+    service = SERVICES[name]
+    assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
+    assert service["cap_drop"] == ["ALL"] and service["security_opt"] == ["no-new-privileges:true"]
+    writable = {target for target, (_, read_only) in _mounts(service).items() if not read_only}
+    written = {_flag(service["command"], "--state-dir")}
+    if name == "rollout":
+        written.add(_flag(service["command"], "--model-config").rsplit("/", 1)[0])
+    assert all(any(w == t or w.startswith(t + "/") for t in writable) for w in written), (writable, written)
+    assert _duration_s(service["stop_grace_period"]) >= 10
