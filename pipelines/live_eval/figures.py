@@ -2,7 +2,7 @@
 
 The window keeps, per interval, three arrays of its joined rows: the row's key (an index into the window's key
 table), its logged score and its click label; nothing else of a row is held, so memory grows with the window's
-rows (17 bytes a row), never with history. Rows without a logged score are not kept (they cannot be scored).
+rows (13 bytes a row), never with history. Rows without a logged score are not kept (they cannot be scored).
 """
 
 from __future__ import annotations

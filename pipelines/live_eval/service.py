@@ -111,9 +111,12 @@ class LiveEval:
         s = self.s
         start, end = j * s.interval_s, (j + 1) * s.interval_s
         report = s.join(s.logs, s.clicks, s.joined, j, start, end, s.attribution_window_s, 0.0)
+        t1 = time.perf_counter()
         self.window.load(s.joined, j)
         pending = self.pending(end)
+        t2 = time.perf_counter()
         figures = self.window.figures(s.min_rows, pending)
+        t3 = time.perf_counter()
         snapshot: dict[str, Any] = {
             "interval": j,
             "window_start": (j + 1 - self.window.size) * s.interval_s,
@@ -137,24 +140,29 @@ class LiveEval:
                 self.ratelog.count(kind, n, "counted and dropped by the live evaluation's join")
         self._prune(j)
         log.info(
-            "interval %d: %d rows joined (%d shadow), %d in the window, %d keys, %.2f s",
+            "interval %d: %d rows joined (%d shadow), %d in the window (%.1f MB), %d keys; join %.2f s, "
+            "window and pending %.2f s, figures %.2f s, %.2f s in all",
             j,
             report.rows,
             report.shadow_rows,
             self.window.rows,
+            self.window.nbytes / 1e6,
             len(figures),
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
             time.perf_counter() - t0,
         )
         return snapshot
 
     def pending(self, since: float) -> dict[Key, int]:
-        """Rows logged at or after `since` (their interval not evaluated yet), by key; read over at most one
-        interval plus two attribution windows of request time, so a catching-up evaluator reads a bounded
-        span."""
+        """Rows logged at or after `since` (the window's end: their interval is not joined yet), by key, over at
+        most one interval, one attribution window and the grace of request time: all a live evaluator has open,
+        and a bounded read for one that is catching up."""
         s, counts = self.s, Counts()
-        span = s.interval_s + 2 * (s.attribution_window_s + GRACE_S)
+        span = s.interval_s + s.attribution_window_s + GRACE_S
         out: dict[Key, int] = {}
-        for r in read_requests(s.logs, since, since + span, counts):
+        for r in read_requests(s.logs, since, min(since + span, time.time()), counts):
             n = len(r.scores or []) if r.shadow else len(r.rows or [])
             if n:
                 k = (r.model or "unknown", r.version, r.label or NO_LABEL)
