@@ -156,7 +156,7 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
             "--start-day",
             str(a.start_day),
         ),
-        *("--end-day", str(a.end_day), "--drift-scale", str(a.drift_scale)),
+        *("--drift-scale", str(a.drift_scale)),
     )
     print("rollout-demo: training and exporting version 1", flush=True)
     wait_for("version 1", lambda: demo_models.done(out, 1).exists(), a.phase_timeout_s, procs, timeline)

@@ -202,6 +202,13 @@ def live_vs_offline(out: Path, history: list[dict[str, Any]]) -> list[dict[str, 
     return rows
 
 
+LINES = {"stable": "-", "canary": "--", "shadow": ":"}
+
+
+def _color(version: int) -> str:
+    return f"C{(version - 1) % 10}"
+
+
 def plot(
     out: Path,
     a: dict[str, Any],
@@ -216,19 +223,19 @@ def plot(
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
-    step = a["interval_s"]
+    step = a["interval_s"] / 4  # the share of each quarter of an evaluation interval
     primary = [r for r in lines if not r["shadow"]]
     if primary:
-        edges = np.arange(0, primary[-1]["time"] - t0 + step, step)
+        edges = np.arange(primary[0]["time"] - t0, primary[-1]["time"] - t0 + step, step)
         times = np.array([r["time"] - t0 for r in primary])
         total = np.histogram(times, edges)[0]
         for v in sorted({r["version"] for r in primary}):
             n = np.histogram(times[np.array([r["version"] == v for r in primary])], edges)[0]
-            ax1.plot(
-                edges[:-1] + step / 2, 100 * n / np.maximum(total, 1), marker=".", label=f"v{v} answered"
-            )
+            share = 100 * n / np.maximum(total, 1)
+            ax1.plot(edges[:-1] + step / 2, share, ".-", color=_color(v), label=f"v{v} answered")
     if timeline.changes:
-        xs = [c["time"] - t0 for c in timeline.changes] + [time.time() - t0]
+        end = max([c["time"] for c in timeline.changes] + [r["time"] for r in lines[-1:]])
+        xs = [c["time"] - t0 for c in timeline.changes] + [end - t0]
         ys = [c["canary_percent"] for c in timeline.changes]
         ax1.step(xs, [*ys, ys[-1]], where="post", color="k", ls="--", label="canary_percent (config)")
     ax1.set_ylabel("% of requests")
@@ -242,8 +249,9 @@ def plot(
             )
     for (v, label), pts in sorted(series.items()):
         xs = [p[0] for p in pts]
-        ax2.plot(xs, [math.nan if p[1] is None else p[1] for p in pts], marker=".", label=f"v{v} {label}")
-        ax3.plot(xs, [math.nan if p[2] is None else p[2] for p in pts], marker=".", label=f"v{v} {label}")
+        style = {"color": _color(v), "ls": LINES.get(label, "-"), "marker": ".", "label": f"v{v} {label}"}
+        ax2.plot(xs, [math.nan if p[1] is None else p[1] for p in pts], **style)  # type: ignore[arg-type]
+        ax3.plot(xs, [math.nan if p[2] is None else p[2] for p in pts], **style)  # type: ignore[arg-type]
     b = a["calibration_bound"]
     ax3.axhspan(1 - b, 1 + b, color="g", alpha=0.1, label=f"[{1 - b:g}, {1 + b:g}]")
     ax2.set_ylabel("live AUC")
