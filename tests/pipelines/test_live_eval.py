@@ -218,3 +218,28 @@ def test_the_command_line_refuses_bad_settings_with_a_reason(tmp_path: Path, cap
     LiveEval(_settings(tmp_path), first=int(T0 // S))  # a state of 10 s intervals, 5 s attribution window
     assert main([*base, "--interval-s", "10", "--attribution-window-s", "60", "--metrics-port", "0"]) == 1
     assert "was evaluated with --interval-s 10 --attribution-window-s 5" in capsys.readouterr().err
+
+
+def test_anomalies_are_logged_once_a_minute_per_kind_and_counted_every_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "clicks").mkdir()
+    request = {
+        "model": {"name": "ctr", "version": 1},
+        "inputs": {"instances": [{"I1": 1}]},
+        "outputs": [[0.5]],
+    }
+    lines = [json.dumps({**request, "request_id": f"a{j}", "time": iso(T0 + S * j)}) for j in range(3)]
+    (tmp_path / "logs" / "requests-1-1.jsonl").write_text("\n".join(lines) + "\n")
+    os.utime(tmp_path / "logs" / "requests-1-1.jsonl", (T0 + 20, T0 + 20))
+    late = [{"request_id": f"a{j}", "instance": 0, "time": T0 + S * j + 7} for j in range(3)]  # window 5 s
+    (tmp_path / "clicks" / "clicks-1.jsonl").write_text("\n".join(json.dumps(c) for c in late) + "\n")
+    os.utime(tmp_path / "clicks" / "clicks-1.jsonl", (T0 + 30, T0 + 30))
+    with caplog.at_level("WARNING", logger="pipelines.live_eval"):
+        ev, _ = _evaluate(tmp_path, 30, min_rows=1)
+    assert ev.state.counts == {"late clicks": 3}
+    said = [r.getMessage() for r in caplog.records if "late clicks" in r.getMessage()]
+    assert said == [
+        "1 late clicks counted and dropped by the live evaluation's join (at most one line per kind per minute)"
+    ]
