@@ -75,8 +75,8 @@ def _server(name: str, base: Path, workdir: Path) -> Server:
 
 
 def served_shares(server: Server) -> dict[str, Any]:
-    """Requests answered by each version (Triton's statistics, /v2/models/ctr/stats) and the shadow jobs
-    scored and dropped (the metrics page), after the load."""
+    """Requests answered by each version (Triton's statistics, /v2/models/ctr/stats), the shadow jobs scored
+    and dropped, and the rows per model call (the metrics page), after the load."""
     root = server.url.split("/v1/")[0]
     with urllib.request.urlopen(root + "/v2/models/ctr/stats", timeout=10) as response:
         stats = json.loads(response.read())["model_stats"]
@@ -86,11 +86,15 @@ def served_shares(server: Server) -> dict[str, Any]:
     total = sum(answered.values())
     scored = sum(map(float, re.findall(r"ctr_serving_shadow_scored_total\{[^}]*\} (\S+)", text)))
     dropped = re.findall(r'ctr_serving_shadow_dropped_total\{[^}]*reason="(\w+)"\} (\S+)', text)
+    rows = re.search(r'ctr_serving_batch_size_sum\{model_name="ctr"\} (\S+)', text)
+    calls = re.search(r'ctr_serving_batch_size_count\{model_name="ctr"\} (\S+)', text)
     return {
         "answered": answered,
         "share_version_2": answered.get("2", 0.0) / total if total else None,
         "shadow_scored": scored,
         "shadow_dropped": {reason: float(value) for reason, value in dropped},
+        # Rows per model call, every version's batches together (the split gives each version its own batcher).
+        "rows_per_batch": float(rows.group(1)) / float(calls.group(1)) if rows and calls else None,
     }
 
 

@@ -4,9 +4,10 @@ The model's `shadow_percent` (the `# ctr-traffic:` line of `--model_config_file`
 serving/repository/traffic.py) picks the requests: `zlib.crc32(b"shadow:" + request_id) < percent / 100 * 2**32`
 (a request without a client's id: a random choice). Only unlabelled requests are shadowed, never an explicit
 `/versions/N` or `/labels/L`. After the client's answer is made, the request's decoded batch is copied into a
-small bounded queue (`QUEUE_JOBS`) and the predict returns; one background task per model takes the jobs
-queued meanwhile (up to `BATCH_ROWS` rows), scores them in one call of the shadow version's own runner, and
-yields to the requests before the next call. Nothing on the client's path waits for it, and nothing it does
+small bounded queue (`QUEUE_JOBS`) and the predict returns; one background task per model, woken by a job,
+waits `GATHER_S` for more, takes the jobs queued (up to `BATCH_ROWS` rows) and scores them in one model call of
+the shadow version (a few rows on the loop, as a runner does; more through its runner), then yields to the
+requests before the next call. Nothing on the client's path waits for it, and nothing it does
 reaches the client's answer.
 
 Shadow work is dropped first, and counted in `ctr_serving_shadow_dropped_total{model_name,reason}`:
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,13 +39,13 @@ from typing import cast
 import numpy as np
 
 from ctr_contract.ratelog import RateLimitedLog
-from ctr_features.compiled.raw_batch import RawBatch
 from serving.errors import InvalidArgument, Overloaded
 from serving.observability.metrics import ServingMetrics
 from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
-from serving.runtime.servable import LoadedVersion
+from serving.runtime.batcher import INLINE_MAX_ROWS
+from serving.runtime.servable import LoadedVersion, signature_calls
 from serving.signatures import RAW_SIGNATURE
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ SHADOW_LABEL = "shadow"
 QUEUE_JOBS = 32  # shadow jobs waiting for the worker; beyond this new ones are dropped, never waited for
 BUSY_INFLIGHT = 16  # more of the model's predicts in flight than this: the shadow job is dropped
 BATCH_ROWS = 256  # queued jobs are scored together in one call of up to this many rows
+GATHER_S = 0.002  # woken by a job, the worker waits this long for more before it scores
 
 
 @dataclass(slots=True)
@@ -143,6 +146,9 @@ class ShadowScorer:
             if not self._queue:
                 self._waiter = loop.create_future()
                 await self._waiter
+                await asyncio.sleep(
+                    GATHER_S
+                )  # a few more jobs queue meanwhile: one model call scores them all
                 continue
             jobs = self._take()
             try:
@@ -179,13 +185,21 @@ class ShadowScorer:
             parts = [job.request.batch for job in jobs]
             if key != RAW_SIGNATURE and any(cast(np.ndarray, b).shape[1] != signature.width for b in parts):
                 raise InvalidArgument(f"the shadow version takes {signature.width} features a row")
-            if len(parts) == 1:
-                batch = parts[0]
-            elif key == RAW_SIGNATURE:
-                batch = RawBatch.concat(cast(list[RawBatch], parts))
-            else:
-                batch = np.concatenate(cast(list[np.ndarray], parts))
-            scores = signature.score(await servable.run(DecodedRequest(key, batch)))
+            call = signature_calls(servable.backend).get(key)
+            if call is None:
+                raise InvalidArgument(f'the shadow version has no signature "{key}"')
+            batch = parts[0] if len(parts) == 1 else call.concat(parts)
+            if (
+                len(batch) <= INLINE_MAX_ROWS
+            ):  # a few rows: the model call alone, on the loop, as a runner does
+                started = time.perf_counter()
+                outputs = call.predict(batch if call.prepare is None else call.prepare(batch))
+                elapsed_us = (time.perf_counter() - started) * 1e6
+                runtime = servable.backend.runtime
+                self.metrics.runtime_latency.observe(elapsed_us, self.manager.name, "predict", runtime)
+            else:  # more: the version's runner (its batcher, or the inference thread)
+                outputs = await servable.run(DecodedRequest(key, batch))
+            scores = signature.score(outputs)
         except Overloaded:
             self._drop("busy", len(jobs))
             return

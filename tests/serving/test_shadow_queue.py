@@ -152,7 +152,7 @@ def test_a_busy_model_drops_shadow_work_first(base: Path) -> None:
         assert p.metrics.shadow_scored.values == {("ctr", "2"): 0.0}  # created at 0, nothing scored
         for prediction in await asyncio.gather(*clients):
             np.testing.assert_allclose(prediction.scores, reference_predict(WEIGHTS[1], X), rtol=1e-5)
-        # Idle again: shadow work runs (through the shadow version's own batcher).
+        # Idle again: shadow work runs.
         p.shadow.offer(DecodedRequest(DEFAULT_SIGNATURE, X), "idle")
         for _ in range(200):
             if p.metrics.shadow_scored.values[("ctr", "2")] == 1:
@@ -208,3 +208,30 @@ def test_raw_requests_queued_together_are_scored_in_one_call_and_logged_each_as_
             assert shadows[request_id]["model"]["version"] == 2
 
     run(raw_base, test, None)
+
+
+def test_more_rows_than_run_inline_go_through_the_shadow_versions_runner(base: Path, tmp_path: Path) -> None:
+    rows = np.random.default_rng(5).random((3, 10, WIDTH)).astype(np.float32)  # 3 requests, 30 rows together
+    logs = tmp_path / "requests"
+
+    async def test(p: Predictor) -> None:
+        p.request_log = RequestLog(logs, 1.0, 1 << 20, on_drop=lambda n: None)
+        p.request_log.start()
+        for i, x in enumerate(rows):
+
+            async def decode(sig: Signature, x: np.ndarray = x) -> DecodedRequest:
+                return DecodedRequest(DEFAULT_SIGNATURE, x)
+
+            await p.predict("ctr", None, None, decode, "REST", f"big-{i}")
+        for _ in range(500):  # the 30 rows run on the inference thread
+            if p.metrics.shadow_scored.values.get(("ctr", "2")) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert p.metrics.shadow_scored.values == {("ctr", "2"): 3.0}
+        p.request_log.stop()
+        lines = [json.loads(line) for f in logs.glob("*.jsonl") for line in f.read_text().splitlines()]
+        shadows = {line["request_id"]: line["outputs"] for line in lines if line["shadow"]}
+        for i, x in enumerate(rows):
+            np.testing.assert_allclose(shadows[f"big-{i}"], reference_predict(WEIGHTS[2], x), rtol=1e-5)
+
+    run(base, test, None)
