@@ -70,7 +70,8 @@ def test_a_killed_evaluator_restarts_without_losing_or_repeating_an_interval(tmp
     reference = LiveEval(_settings(world, tmp_path / "reference"), first=FIRST)
     reference.run(until=T0 + SECONDS)
     state = tmp_path / "state"
-    seen = [_kill_after(world, state, 3), _kill_after(world, state, 20)]
+    first_kill = _kill_after(world, state, 3)
+    seen = [first_kill, _kill_after(world, state, first_kill + 10)]
     assert 3 <= seen[0] < seen[1] < SECONDS / S  # each kill landed mid-run
     done = subprocess.run(_command(world, state), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
