@@ -33,13 +33,14 @@ class JobConfig:
     holdout: float
     interval_s: float = 3600.0
     explicit: list[list[float]] = field(default_factory=list)  # [[n, start, end], ...]: only these
-    parallelism: int = 1
+    parallelism: int = 1  # 0: the cluster's default (a FlinkDeployment's job.parallelism)
     lag_s: float = 5.0  # continuous sources: the watermark's bounded out-of-orderness
     idle_s: float = 5.0  # continuous sources: a quiet subtask holds the watermark back no longer
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float = 10.0
     restore: str | None = None  # a retained checkpoint (chk-N folder) to start from
     python: str | None = None  # the Python of the Flink venv, for the workers
+    execution_mode: str = "thread"  # Python functions in the TaskManager's JVM (pemja), or "process"
     name: str = "ctr-click-join"
     settings: dict[str, str] = field(default_factory=dict)  # more Flink configuration, verbatim
 
@@ -63,7 +64,7 @@ class JobConfig:
 
 def flink_settings(cfg: JobConfig) -> dict[str, str]:
     """The Flink configuration of a job: its Python, checkpoints and restore point."""
-    out = {"python.fn-execution.bundle.size": "1000"}
+    out = {"python.execution-mode": cfg.execution_mode}
     if cfg.python:
         out |= {"python.executable": cfg.python, "python.client.executable": cfg.python}
     if cfg.checkpoint_dir:

@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import site
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -165,16 +168,15 @@ class EventTime(TimestampAssigner):  # type: ignore[misc]
 
 
 def _lines(t_env: Any, stream: str) -> Any:
-    """A source table's rows as (stream, line, path, mtime, size) tuples."""
+    """A source table's rows as (stream, line, path, mtime, size) tuples (mtime: a UTC time string in SQL,
+    Unix seconds here, as milliseconds: the metadata's precision)."""
 
     def row(r: Row) -> tuple[Any, ...]:
-        mtime = r[2]
-        seconds = mtime.to_epoch_milli() / 1000 if hasattr(mtime, "to_epoch_milli") else float(mtime)
-        return (stream, bytes(r[0]), str(r[1]), seconds, int(r[3]))
+        mtime = datetime.fromisoformat(str(r[2])).replace(tzinfo=UTC).timestamp()
+        return (stream, bytes(r[0]), str(r[1]), mtime, int(r[3]))
 
-    return t_env.to_data_stream(t_env.sql_query(f"SELECT line, path, mtime, size FROM {stream}_src")).map(
-        row, output_type=PICKLED
-    )
+    query = f"SELECT line, path, CAST(mtime AS STRING), size FROM {stream}_src"
+    return t_env.to_data_stream(t_env.sql_query(query)).map(row, output_type=PICKLED)
 
 
 def build(cfg: JobConfig) -> Any:
@@ -185,8 +187,10 @@ def build(cfg: JobConfig) -> Any:
     for k, v in flink_settings(cfg).items():
         conf.set_string(k, v)
     env.configure(conf)
-    env.set_parallelism(cfg.parallelism)
+    if cfg.parallelism > 0:  # else the cluster's parallelism.default (a FlinkDeployment's job.parallelism)
+        env.set_parallelism(cfg.parallelism)
     t_env = StreamTableEnvironment.create(env)
+    t_env.get_config().set_local_timezone("UTC")
     roots = {}
     for stream in ("requests", "clicks"):
         ddl, roots[stream] = source_ddl(cfg, stream)
@@ -217,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, required=True, help="the job's JSON configuration")
     args = p.parse_args(argv)
     cfg = JobConfig.from_dict(json.loads(args.config.read_text()))
+    # Thread mode runs the functions in an interpreter embedded in the JVM (started below, with this
+    # environment): it finds pyflink, pemja and this repository through PYTHONPATH.
+    paths = [
+        *site.getsitepackages(),
+        str(Path(__file__).resolve().parents[3]),
+        os.environ.get("PYTHONPATH", ""),
+    ]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     build(cfg).execute(cfg.name)
     return 0
 
