@@ -1,7 +1,7 @@
 """`make rollout-demo` (`python -m pipelines.rollout.demo --out DIR`): a good version promoted, a bad one rolled back.
 
-1. Three versions (pipelines/rollout/demo_models.py, one process beside the rest): version 1 into DIR/repo, a
-   good version 2 and a miscalibrated version 3 into DIR/staging.
+1. Three versions (pipelines/rollout/demo_models.py, one process): version 1 into DIR/repo, a good version 2
+   and a miscalibrated version 3 into DIR/staging, all before the traffic starts.
 2. On 127.0.0.1: the server (DIR/models.config re-read every second, every request logged to DIR/logs), the
    traffic simulator on the drifting world (clicks to DIR/clicks), live evaluation (`python -m
    pipelines.live_eval`, DIR/eval) and the rollout controller (`python -m pipelines.rollout`, DIR/rollout).
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -289,8 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, key) is None:
             setattr(a, key, value)
     out = a.out.resolve()
-    if out.exists():
-        subprocess.run(["rm", "-rf", str(out)], check=True)
+    shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     procs, timeline = Procs(out), Timeline(out / "models.config", out / "rollout")
     error: str | None = None

@@ -4,10 +4,11 @@
   other rows of that day.
 - Version 2, the good candidate: --v2-rows other rows of that day, two epochs; it passes export's quality
   gate against version 1.
-- Version 3, the bad candidate: version 2's network with a calibrator fitted on rows whose clicks were
-  miscounted (--bad `shifted`: every clicked row counted three times, so it predicts too many clicks, its AUC
-  unchanged; `flipped`: every label inverted, so it ranks the rows backwards). Export's gate refuses it; it is
-  published with `--force`, as if it had slipped past the offline gate.
+- Version 3, the bad candidate. --bad `shifted` (the default): version 2's network with a calibrator fitted
+  on rows whose clicked rows were counted three times, so it predicts too many clicks, its AUC unchanged;
+  `shuffled`: a network trained one epoch on version 2's rows with their labels permuted, so it ranks at
+  chance, its mean score still the click rate. Export's gate refuses it; it is published with `--force`, as if
+  it had slipped past the offline gate.
 
 Training and export run in this process (`training.cli.main`, `export.pipeline.export_version`, as the online
 trainer does), so PyTorch, Lightning and TensorFlow are imported once. Version 1 goes straight into DIR/repo;
@@ -21,11 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
 
-BAD_KINDS = ("shifted", "flipped")
+BAD_KINDS = ("shifted", "shuffled")
 
 
 def done(out: Path, version: int) -> Path:
@@ -39,14 +41,16 @@ def publish(out: Path, version: int) -> None:
 
 
 def miscounted(src: Path, dst: Path, how: str) -> Path:
-    """A copy of a Criteo file whose clicks are miscounted: `shifted` (clicked rows 3x) or `flipped`."""
-    with src.open() as f, dst.open("w") as g:
-        for line in f:
-            label, rest = line.split("\t", 1)
-            if how == "flipped":
-                g.write(f"{1 - int(label)}\t{rest}")
-            else:
-                g.write(line * (3 if label == "1" else 1))
+    """A copy of a Criteo file whose clicks are wrong: `shifted` (clicked rows 3x) or `shuffled` (labels permuted)."""
+    lines = src.read_text().splitlines(keepends=True)
+    if how == "shuffled":
+        labels = [line.split("\t", 1)[0] for line in lines]
+        random.Random(0).shuffle(labels)
+        dst.write_text(
+            "".join(y + "\t" + line.split("\t", 1)[1] for y, line in zip(labels, lines, strict=True))
+        )
+    else:
+        dst.write_text("".join(line * (3 if line.startswith("1\t") else 1) for line in lines))
     return dst
 
 
@@ -92,17 +96,21 @@ def build(a: argparse.Namespace) -> None:
     # miscalibrated on it.
     day2 = a.start_day
     run1 = _train(_synth(work / "v1.txt", a.v1_rows, a.start_day, a, 1), work / "run1", 1)
-    cal1 = _synth(
-        work / "calibration1.txt", a.bad_rows, a.start_day, a, 4
-    )  # v1's few validation rows are too few
+    cal1 = _synth(work / "calibration1.txt", a.bad_rows, a.start_day, a, 4)  # v1's validation rows: too few
     _export(run1, out / "repo", 1, "--calibration-data", str(cal1))
     shutil.copytree(out / "repo", out / "staging")
     done(out, 1).touch()
     run2 = _train(_synth(work / "v2.txt", a.v2_rows, day2, a, 2), work / "run2", 2)
     _export(run2, out / "staging", 2)
     done(out, 2).touch()
-    bad = miscounted(_synth(work / "calibration.txt", a.bad_rows, day2, a, 3), work / f"{a.bad}.txt", a.bad)
-    _export(run2, out / "staging", 3, "--calibration", "platt", "--calibration-data", str(bad), "--force")
+    if a.bad == "shuffled":  # a network that learnt nothing, calibrated to the mean click rate
+        run3 = _train(miscounted(work / "v2.txt", work / "shuffled.txt", a.bad), work / "run3", 1)
+        _export(run3, out / "staging", 3, "--force")
+    else:  # version 2's network, its calibrator fitted on too many clicks
+        bad = miscounted(
+            _synth(work / "calibration.txt", a.bad_rows, day2, a, 3), work / "shifted.txt", a.bad
+        )
+        _export(run2, out / "staging", 3, "--calibration", "platt", "--calibration-data", str(bad), "--force")
     done(out, 3).touch()
 
 
