@@ -51,7 +51,7 @@ def test_a_short_demo_promotes_the_good_version_and_rolls_the_bad_one_back(tmp_p
     _check(r, tmp_path, max_windows=4)
 
 
-@pytest.mark.slow  # ~3 minutes: the demo at its default size
+@pytest.mark.slow  # ~2 minutes: the demo at its default size
 def test_the_full_demo_meets_the_goals(tmp_path: Path, run_module):
     r = _demo(run_module, tmp_path)
     _check(r, tmp_path, max_windows=3)
