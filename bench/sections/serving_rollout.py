@@ -16,13 +16,18 @@ standalone:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
 import sys
+import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench.harness import procs
 from bench.harness.inputs import PROJECT_ROOT
@@ -30,6 +35,7 @@ from bench.harness.inputs import latest_version as latest_version_dir
 from bench.harness.servers import Server, median_row, our_server, write_lua, wrk_point
 from bench.sections.serving_tracing import paired
 
+IN_PROCESS_PREDICTS = 4000  # predicts per setup and rep in the in-process measurement
 MIN_ROUNDS = 6  # as the tracing comparison: medians of at least 6 interleaved rounds when points are >= 4 s
 CANARY_CONNECTIONS, SHADOW_CONNECTIONS = 64, 8
 CANARY_0, CANARY_1, CANARY_10 = "canary 0%", "canary 1%", "canary 10%"
@@ -98,10 +104,85 @@ def served_shares(server: Server) -> dict[str, Any]:
     }
 
 
+def in_process_cost(base: Path, reps: int = 5, predicts: int = IN_PROCESS_PREDICTS) -> dict[str, Any]:
+    """The same setups without HTTP: CPU time per predict through the Predictor (the real ModelManager and
+    ONNX Runtime on `base`'s versions 1 and 2, direct runners, 8 concurrent callers each yielding between
+    predicts, client ids "r<k>-<i>" hashed by the split), shadow work included (measured until its queue is
+    empty). The setups are interleaved `reps` times (order reversed every other time). Returns {"cpu_us":
+    {setup: median/min/max}, "vs_canary_0_us": {setup: each rep's difference to canary 0%, median/min/max}}."""
+    return asyncio.run(_in_process(base, reps, predicts))
+
+
+async def _in_process(base: Path, reps: int, predicts: int) -> dict[str, Any]:
+    from serving.dataplane.predictor import Predictor
+    from serving.dataplane.validation import Limits
+    from serving.observability.metrics import ServingMetrics
+    from serving.repository.manager import ModelManager
+    from serving.repository.policy import VersionPolicy
+    from serving.repository.traffic import TrafficSplit
+    from serving.requests import DecodedRequest
+    from serving.signatures import DEFAULT_SIGNATURE, Signature
+
+    metrics = ServingMetrics()
+    metrics.start_at_zero("ctr")
+    with ThreadPoolExecutor(1) as disk:
+        manager = ModelManager(
+            "ctr", base, "onnx", 1, VersionPolicy("specific", versions=(1, 2)), {}, metrics, disk
+        )
+        await manager.poll_once()
+        predictor = Predictor(manager, Limits(max_instances=1024, allow_nonfinite=False), metrics)
+        width = manager.loaded[1].backend.signature.width
+        x = np.full((1, width), 0.5, np.float32)
+
+        async def decode(sig: Signature) -> DecodedRequest:
+            return DecodedRequest(DEFAULT_SIGNATURE, x)
+
+        async def caller(k: int, n: int, tag: str) -> None:
+            for i in range(n):
+                await predictor.predict("ctr", None, None, decode, "REST", f"r{k}-{tag}-{i}")
+                await asyncio.sleep(0)
+
+        async def measure(name: str, tag: str, n: int) -> float:
+            label, canary, shadow = SETUPS[name]
+            manager.labels = {"stable": 1, label: 2}
+            manager.traffic = TrafficSplit(canary, shadow)
+            started = time.process_time()
+            await asyncio.gather(*(caller(k, n // 8, tag) for k in range(8)))
+            while predictor.shadow.queued:
+                await asyncio.sleep(0.005)
+            return (time.process_time() - started) / (n // 8 * 8) * 1e6
+
+        for name in SETUPS:  # warm-up: every setup once, unmeasured
+            await measure(name, "warm", predicts // 4)
+        cpu: dict[str, list[float]] = {name: [] for name in SETUPS}
+        for rep in range(reps):
+            for name in list(SETUPS) if rep % 2 == 0 else list(SETUPS)[::-1]:
+                cpu[name].append(await measure(name, str(rep), predicts))
+        predictor.shadow.stop()
+        for servable in manager.loaded.values():
+            servable.close()
+
+    def spread(values: list[float]) -> dict[str, float]:
+        ranked = sorted(values)
+        return {"median": ranked[len(ranked) // 2], "min": ranked[0], "max": ranked[-1]}
+
+    return {
+        "predicts": predicts,
+        "reps": reps,
+        "cpu_us": {name: spread(v) for name, v in cpu.items()},
+        "vs_canary_0_us": {
+            name: spread([a - b for a, b in zip(v, cpu[CANARY_0], strict=True)])
+            for name, v in cpu.items()
+            if name != CANARY_0
+        },
+    }
+
+
 def run(rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str]) -> dict[str, Any]:
     """Measure; returns {"rows": [...] (median rows per server and connections), "paired": {connections:
     {server: {"qps", "cpu_us", "p99_ms"}}} (each against the 0% server round by round: median, min, max,
-    rounds), "shadow_p99_ratio_at_8" (the paired median, minus 1), "served": {server: served_shares}}."""
+    rounds), "shadow_p99_ratio_at_8" (the paired median, minus 1), "served": {server: served_shares},
+    "in_process": in_process_cost}."""
     workdir.mkdir(parents=True, exist_ok=True)
     rounds = max(rounds, MIN_ROUNDS) if seconds >= 4 else rounds  # tiny mode (2 s points) keeps its budget
     repo_base = two_versions(base, workdir / "repo")
@@ -128,6 +209,7 @@ def run(rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str
             for name in names[1:]
         }
     out["shadow_p99_ratio_at_8"] = out["paired"][str(SHADOW_CONNECTIONS)][SHADOW_10]["p99_ms"]["median"]
+    out["in_process"] = in_process_cost(repo_base, reps=max(3, min(rounds, 9)))
     return out
 
 
@@ -149,6 +231,26 @@ def rollout_lines(result: dict[str, Any]) -> list[str]:
             f"| {row['server']} | {row['connections']} | {row['qps']:,.0f} | {row['p99_ms']:.2f} | "
             f"{'' if cpu is None else f'{cpu:.1f}'} | {' | '.join(cells)} |"
         )
+    extra = in_process_lines(result)
+    return lines + (["", *extra] if extra else [])
+
+
+def in_process_lines(result: dict[str, Any]) -> list[str]:
+    """One line per setup: its CPU a predict without HTTP, and the difference to canary 0%."""
+    figures = result.get("in_process") or {}
+    lines = []
+    for name, cpu in figures.get("cpu_us", {}).items():
+        diff = figures.get("vs_canary_0_us", {}).get(name)
+        against = (
+            ""
+            if diff is None
+            else f", {diff['median']:+.2f} µs vs canary 0% ({diff['min']:+.2f} to {diff['max']:+.2f})"
+        )
+        lines.append(
+            f"- {name}: {cpu['median']:.2f} µs CPU a predict ({cpu['min']:.2f}-{cpu['max']:.2f}){against}"
+        )
+    if lines:
+        lines = ["The same setups without HTTP (the predict path alone, 8 concurrent callers):", "", *lines]
     return lines
 
 
