@@ -69,3 +69,14 @@ def test_a_short_run_measures_every_server_and_their_shares(base: Path, tmp_path
     assert served["shadow 10%"]["shadow_scored"] > 0 and served["shadow 10%"]["answered"].get("2", 0) == 0
     assert set(result["paired"]["8"]) == {"shadow 10%"}
     assert result["shadow_p99_ratio_at_8"] == result["paired"]["8"]["shadow 10%"]["p99_ms"]["median"]
+
+
+def test_in_process_cost_measures_every_setup_against_canary_0(base: Path, tmp_path: Path) -> None:
+    two = serving_rollout.two_versions(base, tmp_path / "repo")
+    result = serving_rollout.in_process_cost(two, reps=2, predicts=200)
+    assert set(result["cpu_us"]) == set(serving_rollout.SETUPS)
+    assert set(result["vs_canary_0_us"]) == set(serving_rollout.SETUPS) - {serving_rollout.CANARY_0}
+    for figure in result["cpu_us"].values():
+        assert 0 < figure["min"] <= figure["median"] <= figure["max"] < 10_000
+    lines = serving_rollout.in_process_lines({"in_process": result})
+    assert len(lines) == 2 + len(serving_rollout.SETUPS) and lines[2].startswith("- canary 0%: ")
