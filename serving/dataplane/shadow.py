@@ -113,7 +113,7 @@ class ShadowScorer:
                 self._drop("queue_full")
                 return
             self._queue.append(_Job(request, request_id, logged_at, request_log))
-            if self._task is None:
+            if self._task is None or self._task.done():  # first job, or a worker that died
                 # An empty context: the worker must not inherit the first request's trace span.
                 self._task = asyncio.get_running_loop().create_task(
                     self._work(), context=contextvars.Context()
