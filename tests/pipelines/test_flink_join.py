@@ -6,12 +6,14 @@ five consecutive intervals: every interval's report (rows, positives, holdout, s
 every Parquet partition (train, holdout, shadow; same columns, same rows in the same order) must be equal.
 
 - The keyed rules alone (logic.py, no Flink): events grouped by request id as the job's keyBy groups them.
-- The job in a local MiniCluster at parallelism 2 (make test) and 1 (slow), run in the Flink venv
-  (`make flink-venv`); skipped, saying so, only where that venv is absent.
+- The job in a local MiniCluster at parallelism 1 and 2, run in the Flink venv (`make flink-venv`, which
+  `make test` installs); skipped, saying so, only where that venv is absent.
+- The online trainer's join with `--engine flink` (`flink_join_interval`, join_interval's signature).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,6 +32,8 @@ from pipelines.clicks.flink.logic import (
     line_event,
 )
 from pipelines.clicks.join import JoinReport, join_interval, partition_name
+from pipelines.online.__main__ import build_parser
+from pipelines.online.step import Settings, join
 from tests.pipelines.flink_inputs import INTERVAL_S, WINDOW_S, T, make
 
 HOLDOUT = 0.3
@@ -163,8 +167,26 @@ def test_flink_at_parallelism_2_equals_the_embedded_join(world):
 
 
 @needs_flink
-@pytest.mark.slow
 def test_flink_at_parallelism_1_equals_the_embedded_join(world):
     root, embedded = world
     out, flink = _flink(root, 1)
     _assert_equal(root, out, embedded, flink)
+
+
+@needs_flink
+def test_the_online_trainer_joins_on_flink_as_embedded(world, tmp_path: Path):
+    root, _ = world
+    interval = int(T // INTERVAL_S) + 1
+    reports = {}
+    for engine in ("embedded", "flink"):
+        s = Settings(
+            root / "logs", root / "clicks", tmp_path / "repo", tmp_path / engine, INTERVAL_S, WINDOW_S
+        )
+        reports[engine] = join(dataclasses.replace(s, engine=engine), interval)
+        assert reports[engine].rows > 100
+    assert reports["flink"] == reports["embedded"]
+    for part in ("train", "holdout", "shadow"):
+        a = pq.read_table(tmp_path / "embedded" / "data" / part / partition_name(interval))
+        assert a.equals(pq.read_table(tmp_path / "flink" / "data" / part / partition_name(interval))), part
+    args = build_parser().parse_args(["--logs", "l", "--clicks", "c", "--engine", "flink"])
+    assert args.engine == "flink"

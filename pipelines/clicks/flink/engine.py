@@ -48,6 +48,15 @@ def start_job(cfg: JobConfig, workdir: Path, log: Path | None = None) -> subproc
     """Start the job of `cfg` (its config in WORKDIR/job.json); its own process group, so it can be killed whole."""
     python = _python()
     cfg.python = cfg.python or str(python)
+    # The job runs from the repository's root: the caller's relative paths, made absolute here.
+    for src in (cfg.requests, cfg.clicks):
+        if src.get("connector") == "filesystem":
+            src["path"] = os.path.abspath(src["path"])
+    cfg.out, cfg.reports = os.path.abspath(cfg.out), os.path.abspath(cfg.reports)
+    if cfg.checkpoint_dir:
+        cfg.checkpoint_dir = os.path.abspath(cfg.checkpoint_dir)
+    if cfg.restore:
+        cfg.restore = os.path.abspath(cfg.restore)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "job.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

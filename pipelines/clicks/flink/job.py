@@ -4,17 +4,17 @@
 
 The graph (docs/flink-join.md):
 
-    requests source ─┐                        ┌─ keyBy(request id) ─ Attribute ─┐
-                     ├─ keyBy(file) ─ Parse ──┤                                 ├─ keyBy(interval) ─ Write
-    clicks source ───┘                        └─ bad lines ─────────────────────┘
+    requests source ─┐
+                     ├─ keyBy(file) ─ Parse ─ keyBy(request id) ─ Attribute ─ keyBy(interval) ─ Write
+    clicks source ───┘
 
 - Sources (`config.source_ddl`): the filesystem connector, `format = raw` (one record a line) with the file's
   path, size and mtime, bounded or monitoring the folder continuously; or Kafka topics (configuration only).
 - Parse (keyed by file): numbers each file's lines, parses them (pipelines/clicks/flink/logic.py, the embedded
   join's own parsing) into request, click and bad-line events.
-- Attribute (keyed by request id): the interval join of a request id's requests and clicks. Its events stay in
-  keyed state; at an event-time timer (interval end + attribution window) the interval's labels and counts are
-  emitted and events no later interval needs are dropped.
+- Attribute (keyed by request id; bad lines by their kind): the interval join of a request id's requests and
+  clicks. Its events stay in keyed state; at an event-time timer (interval end + attribution window) the
+  interval's labels and counts are emitted and events no later interval needs are dropped.
 - Write (keyed by interval): at the same timer, writes the interval's train/holdout Parquet partitions (join.py's
   own table and hash holdout) and REPORTS/interval-N.json (the JoinReport; written last, atomically).
 
@@ -42,7 +42,6 @@ from pyflink.table import StreamTableEnvironment
 from pipelines.clicks.flink.config import JobConfig, flink_settings, source_ddl
 from pipelines.clicks.flink.logic import (
     BAD,
-    CLICK,
     REQUEST,
     FileCursor,
     Intervals,
@@ -73,8 +72,14 @@ class Parse(KeyedProcessFunction):  # type: ignore[misc]
             yield event
 
 
+def _key(e: tuple[Any, ...]) -> str:
+    """Request and click events by request id; bad lines (kind, not an id) by their kind, after a NUL."""
+    return "\0" + e[1] if e[0] == BAD else e[1]
+
+
 class Attribute(KeyedProcessFunction):  # type: ignore[misc]
-    """Keyed by request id: its requests and clicks until their intervals close (the interval join)."""
+    """Keyed by request id: its requests and clicks until their intervals close (the interval join); a bad
+    line becomes a count in every interval whose join reads it."""
 
     def __init__(self, intervals: Intervals) -> None:
         self.iv = intervals
@@ -85,6 +90,9 @@ class Attribute(KeyedProcessFunction):  # type: ignore[misc]
         self.behind = ctx.get_metrics_group().counter("ctr_join_events_behind_watermark")
 
     def process_element(self, e: Any, ctx: Any) -> Any:
+        if e[0] == BAD:
+            yield from bad_line_counts(self.iv, e)
+            return
         n = self.iv.of(e[2])
         if n is not None:
             timer = self.iv.timer(n)
@@ -96,7 +104,6 @@ class Attribute(KeyedProcessFunction):  # type: ignore[misc]
             self.requests.add((e[2], e[3], e[4], e[5]))
         else:
             self.clicks.add((e[2], e[3], e[4], e[5]))
-        return iter(())
 
     def on_timer(self, timestamp: int, ctx: Any) -> Any:
         requests, clicks = list(self.requests.get() or []), list(self.clicks.get() or [])
@@ -204,13 +211,9 @@ def build(cfg: JobConfig) -> Any:
         strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(int(cfg.lag_s * 1000)))
         strategy = strategy.with_idleness(Duration.of_millis(int(cfg.idle_s * 1000)))
         events = events.assign_timestamps_and_watermarks(strategy.with_timestamp_assigner(EventTime()))
-    joined = (
-        events.filter(lambda e: e[0] in (REQUEST, CLICK))
-        .key_by(lambda e: e[1], key_type=Types.STRING())
-        .process(Attribute(iv), output_type=PICKLED)
-    )
-    bad = events.filter(lambda e: e[0] == BAD).flat_map(lambda e: bad_line_counts(iv, e), output_type=PICKLED)
-    joined.union(bad).key_by(lambda x: x[1], key_type=Types.LONG()).process(
+    # Bad lines go through Attribute too (keyed apart from every request id): one Python call an event.
+    joined = events.key_by(_key, key_type=Types.STRING()).process(Attribute(iv), output_type=PICKLED)
+    joined.key_by(lambda x: x[1], key_type=Types.LONG()).process(
         Write(cfg, iv), output_type=Types.STRING()
     ).print()
     return env
