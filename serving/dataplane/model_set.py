@@ -109,6 +109,7 @@ class ModelSet(ServedModels):
         if poll is not None:
             poll.cancel()
         log.info("model %s removed: %d requests in flight finish first", name, predictor.inflight)
+        predictor.shadow.stop()  # its queued shadow work goes with it
         predictor.manager.retire_all("model removed from --model_config_file")
 
     def stop(self) -> None:
