@@ -235,3 +235,34 @@ def test_more_rows_than_run_inline_go_through_the_shadow_versions_runner(base: P
             np.testing.assert_allclose(shadows[f"big-{i}"], reference_predict(WEIGHTS[2], x), rtol=1e-5)
 
     run(base, test, None)
+
+
+def test_a_shadow_version_scoring_nan_is_counted_and_never_logged(tmp_path: Path) -> None:
+    base = tmp_path / "ctr"
+    write_version(base, 1, WEIGHTS[1])
+    broken = [w.copy() for w in WEIGHTS[2]]
+    broken[0][0, :] = (
+        1e30  # feature 0 of 1e30 overflows float32 to inf, then inf - inf: NaN (warm-up rows are < 1)
+    )
+    write_version(base, 2, broken)
+    logs = tmp_path / "requests"
+    x = X.copy()
+    x[:, 0] = 1e30
+
+    async def decode(sig: Signature) -> DecodedRequest:
+        return DecodedRequest(DEFAULT_SIGNATURE, x)
+
+    async def test(p: Predictor) -> None:
+        p.request_log = RequestLog(logs, 1.0, 1 << 20, on_drop=lambda n: None)
+        p.request_log.start()
+        for i in range(5):
+            prediction = await p.predict("ctr", None, None, decode, "REST", f"nan-{i}")
+            np.testing.assert_allclose(prediction.scores, reference_predict(WEIGHTS[1], x), rtol=1e-5)
+        await settle(p)
+        assert dropped(p)["non_finite"] == 5
+        assert p.metrics.shadow_scored.values == {("ctr", "2"): 0.0}
+        p.request_log.stop()
+        lines = [json.loads(line) for f in logs.glob("*.jsonl") for line in f.read_text().splitlines()]
+        assert len(lines) == 5 and not any(line["shadow"] for line in lines)
+
+    run(base, test, None)
