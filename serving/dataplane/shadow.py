@@ -1,7 +1,7 @@
 """Shadow scoring: a sampled share of unlabelled predicts scored again by the `shadow` label's version.
 
 The model's `shadow_percent` (the `# ctr-traffic:` line of `--model_config_file`, or `--shadow_percent`;
-serving/repository/traffic.py) picks the requests: `zlib.crc32(b"shadow:" + request_id) < percent / 100 * 2**32`
+serving/repository/traffic.py) picks the requests: `mix32(zlib.crc32(b"shadow:" + request_id)) < percent / 100 * 2**32`
 (a request without a client's id: a random choice). Only unlabelled requests are shadowed, never an explicit
 `/versions/N` or `/labels/L`. After the client's answer is made, the request's decoded batch is copied into a
 small bounded queue (`QUEUE_JOBS`) and the predict returns; one background task per model, woken by a job,

@@ -26,8 +26,13 @@ WEIGHTS = {1: make_weights(seed=1), 2: make_weights(seed=2)}
 
 
 def shadowed(request_id: str) -> bool:
-    """The plan's rule: crc32(b"shadow:" + id) < p / 100 * 2**32."""
-    return zlib.crc32(b"shadow:" + request_id.encode()) < SHADOW_PERCENT / 100 * 2**32
+    """The documented rule: mix32(crc32(b"shadow:" + id)) < p / 100 * 2**32, mix32 MurmurHash3's fmix32."""
+    h = zlib.crc32(b"shadow:" + request_id.encode())
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16) < SHADOW_PERCENT / 100 * 2**32
 
 
 def predict(server: ServerProcess, request_id: str, path: str = "") -> tuple[list[list[float]], str | None]:

@@ -30,7 +30,12 @@ IDS = [f"t-{i}" for i in range(240)]
 
 def hashed(salt: bytes, request_id: str, percent: float) -> bool:
     """The documented rule, written out independently of the server's code."""
-    return zlib.crc32(salt + request_id.encode()) < percent / 100 * 2**32
+    h = zlib.crc32(salt + request_id.encode())  # then MurmurHash3's fmix32
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16) < percent / 100 * 2**32
 
 
 def config_text(
