@@ -86,7 +86,7 @@ class Unavailable(ServingError):
 class DeadlineExceeded(ServingError):
     """The request's deadline passed (504, gRPC DEADLINE_EXCEEDED): it waited in the batching queue longer than
     `--rest_api_timeout_in_ms`, or its own deadline (a gRPC deadline, REST's `x-request-timeout-ms`) passed
-    before its work started (serving/dataplane/fallback.py)."""
+    before its work started or before the model answered (serving/dataplane/fallback.py)."""
 
     http_status = 504
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED

@@ -14,7 +14,7 @@ from serving.dataplane.fallback import Fallback, check_deadline
 from serving.dataplane.output_check import check_outputs
 from serving.dataplane.shadow import ShadowScorer
 from serving.dataplane.validation import Limits, check_request
-from serving.errors import ServingError, Unavailable
+from serving.errors import DeadlineExceeded, ServingError, Unavailable
 from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
@@ -112,7 +112,10 @@ class Predictor:
                             )
                         check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
                         check_deadline(deadline, "the model ran")
-                        scores = await servable.run(request)
+                        if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
+                            scores = await servable.run(request)
+                        else:  # cut at the deadline: a run still queued in the batcher is dropped from it
+                            scores = await _until(servable.run(request), deadline)
                         timing.ran = time.perf_counter_ns()
                     finally:
                         self.inflight -= 1
@@ -212,6 +215,16 @@ class Predictor:
         while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)  # polling keeps the request path free of Event bookkeeping
         return self.inflight == 0
+
+
+async def _until(run: Awaitable[np.ndarray], deadline: float) -> np.ndarray:
+    """`run`'s scores, or DeadlineExceeded once `deadline` (time.monotonic()) passes first."""
+    try:
+        return await asyncio.wait_for(run, max(deadline - time.monotonic(), 0.0))
+    except TimeoutError:
+        raise DeadlineExceeded(
+            "the model did not answer within the request's x-request-timeout-ms; retry with a longer timeout"
+        ) from None
 
 
 def _unit(entrypoint: str) -> str:

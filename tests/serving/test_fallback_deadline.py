@@ -101,6 +101,20 @@ def test_rest_timeout_header_is_checked(server: ServerProcess) -> None:
         assert body["error"].startswith("x-request-timeout-ms must be a whole number of milliseconds"), body
 
 
+def test_rest_timeout_cuts_a_run_still_waiting_in_the_batching_queue(server: ServerProcess) -> None:
+    batches = 'ctr_serving_batch_size_count{model_name="ctr"}'
+    before = metric(server, batches)
+    started = time.monotonic()
+    status, body, _ = predict(server, 0.5, headers={"x-request-timeout-ms": "100"})  # the window is 500 ms
+    assert time.monotonic() - started < WINDOW_US / 1e6  # answered at its deadline, not at the window's end
+    assert status == 504, body
+    assert body["error"].startswith("the model did not answer within the request's x-request-timeout-ms"), (
+        body
+    )
+    time.sleep(WINDOW_US / 1e6 + 0.2)  # the batch window it was queued in has closed
+    assert metric(server, batches) == before  # it was dropped from the queue unrun
+
+
 def test_grpc_deadline_passed_in_the_queue_is_not_run_and_breaks_the_version(server: ServerProcess) -> None:
     batches = 'ctr_serving_batch_size_count{model_name="ctr"}'
     before = metric(server, batches)
