@@ -24,9 +24,8 @@ from pipelines.clicks.join import join_interval
 from pipelines.live_eval.metrics import LiveMetrics
 from pipelines.live_eval.service import JoinFunction, LiveEval, Settings, first_interval
 
-FLINK_MODULE = (
-    "pipelines.clicks.flink"  # its join_interval has the embedded one's signature (docs/live-eval.md)
-)
+# Its flink_join_interval has the embedded join_interval's signature (docs/live-eval.md).
+FLINK_MODULE = "pipelines.clicks.flink.engine"
 
 
 def build_parser() -> argparse.ArgumentParser:
