@@ -6,21 +6,26 @@ five consecutive intervals: every interval's report (rows, positives, holdout, s
 every Parquet partition (train, holdout, shadow; same columns, same rows in the same order) must be equal.
 
 - The keyed rules alone (logic.py, no Flink): events grouped by request id as the job's keyBy groups them.
-- The job in a local MiniCluster at parallelism 1 and 2, run in the Flink venv (`make flink-venv`, which
-  `make test` installs); skipped, saying so, only where that venv is absent.
-- The online trainer's join with `--engine flink` (`flink_join_interval`, join_interval's signature).
+- The job in a local MiniCluster at parallelism 2 and 1 (five intervals at 1: slow), run in the Flink venv
+  (`make flink-venv`, which `make test` installs); skipped, saying so, only where that venv is absent.
+- The online trainer's join with `--engine flink` (`flink_join_interval`, join_interval's signature: one
+  interval at parallelism 1).
+- The Kafka form of the sources, through Flink's SQL parser and validator (never run: no broker here).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.clicks.flink.config import JobConfig
+from pipelines.clicks.flink.config import JobConfig, source_ddl
 from pipelines.clicks.flink.engine import flink_python, read_report, run_job
 from pipelines.clicks.flink.logic import (
     BAD,
@@ -34,6 +39,7 @@ from pipelines.clicks.flink.logic import (
 from pipelines.clicks.join import JoinReport, join_interval, partition_name
 from pipelines.online.__main__ import build_parser
 from pipelines.online.step import Settings, join
+from tests.helpers import REPO_ROOT
 from tests.pipelines.flink_inputs import INTERVAL_S, WINDOW_S, T, make
 
 HOLDOUT = 0.3
@@ -167,6 +173,7 @@ def test_flink_at_parallelism_2_equals_the_embedded_join(world):
 
 
 @needs_flink
+@pytest.mark.slow  # make test runs parallelism 1 through the online trainer's join (below)
 def test_flink_at_parallelism_1_equals_the_embedded_join(world):
     root, embedded = world
     out, flink = _flink(root, 1)
@@ -190,3 +197,42 @@ def test_the_online_trainer_joins_on_flink_as_embedded(world, tmp_path: Path):
         assert a.equals(pq.read_table(tmp_path / "flink" / "data" / part / partition_name(interval))), part
     args = build_parser().parse_args(["--logs", "l", "--clicks", "c", "--engine", "flink"])
     assert args.engine == "flink"
+
+
+KAFKA_DDL_CHECK = """
+import json, sys
+from pyflink.table import EnvironmentSettings, TableEnvironment
+from pipelines.clicks.flink.config import JobConfig, source_ddl
+cfg = JobConfig.from_dict(json.loads(sys.argv[1]))
+t = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+for stream in ("requests", "clicks"):
+    ddl, root = source_ddl(cfg, stream)
+    t.execute_sql(ddl)  # parsed and validated (the connector itself is looked up only when a query runs)
+    print(json.dumps([stream, root, t.from_path(f"{stream}_src").get_schema().get_field_names()]))
+"""
+
+
+@needs_flink
+def test_the_kafka_sources_are_valid_flink_sql(tmp_path: Path):
+    """The Kafka form is never run here (no broker, no connector jar): its DDL goes through Flink's own parser
+    and catalog, and its columns are those the job reads."""
+    kafka = {"connector": "kafka", "topic": "t", "bootstrap_servers": "kafka:9092"}
+    cfg = JobConfig(
+        requests=kafka, clicks=kafka | {"topic": "c"}, out="o", reports="r", window_s=1, holdout=0
+    )
+    proc = subprocess.run(
+        [str(flink_python()), "-c", KAFKA_DDL_CHECK, json.dumps(cfg.to_dict())],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("[")]
+    assert [x[:2] for x in lines] == [["requests", "kafka"], ["clicks", "kafka"]]
+    assert all({"line", "path", "mtime", "size"} <= set(x[2]) for x in lines), lines
+    assert (
+        "'connector' = 'kafka'" in source_ddl(cfg, "requests")[0]
+        and "'format' = 'raw'" in source_ddl(cfg, "clicks")[0]
+    )

@@ -81,6 +81,7 @@ def flink_settings(cfg: JobConfig) -> dict[str, str]:
 
 
 COLUMNS = "line BYTES"
+KAFKA_MTIME_MS = 4_102_444_800_000  # 2100-01-01: a partition is never skipped as too old
 FILE_METADATA = (
     "path STRING NOT NULL METADATA FROM 'file.path' VIRTUAL, "
     "mtime TIMESTAMP_LTZ(3) NOT NULL METADATA FROM 'file.modification-time' VIRTUAL, "
@@ -117,7 +118,7 @@ def source_ddl(cfg: JobConfig, stream: str) -> tuple[str, str]:
         columns = (
             f"{COLUMNS}, part INT NOT NULL METADATA FROM 'partition' VIRTUAL, "
             f"path AS CONCAT('kafka/{name}', CAST(part AS STRING), '.jsonl'), "
-            f"mtime AS TO_TIMESTAMP_LTZ({2**53}, 3), size AS CAST({2**62} AS BIGINT)"
+            f"mtime AS TO_TIMESTAMP_LTZ({KAFKA_MTIME_MS}, 3), size AS CAST({2**62} AS BIGINT)"
         )
         return f"CREATE TABLE {stream}_src ({columns}) WITH ({with_})", "kafka"
     raise ValueError(f"{stream}: unknown connector {src.get('connector')!r} (filesystem or kafka)")
