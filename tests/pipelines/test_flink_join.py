@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.clicks.flink.config import JobConfig, source_ddl
-from pipelines.clicks.flink.engine import flink_python, read_report, run_job
+from pipelines.clicks.flink.engine import flink_join_interval, flink_python, read_report, run_job
 from pipelines.clicks.flink.logic import (
     BAD,
     REQUEST,
@@ -37,6 +37,7 @@ from pipelines.clicks.flink.logic import (
     line_event,
 )
 from pipelines.clicks.join import JoinReport, join_interval, partition_name
+from pipelines.live_eval.__main__ import join_function
 from pipelines.online.__main__ import build_parser
 from pipelines.online.step import Settings, join
 from tests.helpers import REPO_ROOT
@@ -236,3 +237,8 @@ def test_the_kafka_sources_are_valid_flink_sql(tmp_path: Path):
         "'connector' = 'kafka'" in source_ddl(cfg, "requests")[0]
         and "'format' = 'raw'" in source_ddl(cfg, "clicks")[0]
     )
+
+
+@needs_flink
+def test_live_evaluation_with_engine_flink_joins_with_this_job():
+    assert join_function("flink") is flink_join_interval and join_function("embedded") is join_interval
