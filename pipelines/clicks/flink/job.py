@@ -14,7 +14,8 @@ The graph (docs/flink-join.md):
   join's own parsing) into request, click and bad-line events.
 - Attribute (keyed by request id; bad lines by their kind): the interval join of a request id's requests and
   clicks. Its events stay in keyed state; at an event-time timer (interval end + attribution window) the
-  interval's labels and counts are emitted and events no later interval needs are dropped.
+  interval's labels and counts are emitted and events no later interval needs are dropped (a continuous job
+  also closes the next interval of every key it saw, so a key that goes quiet leaves no state behind).
 - Write (keyed by interval): at the same timer, writes the interval's train/holdout Parquet partitions (join.py's
   own table and hash holdout) and REPORTS/interval-N.json (the JoinReport; written last, atomically).
 
@@ -100,6 +101,10 @@ class Attribute(KeyedProcessFunction):  # type: ignore[misc]
                 self.behind.inc()  # its interval is already written: the watermark's lag was too short
                 return
             ctx.timer_service().register_event_time_timer(timer)
+            if (
+                not self.iv.explicit
+            ):  # the next interval's close drops what this one kept (an idle key's state)
+                ctx.timer_service().register_event_time_timer(self.iv.timer(n + 1))
         if e[0] == REQUEST:
             self.requests.add((e[2], e[3], e[4], e[5]))
         else:
