@@ -167,8 +167,12 @@ def _stamp(value: Any) -> float:
     raise ValueError(f"bad time {value!r}")
 
 
-def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Iterator[Request]:
-    """Requests logged in [start, end); bad lines in the range are counted as 'bad request lines'."""
+def read_requests(
+    folder: Path, start: float, end: float, counts: Counts, count: tuple[float, float] | None = None
+) -> Iterator[Request]:
+    """Requests logged in [start, end); bad lines in `count` (default: the same range) are counted as 'bad
+    request lines' (a join reads a widened range but counts only its own interval's lines)."""
+    lo, hi = count or (start, end)
     for path in _recent_files(folder, REQUEST_LOGS, start):
         last = path.stat().st_mtime
         for _, line in _lines(path):
@@ -176,7 +180,7 @@ def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Ite
                 request_id, entry = _request_entry(line)
                 stamp = _stamp(entry["time"])
             except (ValueError, KeyError, TypeError):
-                if start <= last < end:
+                if lo <= last < hi:
                     counts.add("bad request lines")
                 continue
             last = stamp
@@ -186,8 +190,12 @@ def read_requests(folder: Path, start: float, end: float, counts: Counts) -> Ite
                 break
 
 
-def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Iterator[Click]:
-    """Clicks stamped in [start, end); bad lines in the range are counted as 'bad click lines'."""
+def read_clicks(
+    folder: Path, start: float, end: float, counts: Counts, count: tuple[float, float] | None = None
+) -> Iterator[Click]:
+    """Clicks stamped in [start, end); bad lines in `count` (default: the same range) are counted as 'bad
+    click lines'."""
+    lo, hi = count or (start, end)
     for path in _recent_files(folder, "*.jsonl", start):
         last = path.stat().st_mtime
         for number, line in _lines(path):
@@ -197,7 +205,7 @@ def read_clicks(folder: Path, start: float, end: float, counts: Counts) -> Itera
                 if not isinstance(request_id, str) or not isinstance(instance, int) or instance < 0:
                     raise ValueError("bad id or instance")
             except (ValueError, KeyError, TypeError):
-                if start <= last < end:
+                if lo <= last < hi:
                     counts.add("bad click lines")
                 continue
             last = stamp

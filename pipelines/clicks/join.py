@@ -156,7 +156,7 @@ def join_interval(
     requests: dict[str, Request] = {}  # the interval's own requests
     shadows: dict[str, Request] = {}  # the interval's shadow lines, by request id
     nearby: dict[str, Request] = {}  # one window either side: ids only matter, for counting clicks
-    for r in read_requests(logs, start - window_s, end + window_s, counts):
+    for r in read_requests(logs, start - window_s, end + window_s, counts, count=(start, end)):
         if r.shadow:
             if start <= r.time < end:
                 shadows.setdefault(r.request_id, r)
@@ -174,7 +174,8 @@ def join_interval(
     nearby.update(requests)
     # Every click that could label one of the interval's rows, or that the interval owns, in time order.
     events = sorted(
-        read_clicks(clicks, start - window_s, end + window_s, counts), key=lambda c: (c.time, c.order)
+        read_clicks(clicks, start - window_s, end + window_s, counts, count=(start, end)),
+        key=lambda c: (c.time, c.order),
     )
     clicked: set[tuple[str, int]] = set()
     for c in events:

@@ -115,6 +115,19 @@ def test_bad_lines_and_repeated_requests_are_counted_once(tmp_path: Path):
     assert _labels(tmp_path) == {("a", 0): 1}
 
 
+def test_a_bad_line_near_an_interval_edge_counts_in_one_interval_only(tmp_path: Path):
+    # Each join reads one window either side of its interval; a bad line there is its neighbour's to count.
+    logs = tmp_path / "logs" / "requests-1-1.jsonl"
+    _requests(tmp_path / "logs", ("a", T + 95, 1))
+    with logs.open("a") as f:
+        f.write("{not json\n")  # counted by the time of the line before it: T + 95, interval 0
+    _requests(tmp_path / "logs", ("b", T + 105, 1))
+    _clicks(tmp_path / "clicks", ("b", 0, T + 106), "garbage")  # after b's click: T + 106, interval 1
+    reports = [_join(tmp_path, n) for n in range(3)]
+    assert [r.counts.get("bad request lines", 0) for r in reports] == [1, 0, 0]
+    assert [r.counts.get("bad click lines", 0) for r in reports] == [0, 1, 0]
+
+
 def test_an_interval_without_requests_writes_no_partition(tmp_path: Path):
     _requests(tmp_path / "logs", ("a", T + 10, 1))
     r = _join(tmp_path, 3)

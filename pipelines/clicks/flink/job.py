@@ -80,7 +80,7 @@ def _key(e: tuple[Any, ...]) -> str:
 
 class Attribute(KeyedProcessFunction):  # type: ignore[misc]
     """Keyed by request id: its requests and clicks until their intervals close (the interval join); a bad
-    line becomes a count in every interval whose join reads it."""
+    line becomes a count in the interval its time falls in (once, as the embedded join counts it)."""
 
     def __init__(self, intervals: Intervals) -> None:
         self.iv = intervals

@@ -54,8 +54,7 @@ class Intervals:
         return n
 
     def reading(self, t: float) -> list[int]:
-        """The intervals whose join reads time `t` (their range widened by the window on each side): a bad
-        line stamped `t` counts in each of them, as the embedded join counts it."""
+        """The intervals whose join reads time `t` (their range widened by the window on each side)."""
         if self.explicit:
             return [n for n, start, end in self.explicit if start - self.window_s <= t < end + self.window_s]
         lo, hi = self.of(t - self.window_s), self.of(t + self.window_s)
@@ -152,11 +151,13 @@ def _readable(mtime: float, start: float) -> bool:
 
 
 def bad_line_counts(iv: Intervals, event: tuple[Any, ...]) -> list[tuple[str, int, dict[str, int]]]:
-    """A (BAD, kind, stamp, mtime) event as ("counts", n, {kind: 1}) for every interval whose join counts it."""
+    """A (BAD, kind, stamp, mtime) event as ("counts", n, {kind: 1}) for the interval whose join counts it: the
+    one its stamp falls in, when that join opens its file (as the embedded join counts it, once)."""
     _, kind, stamp, mtime = event
-    return [
-        ("counts", n, {kind: 1}) for n in iv.reading(stamp) if _readable(mtime, iv.bounds(n)[0] - iv.window_s)
-    ]
+    n = iv.of(stamp)
+    if n is None or not _readable(mtime, iv.bounds(n)[0] - iv.window_s):
+        return []
+    return [("counts", n, {kind: 1})]
 
 
 def attribute(
