@@ -19,12 +19,16 @@ DOCKERFILES = sorted((REPO_ROOT / "docker").glob("Dockerfile*"))
 HADOLINT = Path(sys.executable).parent / "hadolint"
 SERVING = REPO_ROOT / "docker" / "Dockerfile.serving"
 TRAINER = REPO_ROOT / "docker" / "Dockerfile.trainer"
+FLINK = REPO_ROOT / "docker" / "Dockerfile.flink"
 # What each image's /app holds: the serving image no torch, TensorFlow or training code; the trainer no serving.
 # The packages with C extensions (each image's native stage), and the pipelines each image also carries.
 SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving"}
 TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export"}
 SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/rollout"}
 TRAINER_PIPELINES = {"pipelines/__init__.py", "pipelines/clicks", "pipelines/online", "pipelines/live_eval"}
+# The Flink click join's image: what pipelines.clicks.flink.job imports (no C extensions, so no native stage).
+FLINK_PACKAGES = {"ctr_contract"}
+FLINK_PIPELINES = {"pipelines/__init__.py", "pipelines/clicks"}
 # What each image lacks, as module prefixes (pyproject.toml's extras; the packages it does not copy).
 NOT_IN_SERVING: tuple[str, ...] = ("torch", "lightning", "pyarrow", "tensorflow", "onnx", "matplotlib")
 NOT_IN_SERVING += (
@@ -36,6 +40,9 @@ NOT_IN_SERVING += (
     "pipelines.live_eval",
 )
 NOT_IN_TRAINER = ("serving", "grpc", "orjson", "uvloop", "httptools", "pipelines.rollout")
+NOT_IN_FLINK = ("torch", "lightning", "tensorflow", "onnx", "onnxruntime", "matplotlib", "prometheus_client")
+NOT_IN_FLINK += ("ctr_features", "ctr_model", "training", "export", "serving")
+NOT_IN_FLINK += ("pipelines.online", "pipelines.live_eval", "pipelines.rollout")
 _BLOCKED_RUN = """
 import runpy, sys
 blocked = tuple(sys.argv[1].split(","))
@@ -61,8 +68,8 @@ def image_requirements(*extras: str) -> list[str]:
     return [re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower() for line in proc.stdout.splitlines()]
 
 
-def test_both_images_exist():
-    assert [p.name for p in DOCKERFILES] == ["Dockerfile.serving", "Dockerfile.trainer"]
+def test_every_image_exists():
+    assert [p.name for p in DOCKERFILES] == ["Dockerfile.flink", "Dockerfile.serving", "Dockerfile.trainer"]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -151,6 +158,80 @@ def test_serving_image_copies_the_server_and_the_contract_only():
         i.args.split()[0] for i in final_stage(SERVING) if i.keyword == "COPY" and "--from" not in i.args
     }
     assert copied == SERVING_PACKAGES | SERVING_PIPELINES
+
+
+def test_flink_image_copies_the_job_and_the_contract_only():
+    copied = {i.args.split()[0] for i in final_stage(FLINK) if i.keyword == "COPY" and "--from" not in i.args}
+    assert copied == FLINK_PACKAGES | FLINK_PIPELINES
+    assert not any(i.keyword == "FROM" and i.args.endswith(" AS native") for i in instructions(FLINK))
+    assert exec_form(single(final_stage(FLINK), "ENTRYPOINT").args) == [
+        "python",
+        "-m",
+        "pipelines.clicks.flink.job",
+    ]
+
+
+def test_flink_image_pins_the_flink_venvs_apache_flink_and_installs_java_17():
+    """The same apache-flink as `make flink-venv` (the tests' engine), pyarrow, and Debian's Java 17."""
+    pin = re.search(r"pip install -q '(apache-flink==[^']+)'", (REPO_ROOT / "Makefile").read_text())
+    assert pin, "Makefile's flink-venv installs no pinned apache-flink"
+    deps = [i for i in instructions(FLINK) if i.stage == 0]
+    args = {
+        i.args.split("=")[0]: i.args.split("=", 1)[1] for i in deps if i.keyword == "ARG" and "=" in i.args
+    }
+    assert f"apache-flink=={args['FLINK_VERSION']}" == pin.group(1)
+    install = next(i.args for i in deps if i.keyword == "RUN" and "pyproject_requirements" in i.args)
+    assert 'echo "apache-flink==${FLINK_VERSION}"; echo "pyarrow"; }' in install
+    assert image_requirements() == ["numpy"]  # the base dependencies: nothing of another image
+    runtime = final_stage(FLINK)
+    apt = next(i.args for i in runtime if i.keyword == "RUN" and "apt-get install" in i.args)
+    assert apt.split("--no-install-recommends")[1].split("&&")[0].split() == ["openjdk-17-jre-headless"]
+    image_env = env(runtime)
+    assert image_env["FLINK_HOME"] == "/opt/flink" and image_env["JAVA_HOME"] == "/opt/java"
+    assert "/opt/flink/bin" in image_env["PATH"].split(":")  # kubernetes-jobmanager.sh, by name
+
+
+def test_flink_image_is_what_the_flink_deployment_runs():
+    """k8s/flink's FlinkDeployment: its image, user, PYTHONPATH and PythonDriver jar are this image's."""
+    from k8s_render import find, kustomize_build
+
+    dep = find(kustomize_build("k8s/flink"), "FlinkDeployment", "ctr-click-join")
+    runtime = final_stage(FLINK)
+    title = single(runtime, "LABEL").args.split('org.opencontainers.image.title="')[1].split('"')[0]
+    assert dep["spec"]["image"].split(":")[0] == title == "ctr-flink-join"
+    pod = dep["spec"]["podTemplate"]["spec"]
+    assert (
+        single(runtime, "USER").args
+        == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    )
+    [main] = pod["containers"]
+    pythonpath = {e["name"]: e["value"] for e in main["env"]}["PYTHONPATH"]
+    assert pythonpath == env(runtime)["PYTHONPATH"] == single(runtime, "WORKDIR").args
+    jar = dep["spec"]["job"]["jarURI"].removeprefix("local://")
+    assert jar == "/opt/flink/opt/flink-python.jar"
+    assert any(i.keyword == "RUN" and jar in i.args for i in instructions(FLINK)), (
+        "the image makes no such jar"
+    )
+    # Flink's default entry path is the official image's /docker-entrypoint.sh, which this image has not.
+    entry = dep["spec"]["flinkConfiguration"]["kubernetes.entry.path"]
+    assert entry == "/usr/bin/env" and not any("docker-entrypoint" in i.args for i in instructions(FLINK))
+
+
+def test_the_flink_job_starts_with_only_what_its_image_holds():
+    """pipelines.clicks.flink.job in the Flink venv, everything the Flink image lacks blocked."""
+    from pipelines.clicks.flink.engine import flink_python
+
+    python = flink_python()
+    if python is None:
+        pytest.skip("no Flink venv (.venv-flink): `make flink-venv`")
+    proc = subprocess.run(
+        [str(python), "-c", _BLOCKED_RUN, ",".join(NOT_IN_FLINK), "pipelines.clicks.flink.job"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize(
