@@ -72,9 +72,18 @@ def test_image_healthcheck_passes_once_a_version_is_loaded(served):
 
 
 def test_dashboard_queries_only_metrics_the_server_exports(served):
-    """Every metric a Grafana panel queries is in the server's exposition (names drift otherwise)."""
+    """Every metric a Grafana panel queries is in the exposition of the server, live evaluation or the rollout
+    controller (names drift otherwise)."""
+    from prometheus_client import generate_latest
+
+    from pipelines.live_eval.metrics import LiveMetrics
+    from pipelines.rollout.metrics import RolloutMetrics
+
     _, text = http_get(served.rest + "/monitoring/prometheus/metrics")
-    exported = {m.group(1) for m in re.finditer(r"^# TYPE (\S+) ", text.decode(), re.M)}
+    texts = [text.decode()] + [
+        generate_latest(m.registry).decode() for m in (LiveMetrics(), RolloutMetrics())
+    ]
+    exported = {m.group(1) for t in texts for m in re.finditer(r"^# TYPE (\S+) ", t, re.M)}
     dashboard = json.loads((REPO_ROOT / "docker/grafana/dashboards/ctr-serving.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     queried = {m.group(1) for e in exprs for m in re.finditer(r"([:a-zA-Z_][:\w]*)\{", e)}
