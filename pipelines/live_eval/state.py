@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.durable import replace_file
+
 STATE_FILE, SNAPSHOT_FILE, HISTORY_FILE = "state.json", "snapshot.json", "history.jsonl"
 
 
@@ -42,21 +44,7 @@ def load(folder: Path) -> State | None:
 
 def write_atomic(folder: Path, name: str, text: str) -> None:
     """Replace folder/name with `text` atomically; on an OSError the previous file stays intact."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path, tmp = folder / name, folder / f".{name}.tmp"
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a power cut
-    finally:
-        os.close(fd)
+    replace_file(folder / name, text)
 
 
 def save(folder: Path, state: State) -> None:

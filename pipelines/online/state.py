@@ -13,10 +13,11 @@ the interval is trained again from the start (nothing of it was published).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pipelines.durable import replace_file
 
 STATE_FILE = "state.json"
 KEEP_OUTCOMES = 1000  # the newest outcomes kept in the state; the log and the metrics keep the rest
@@ -53,18 +54,4 @@ def load(folder: Path) -> State | None:
 
 def save(folder: Path, state: State) -> None:
     """Replace the saved state atomically; on an OSError (full disk) the previous state stays intact."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path, tmp = folder / STATE_FILE, folder / f".{STATE_FILE}.tmp"
-    try:
-        with tmp.open("w") as f:
-            f.write(json.dumps(asdict(state), indent=1, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a power cut
-    finally:
-        os.close(fd)
+    replace_file(folder / STATE_FILE, json.dumps(asdict(state), indent=1, sort_keys=True) + "\n")

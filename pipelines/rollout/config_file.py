@@ -14,7 +14,6 @@ the folder. Writing the same target twice leaves the same bytes, so a restart ma
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from ctr_contract.repository import version_dirs
+from pipelines.durable import replace_file
 from serving import protos
 from serving.repository.model_config import ModelConfigError, ModelSpec, labels_off_disk, parse_model_config
 from serving.repository.traffic import TrafficError, TrafficSplit, format_traffic, parse_traffic
@@ -153,25 +153,7 @@ def check(text: str, model: str, target: Target, source: str) -> None:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` by `text` (temporary, fsync, rename, fsync of the folder); keeps the file's mode."""
-    tmp = path.with_name(f".{path.name}.rollout-tmp")
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    try:
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(path, text)
 
 
 def apply(path: Path, model: str, target: Target) -> bool:

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.durable import fsync_folder, replace_file
+
 JOURNAL = "decisions.jsonl"
 STATE = "state.json"
 KEEP_REJECTED = 100  # the newest rejected versions kept in the state (the journal keeps every one)
@@ -46,14 +48,6 @@ class State:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Store:
@@ -95,7 +89,7 @@ class Store:
             f.flush()
             os.fsync(f.fileno())
         if record["seq"] == 1:
-            _fsync_folder(self.folder)  # the journal file itself survives a power cut
+            fsync_folder(self.folder)  # the journal file itself survives a power cut
 
     def load_state(self) -> State | None:
         """The saved state, or None when there is none yet."""
@@ -110,13 +104,4 @@ class Store:
 
     def save_state(self, state: State) -> None:
         """Replace the state atomically; on an OSError the previous state stays intact."""
-        tmp = self.folder / f".{STATE}.tmp"
-        try:
-            with tmp.open("w") as f:
-                f.write(json.dumps(state.to_dict(), indent=1, sort_keys=True) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(self.state_path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_folder(self.folder)
+        replace_file(self.state_path, json.dumps(state.to_dict(), indent=1, sort_keys=True) + "\n")

@@ -24,8 +24,14 @@ FLINK = REPO_ROOT / "docker" / "Dockerfile.flink"
 # The packages with C extensions (each image's native stage), and the pipelines each image also carries.
 SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving"}
 TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export"}
-SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/rollout"}
-TRAINER_PIPELINES = {"pipelines/__init__.py", "pipelines/clicks", "pipelines/online", "pipelines/live_eval"}
+SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/durable.py", "pipelines/rollout"}
+TRAINER_PIPELINES = {
+    "pipelines/__init__.py",
+    "pipelines/durable.py",
+    "pipelines/clicks",
+    "pipelines/online",
+    "pipelines/live_eval",
+}
 # The Flink click join's image: what pipelines.clicks.flink.job imports (no C extensions, so no native stage).
 FLINK_PACKAGES = {"ctr_contract"}
 FLINK_PIPELINES = {"pipelines/__init__.py", "pipelines/clicks"}

@@ -1,0 +1,39 @@
+"""Durable files for the pipelines' state: a whole-file replace and a folder fsync that survive a kill or a
+power cut (the online trainer's and live evaluation's state, the rollout controller's state, journal and the
+model config file it writes)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the folder's entries (a rename, a new file) durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: Path, text: str, mode: int | None = None) -> None:
+    """Replace `path` by `text`: a temporary file, fsync, rename, fsync of the folder. A kill or an OSError (full
+    disk) at any point leaves the previous file intact; `mode` (default: the file's own, else 0o644) is kept."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+    try:
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_folder(path.parent)
