@@ -104,12 +104,14 @@ def parse_model_config(text: str, source: str = "--model_config_file") -> list[M
                 "(the files are read by --backend)"
             )
         labels = dict(config.version_labels)
-        bad = [f"{k}={v}" for k, v in labels.items() if not k or parse_version_dir(str(v)) is None]
+        bad = [f"{k}={v}" for k, v in sorted(labels.items()) if not k or parse_version_dir(str(v)) is None]
         if bad:
             raise ModelConfigError(f"{where}: version_labels {bad} must map a name to a version >= 1")
         policy = _policy(config, where)
         unlisted = [
-            f"{k}={v}" for k, v in labels.items() if policy.kind == "specific" and v not in policy.versions
+            f"{k}={v}"
+            for k, v in sorted(labels.items())
+            if policy.kind == "specific" and v not in policy.versions
         ]
         if unlisted:
             raise ModelConfigError(
@@ -134,7 +136,7 @@ def labels_off_disk(specs: list[ModelSpec]) -> str:
         if not spec.labels:
             continue
         scan = scan_base(spec.base_path, set())
-        missing = {k: v for k, v in spec.labels.items() if v not in scan.versions}
+        missing = {k: v for k, v in sorted(spec.labels.items()) if v not in scan.versions}
         if missing:
             where = f"no such version under {spec.base_path}" + (
                 f" ({scan.base_error})" if scan.base_error else ""

@@ -246,7 +246,7 @@ def test_an_edit_of_the_share_applies_at_run_time(
         ),
         (
             lambda base: config_text(base, canary=1, versions="versions: 2"),
-            "version_labels ['stable=1', 'canary=1'] name versions the specific policy [2] does not serve",
+            "version_labels ['canary=1', 'stable=1'] name versions the specific policy [2] does not serve",
         ),
     ],
     ids=["share-150", "missing-version", "version-not-in-policy"],
