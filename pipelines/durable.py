@@ -4,8 +4,13 @@ model config file it writes)."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def fsync_folder(folder: Path) -> None:
@@ -37,3 +42,14 @@ def replace_file(path: Path, text: str, mode: int | None = None) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_folder(path.parent)
+
+
+def read_state(path: Path, make: Callable[..., T], what: str) -> T | None:
+    """`make(**fields)` of the JSON state file at `path`; None when there is none yet. ValueError naming `what`
+    (e.g. "a trainer state") when the file does not hold one."""
+    if not path.exists():
+        return None
+    try:
+        return make(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path} is not {what} ({e}); move it away to start afresh") from e

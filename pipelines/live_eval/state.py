@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.durable import replace_file
+from pipelines.durable import read_state, replace_file
 
 STATE_FILE, SNAPSHOT_FILE, HISTORY_FILE = "state.json", "snapshot.json", "history.jsonl"
 
@@ -33,13 +33,7 @@ class State:
 
 def load(folder: Path) -> State | None:
     """The saved state, or None when the folder holds none yet."""
-    path = folder / STATE_FILE
-    if not path.exists():
-        return None
-    try:
-        return State(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path} is not a live evaluation state ({e}); move it away to start afresh") from e
+    return read_state(folder / STATE_FILE, State, "a live evaluation state")
 
 
 def write_atomic(folder: Path, name: str, text: str) -> None:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.durable import replace_file
+from pipelines.durable import read_state, replace_file
 
 STATE_FILE = "state.json"
 KEEP_OUTCOMES = 1000  # the newest outcomes kept in the state; the log and the metrics keep the rest
@@ -43,13 +43,7 @@ class State:
 
 def load(folder: Path) -> State | None:
     """The saved state, or None when the folder holds none yet."""
-    path = folder / STATE_FILE
-    if not path.exists():
-        return None
-    try:
-        return State(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path} is not a trainer state ({e}); move it away to start afresh") from e
+    return read_state(folder / STATE_FILE, State, "a trainer state")
 
 
 def save(folder: Path, state: State) -> None:
