@@ -7,7 +7,7 @@
   definition in C).
 
 Optional: without a C compiler the install still succeeds, and the server logs that it decodes raw bodies
-with the exact path alone (as a checkout not installed does); tests/serving/unit/test_unit_raw_native.py
+with the exact path alone (as a checkout not installed does); tests/serving/codecs/test_unit_raw_native.py
 fails there, so CI always builds them. `make fuzz` builds the same sources with ASan + UBSan into a separate
 folder (build/fuzz/lib, never these in-place files) and fuzzes them (fuzz/run.py)."""
 

@@ -6,7 +6,7 @@ What issue 13 found, all at once for `--seconds`:
     nonreader  1 client that pipelines `GET /metrics` and never reads an answer
     pathological  8 MiB bodies of `[[],[],...]`, one after the other
 Prints one JSON line: how many connections the server dropped, per kind, and what the pathological bodies got.
-Used by tests/serving/test_serving_attack.py and bench/http_layer.py (which compares HTTP layers with it).
+Used by tests/serving/http/test_serving_attack.py and bench/http_layer.py (which compares HTTP layers with it).
 """
 
 from __future__ import annotations

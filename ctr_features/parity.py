@@ -14,7 +14,7 @@ A form is a function of raw rows (numeric float64 (N, 13), NaN or ±Inf = missin
 validation rows, values from the vocabularies and rate tables, unseen values (Criteo-shaped and not),
 all-missing rows, extreme counts (Criteo has -1 and counts over 1e6; ±Inf and NaN are missing), empty, long
 and non-ASCII strings, and a random mix. Export's raw parity gate (export/gates/raw_parity.py) runs the
-harness on its rows; tests/features/ runs every form on a small fitted spec.
+harness on its rows; tests/ctr_features/ runs every form on a small fitted spec.
 """
 
 from __future__ import annotations

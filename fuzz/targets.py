@@ -3,7 +3,7 @@
 Each target takes the fuzzer's bytes and raises (an AssertionError) on a wrong answer; a memory error or
 undefined behaviour aborts under the sanitizer build (fuzz/run.py loads it). `load_native(folder)` puts the
 extensions built in `folder` (the ASan + UBSan build of `make fuzz`) in place of the in-place ones before
-the project's modules import them; without it, the normal build runs (tests/serving/unit/
+the project's modules import them; without it, the normal build runs (tests/serving/codecs/
 test_unit_raw_native_corpus.py replays the corpus that way).
 
 - scan: any body, any row bounds: None, or (n, counts, keys, columnar) of consistent sizes;

@@ -364,3 +364,72 @@ def test_python_files_are_the_repositorys_own(tmp_path: Path) -> None:
         "pkg/a.py",
         "setup.py",
     ]
+
+
+# The tests mirror the rooms: tests/<package>/<room>/ holds the tests of <package>/<room>/, so a module's tests are
+# found by its path. A test folder that is not a package of ours names the non-Python part it checks.
+NOT_PACKAGES = {
+    "deploy": ("docker", "k8s", "compose.yaml"),
+    "deploy/containers": ("docker",),
+    "scripts": ("scripts",),
+}
+
+
+def rooms(root: Path) -> set[str]:
+    """Every package of ours and every room (sub-package) in it, as a path: `serving`, `serving/http`, ..."""
+    return {
+        path.parent.relative_to(root).as_posix()
+        for package in OURS
+        for path in (root / package).rglob("__init__.py")
+        if "__pycache__" not in path.parts
+    }
+
+
+def folders_of_tests(root: Path) -> set[str]:
+    """Every folder under tests/ that holds a file (caches left out), relative to tests/."""
+    tests = root / "tests"
+    return {
+        p.parent.relative_to(tests).as_posix()
+        for p in tests.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.parent != tests
+    }
+
+
+def test_every_test_folder_names_an_existing_room() -> None:
+    known = rooms(REPO_ROOT)
+    strays = sorted(
+        f
+        for f in folders_of_tests(REPO_ROOT)
+        if f not in known and not all((REPO_ROOT / part).exists() for part in NOT_PACKAGES.get(f, ("-",)))
+    )
+    assert not strays, (
+        f"test folders that name no room of ours (move their tests to tests/<package>/<room>/): {strays}"
+    )
+
+
+def test_every_room_has_its_test_folder() -> None:
+    missing = sorted(rooms(REPO_ROOT) - folders_of_tests(REPO_ROOT))
+    assert not missing, f"rooms with no tests/<package>/<room>/ folder: {missing}"
+
+
+def test_no_test_outside_bench_imports_bench() -> None:
+    """bench/ measures; a test of another stage checks that stage against its own code or a fixture in tests/."""
+    offenders = []
+    for path in python_files(REPO_ROOT / "tests"):
+        rel = path.relative_to(REPO_ROOT / "tests")
+        if rel.parts[0] == "bench":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            offenders += [f"{rel}: {n}" for n in names if n == "bench" or n.startswith("bench.")]
+    assert not offenders, offenders
+
+
+def test_mirror_checks_see_strays_and_missing_rooms(tmp_path: Path) -> None:
+    _write(
+        tmp_path, {"serving/__init__.py": "", "serving/http/__init__.py": "", "tests/serving/x/test_a.py": ""}
+    )
+    assert rooms(tmp_path) >= {"serving", "serving/http"}
+    assert folders_of_tests(tmp_path) == {"serving/x"}

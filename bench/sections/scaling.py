@@ -193,15 +193,15 @@ def loader_ab(data: Path, rows: int | None, batches: int, rounds: int) -> dict[s
     import torch
     import torch.nn.functional as F
 
-    from bench.harness.reference_prepare import prepare_streaming
     from ctr_model.net import ModelConfig
-    from training.data.cache import ensure_cache
+    from training.data.preparation import prepare_data
     from training.loader.memory import ShuffledBatches, load_in_memory
     from training.loader.stream import StreamedBatches
     from training.model.lightning_module import CTRModule
 
     speed = SpeedSettings.choose("cpu", malloc=malloc)
-    pq_data, spec, encoded = prepare_streaming([ensure_cache(data)[0]], 0.1, 128, rows, print)
+    prepared = prepare_data(data, None, 0.1, 128, rows, False, print)
+    pq_data, spec, encoded = prepared.data, prepared.spec, prepared.encoded
     memory = load_in_memory(pq_data, spec, encoded)
     sources: dict[str, ShuffledBatches | StreamedBatches] = {
         "memory": ShuffledBatches(
@@ -249,13 +249,14 @@ def primitives(data: Path) -> dict[str, float]:
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from bench.harness.reference_prepare import prepare_streaming
     from ctr_features.compiled.records import expand, transform_chunk
     from training.data.cache import ensure_cache
     from training.data.feature_cache import iter_records
+    from training.data.preparation import prepare_data
 
     cache = ensure_cache(data)[0]
-    pq_data, spec, encoded = prepare_streaming([cache], 0.1, 128, None, print)
+    prepared = prepare_data(data, None, 0.1, 128, None, False, print)
+    pq_data, spec, encoded = prepared.data, prepared.spec, prepared.encoded
     pf = pq.ParquetFile(cache)
     n, n_train = pf.metadata.num_rows, pq_data.rows("train")
     first = pq_data.read(pq_data.pieces[0], "train").table

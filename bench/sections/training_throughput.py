@@ -47,9 +47,9 @@ SIZES = {"full": (1_000_000, 2, 3), "quick": (60_000, 2, 3), "tiny": (12_000, 2,
 def run(mode: str, workdir: Path) -> dict[str, Any]:
     """Measure the six training setups; returns {"rows": [...], "commands": [...], "config": {...}}."""
     from bench.harness.procs import run_bounded
-    from bench.harness.reference_prepare import prepare
     from bench.sections.flops import step_flops
-    from training.data.cache import ensure_cache
+    from training.data.preparation import prepare_data
+    from training.loader.memory import load_in_memory
     from training.synth import generate
 
     if mode not in SIZES:
@@ -58,7 +58,8 @@ def run(mode: str, workdir: Path) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     data_file = workdir / "train.txt"
     generate(data_file, rows, seed=11)
-    data = prepare(ensure_cache(data_file)[0], val_fraction=0.1, width=128)
+    prepared = prepare_data(data_file, None, 0.1, 128, None, False, print)
+    data = load_in_memory(prepared.data, prepared.spec, prepared.encoded)
     features = workdir / "features.npz"
     np.savez(features, train_x=data.train_x, train_y=data.train_y, val_x=data.val_x, val_y=data.val_y)
     out_rows, commands = [], []

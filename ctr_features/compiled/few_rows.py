@@ -12,7 +12,7 @@ fixed cost, and slower once the model has run in between (its temporaries evict 
 (numpy's log1p is not Python's), so they come from a bounded cache of what the numpy transform gave for each
 (field, count) before: a count not seen yet (or a spec whose bucket columns are not all after the lifts)
 sends the row to the numpy transform, whose results then fill the cache. Checked bit for bit against
-`FeatureSpec.transform` with the rest of the compiled spec (tests/serving/unit/test_unit_raw_fast.py).
+`FeatureSpec.transform` with the rest of the compiled spec (tests/serving/codecs/test_unit_raw_fast.py).
 """
 
 from __future__ import annotations

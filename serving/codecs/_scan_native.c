@@ -19,7 +19,7 @@
  *   - a categorical is a string of at most 8 ASCII characters from 0x20 to 0x7F without a backslash, or null;
  *   - at least `min_rows` rows and at most `max_rows` (its memory's bound: 39 * 8 bytes a row).
  * So it never accepts a body that is not JSON, and every body it takes decodes to the same values as the
- * exact path (tests/serving/unit/test_unit_raw_native.py and test_unit_raw_decoders.py compare them).
+ * exact path (tests/serving/codecs/test_unit_raw_native.py and test_unit_raw_decoders.py compare them).
  *
  * Memory: two arrays of n rows (13 doubles and 26 keys each), grown by doubling, then one transposed copy in
  * the bytearrays; nothing else. Time: one pass over the body, without the GIL.

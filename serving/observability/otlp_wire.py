@@ -3,7 +3,7 @@
 The SDK's encoder (opentelemetry-exporter-otlp-proto-common `encode_spans`) builds a message object per
 span, attribute and link, and hashes the span's resource (a JSON dump of it) once per span; on the
 exporter's thread that holds the GIL the event loop needs. This writes the same message from the spans'
-fields; tests/serving/test_serving_tracing.py checks it against `encode_spans` field for field. What it
+fields; tests/serving/observability/test_serving_tracing.py checks it against `encode_spans` field for field. What it
 does not write (events, array or mapping attribute values, spans of several resources or scopes) goes to
 the SDK's encoder whole, so the answer is always the SDK's message.
 """

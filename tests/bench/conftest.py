@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from bench_results import make_results
+
+from tests.bench.bench_results import make_results
 
 
 @pytest.fixture

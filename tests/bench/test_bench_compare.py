@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from bench_results import make_results
 
 from bench.compare import main
 from bench.report.measurements import flatten
+from tests.bench.bench_results import make_results
 
 
 def _write_run(path: Path, speed: float) -> Path:

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from mdtables import read_sections, read_tables
 
 from bench.report.measurements import flatten
+from tests.bench.mdtables import read_sections, read_tables
 from tests.helpers import REPO_ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

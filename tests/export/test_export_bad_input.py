@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from export_runs import make_run
 
 from export.__main__ import main as export_main
+from tests.export.export_runs import make_run
 from tests.helpers import REPO_ROOT
 
 

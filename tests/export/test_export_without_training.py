@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-CHECKPOINT = Path(__file__).parents[1] / "training" / "fixtures" / "checkpoint_before_issue17.ckpt"
+CHECKPOINT = Path(__file__).parents[1] / "ctr_model" / "checkpoint_before_issue17.ckpt"
 
 
 def test_export_imports_and_loads_a_checkpoint_without_training_or_serving() -> None:

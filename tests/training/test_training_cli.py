@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from train_runs import TINY_RUN
 
-from bench.harness.reference_prepare import prepare_streaming
 from ctr_features.spec import FeatureSpec
 from ctr_model.checkpoint import load_net
 from ctr_model.net import CTRNet, ModelConfig
+from tests.training.reference_prepare import prepare_streaming
+from tests.training.train_runs import TINY_RUN
 from training.config import TrainConfig
 from training.data.cache import cache_path
 from training.loader.memory import ShuffledBatches

@@ -7,7 +7,7 @@ Three steps, each timed (rows/s), each split among the preparing ranks (`trainin
           deviations are sums in row order (their bits depend on it), so rank 0 alone reads the 13 numeric
           columns of every training row, in order, while the others count: the spec is the 1-process spec.
   encode  rank r writes the records of its row groups at their split index (`ctr_features.compiled.records`).
-The results are those the one-process reference (bench/harness/reference_prepare.py) makes (same key, names
+The results are those the one-process reference (tests/training/reference_prepare.py) makes (same key, names
 and contents), in the cache folder (`training.data.cache_dir`), and a later run reuses them. Temporaries are
 renamed into place only after every rank has finished, and the JSON that marks the result complete comes last.
 """
