@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import subprocess
 import sys
@@ -79,6 +82,42 @@ def run_module() -> RunModule:
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"python -m {module} exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+            )
+        return proc
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_export() -> RunModule:
+    """`python -m export ARGS...` run in this process: exit code, stdout and stderr as the subprocess gives them.
+
+    An export in a fresh process spends about half its time importing torch, TensorFlow and ONNX; here they load
+    once a session. What export prints, its warnings (`export: ...`, as its own logging set-up writes them) and
+    its exit code are the same. Tests of what only a fresh process shows (TensorFlow's start-up lines on file
+    descriptor 2, a kill, pid 1) still start one.
+    """
+    from export.__main__ import main as export_main
+
+    def run(*args: object, check: bool = False) -> subprocess.CompletedProcess:
+        out, err = io.StringIO(), io.StringIO()
+        handler = logging.StreamHandler(err)
+        handler.setFormatter(logging.Formatter("export: %(message)s"))
+        handler.setLevel(logging.WARNING)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = export_main([str(a) for a in args])
+                except SystemExit as e:  # argparse's usage errors
+                    code = e.code if isinstance(e.code, int) else 2
+        finally:
+            root.removeHandler(handler)
+        proc = subprocess.CompletedProcess(["export", *map(str, args)], code, out.getvalue(), err.getvalue())
+        if check and code != 0:
+            raise AssertionError(
+                f"export exited {code}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
             )
         return proc
 

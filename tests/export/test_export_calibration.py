@@ -60,11 +60,11 @@ def _errors(stderr: str) -> list[str]:
     ],
 )
 def test_each_method_corrects_a_downsampled_run_in_every_graph(
-    runs, run_module, tmp_path: Path, method: str, target: str, chosen: str
+    runs, run_export, tmp_path: Path, method: str, target: str, chosen: str
 ) -> None:
     run = runs["downsampled"]
     repo = tmp_path / "models" / "ctr"
-    proc = run_module("export", "--run", run, "--repo", repo, "--calibration", method, "--target", target)
+    proc = run_export("--run", run, "--repo", repo, "--calibration", method, "--target", target)
     assert proc.returncode == 0, proc.stderr[-3000:]
     version = repo / "1"
     m = _manifest(version)
@@ -113,12 +113,12 @@ def test_each_method_corrects_a_downsampled_run_in_every_graph(
 
 
 def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_refuses_it(
-    runs, run_module, tmp_path: Path
+    runs, run_export, tmp_path: Path
 ) -> None:
     run = runs["downsampled"]
     repo = tmp_path / "models" / "ctr"
     argv = ["--run", run, "--repo", repo, "--calibration", "none", "--no-torchscript"]
-    proc = run_module("export", *argv)
+    proc = run_export(*argv)
     assert proc.returncode == 1
     (error,) = _errors(proc.stderr)
     y = np.load(run / "val_labels.npy")
@@ -135,7 +135,7 @@ def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_re
     assert error.endswith("; nothing was published (--force publishes anyway)")
     assert not repo.exists() or not any(p.name.isdigit() for p in repo.iterdir())
 
-    proc = run_module("export", *argv, "--force")
+    proc = run_export(*argv, "--force")
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = _manifest(repo / "1")
     assert (m["quality_gate"]["passed"], m["quality_gate"]["forced"]) == (False, True)
@@ -146,7 +146,7 @@ def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_re
     assert float(np.abs(got[:, 0] - got[:, 1]).max()) > 0.1  # raw_score is the network's own
 
     gap = round(abs(ratio - 1) + 0.01, 2)  # a wider bound passes it, and the manifest records the bound
-    proc = run_module("export", *argv, "--max-calibration-gap", str(gap), "--max-ece-rise", "1")
+    proc = run_export(*argv, "--max-calibration-gap", str(gap), "--max-ece-rise", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     gate = _manifest(repo / "2")["quality_gate"]
     assert (gate["passed"], gate["max_calibration_gap"], gate["calibration_ratio_range"]) == (
@@ -157,16 +157,16 @@ def test_calibration_none_serves_the_corrected_probability_and_the_ratio_gate_re
 
 
 def test_an_old_run_without_a_negative_rate_exports_with_w_1_and_none_gives_ctr_equal_to_raw_score(
-    runs, run_module, tmp_path: Path
+    runs, run_export, tmp_path: Path
 ) -> None:
     run = runs["old"]
     repo = tmp_path / "models" / "ctr"
-    proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript")
+    proc = run_export("--run", run, "--repo", repo, "--no-torchscript")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _manifest(repo / "1")["calibration"]["negative_rate"] == 1.0
     # Uncalibrated, its ECE is more than 0.01 above version 1's: a repository of its own.
     repo = tmp_path / "none" / "ctr"
-    proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none")
+    proc = run_export("--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none")
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = _manifest(repo / "1")
     assert (m["calibration"]["method"], m["calibration"]["negative_rate"]) == ("none", 1.0)
@@ -189,27 +189,25 @@ def _copy_run(run: Path, to: Path) -> Path:
     ids=["no_positives", "no_negatives", "too_few_rows"],
 )
 def test_a_held_out_set_the_calibrator_cannot_use_is_refused_in_one_line(
-    runs, run_module, tmp_path: Path, labels, message: str
+    runs, run_export, tmp_path: Path, labels, message: str
 ) -> None:
     run = _copy_run(runs["old"], tmp_path / "run")
     y = labels(np.load(run / "val_labels.npy"))
     np.save(run / "val_labels.npy", y)
     np.save(run / "val_features.npy", np.load(run / "val_features.npy")[: len(y)])
     repo = tmp_path / "models" / "ctr"
-    proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript")
+    proc = run_export("--run", run, "--repo", repo, "--no-torchscript")
     assert proc.returncode == 1
     (error,) = _errors(proc.stderr)
     assert error.startswith("export: error: ") and message in error and "--calibration none" in error
     assert not repo.exists() or not any(p.name.isdigit() for p in repo.iterdir())
     # --calibration none needs no fit; one class gives no calibration ratio the gate accepts: --force.
-    proc = run_module(
-        "export", "--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none", "--force"
-    )
+    proc = run_export("--run", run, "--repo", repo, "--no-torchscript", "--calibration", "none", "--force")
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_a_lone_checkpoint_without_labels_is_refused_naming_the_ways_out(
-    runs, run_module, tmp_path: Path
+    runs, run_export, tmp_path: Path
 ) -> None:
     src = runs["old"]
     side = tmp_path / "spec"
@@ -218,21 +216,19 @@ def test_a_lone_checkpoint_without_labels_is_refused_naming_the_ways_out(
         shutil.copyfile(src / name, side / name)
     repo = tmp_path / "models" / "ctr"
     argv = ["--checkpoint", src / "checkpoints" / "best.ckpt", "--feature-spec", side / "feature_spec.json"]
-    proc = run_module("export", *argv, "--repo", repo, "--no-torchscript")
+    proc = run_export(*argv, "--repo", repo, "--no-torchscript")
     assert proc.returncode == 1
     assert _errors(proc.stderr) == [
         f"export: error: the calibrator needs held-out labels and {side / 'val_features.npy'} has none (no "
         "--val-labels, and no val_labels.npy in the run or beside the feature spec); give --val-labels FILE (the "
         "run's val_labels.npy), --run DIR or --calibration-data FILE, or --calibration none to export without one"
     ]
-    proc = run_module(
-        "export", *argv, "--repo", repo, "--no-torchscript", "--val-labels", src / "val_labels.npy"
-    )
+    proc = run_export(*argv, "--repo", repo, "--no-torchscript", "--val-labels", src / "val_labels.npy")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert _manifest(repo / "1")["calibration"]["report"]["rows"] == str(src / "val_labels.npy")
 
 
-def test_calibration_data_fits_the_calibrator_on_criteo_rows(runs, run_module, tmp_path: Path) -> None:
+def test_calibration_data_fits_the_calibrator_on_criteo_rows(runs, run_export, tmp_path: Path) -> None:
     run = runs["downsampled"]
     with np.load(run / "val_raw.npz") as raw:
         numeric, categorical = raw["numeric"], raw["categorical"]
@@ -245,7 +241,7 @@ def test_calibration_data_fits_the_calibrator_on_criteo_rows(runs, run_module, t
     data.write_text("\n".join(lines) + "\n")
     assert len(NUMERIC_FIELDS) + len(CATEGORICAL_FIELDS) + 1 == len(lines[0].split("\t"))
     repo = tmp_path / "models" / "ctr"
-    proc = run_module("export", "--run", run, "--repo", repo, "--no-torchscript", "--calibration-data", data)
+    proc = run_export("--run", run, "--repo", repo, "--no-torchscript", "--calibration-data", data)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = _manifest(repo / "1")["calibration"]["report"]
     assert report["rows"] == f"{data} ({len(y)} rows)"

@@ -90,10 +90,10 @@ def test_ece_is_zero_when_calibrated_and_the_offset_when_shifted():
     )
 
 
-def test_gate_refuses_a_worse_candidate_with_one_error_line(runs, run_module, tmp_path: Path):
+def test_gate_refuses_a_worse_candidate_with_one_error_line(runs, run_export, tmp_path: Path):
     repo = tmp_path / "models" / "ctr"
     publish_by_hand(repo, 1, runs["a"])
-    proc = run_module("export", "--run", runs["a_negated"], "--repo", repo)
+    proc = run_export("--run", runs["a_negated"], "--repo", repo)
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("export:")]
     assert len(errors) == 1
@@ -103,13 +103,11 @@ def test_gate_refuses_a_worse_candidate_with_one_error_line(runs, run_module, tm
     assert versions(repo) == [1] and not list(repo.glob(".tmp-*"))
 
 
-def test_gate_publishes_a_better_candidate_and_force_overrides_a_refusal(runs, run_module, tmp_path: Path):
+def test_gate_publishes_a_better_candidate_and_force_overrides_a_refusal(runs, run_export, tmp_path: Path):
     repo = tmp_path / "models" / "ctr"
     publish_by_hand(repo, 1, runs["b"])
     # Platt keeps the order of the scores, so the candidate's AUC is its network's.
-    proc = run_module(
-        "export", "--run", runs["a"], "--repo", repo, "--no-torchscript", "--calibration", "platt"
-    )
+    proc = run_export("--run", runs["a"], "--repo", repo, "--no-torchscript", "--calibration", "platt")
     assert proc.returncode == 0, proc.stderr[-2000:]
     gate = json.loads((repo / "2" / "assets.extra" / "manifest.json").read_text())["quality_gate"]
     x, y = np.load(runs["a"] / "val_features.npy"), np.load(runs["a"] / "val_labels.npy")
@@ -133,7 +131,7 @@ def test_gate_publishes_a_better_candidate_and_force_overrides_a_refusal(runs, r
     }
     assert gate["candidate_uncalibrated"]["auc"] == pytest.approx(gate["candidate"]["auc"], abs=1e-6)
 
-    proc = run_module("export", "--run", runs["a_negated"], "--repo", repo, "--no-torchscript", "--force")
+    proc = run_export("--run", runs["a_negated"], "--repo", repo, "--no-torchscript", "--force")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "(refused, published with --force)" in proc.stdout
     gate = json.loads((repo / "3" / "assets.extra" / "manifest.json").read_text())["quality_gate"]
