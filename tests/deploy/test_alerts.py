@@ -25,6 +25,7 @@ EXPECTED_ALERTS = {
     "CtrServingScoreDrift",
     "CtrServingRequestLogDropping",
     "CtrServingNonFiniteOutputs",
+    "CtrServingMemoryGrowsAcrossReloads",
 }
 
 

@@ -13,6 +13,10 @@ import pytest
 from tests.export.export_runs import make_run
 from tests.helpers import REPO_ROOT
 
+pytestmark = (
+    pytest.mark.slow
+)  # make test-slow: each test starts a fresh export process (TensorFlow's start-up lines)
+
 # glog-style lines (`I0000 00:00:...`, `E0000 ... failed call to cuInit`) and absl's pre-init banner.
 TF_LOG_LINE = re.compile(r"^[IWEF]\d{4} |cuInit|absl::InitializeLog", re.M)
 

@@ -25,6 +25,8 @@ from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import reference_predict
 from tests.serving.server_process import ServerProcess, http
 
+pytestmark = pytest.mark.slow  # make test-slow: the daily loop end to end
+
 ROWS = 12_000  # per day: ~1,100 validation rows, for the calibrator's fit (at least 1,000) and the gate
 # Small data makes the gate's figures noisy; the refused candidate below misses by far more than these.
 LOOSE_GATE = "--max-auc-drop 0.05 --max-ece-rise 0.05 --max-calibration-gap 0.1"

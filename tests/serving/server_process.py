@@ -19,8 +19,16 @@ from tests.helpers import REPO_ROOT, free_port
 class ServerProcess:
     """A running server; `url(path)` for REST, `grpc_target` for gRPC; `stop()` sends SIGTERM."""
 
-    def __init__(self, base_path: Path | None, log_path: Path, *flags: str, model_name: str = "ctr") -> None:
-        """`base_path` None: the models come from a `--model_config_file` among `flags`."""
+    def __init__(
+        self,
+        base_path: Path | None,
+        log_path: Path,
+        *flags: str,
+        model_name: str = "ctr",
+        cwd: Path = REPO_ROOT,
+    ) -> None:
+        """`base_path` None: the models come from a `--model_config_file` among `flags`; `cwd`: the checkout
+        whose `serving` runs (another one than this, e.g. the tree before a change, with this interpreter)."""
         self.rest_port, self.grpc_port = free_port(), free_port()
         self.model_name, self.log_path = model_name, log_path
         cmd = [
@@ -34,7 +42,7 @@ class ServerProcess:
             *flags,
         ]
         self._log = log_path.open("w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT)
         self.grpc_target = f"127.0.0.1:{self.grpc_port}"
 
     def url(self, path: str) -> str:

@@ -39,6 +39,8 @@ from tests.conftest import RunModule
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess, http
 
+pytestmark = pytest.mark.slow  # make test-slow: trains and exports through the three CLIs
+
 ROWS = 64
 
 

@@ -12,9 +12,10 @@ import pytest
 
 from tests.serving.server_process import ServerProcess
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("wrk") is None, reason="wrk is not installed (run `make sysdeps`)"
-)
+pytestmark = [
+    pytest.mark.slow,  # make test-slow: 50,000 requests
+    pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (run `make sysdeps`)"),
+]
 
 
 def _wrk(server: ServerProcess, script: Path, seconds: int, connections: int = 8) -> int:

@@ -63,6 +63,7 @@ def expected_order(data: Path, loader: str, epoch: int, n: int) -> list[int]:
     return torch.cat([b[2] for b in streamed]).tolist()
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 @pytest.mark.parametrize("loader", ["memory", "stream"])
 def test_resume_after_kill_ends_with_the_same_optimizer_steps(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess], loader: str

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from bench.sections.inference_latency import BATCHES, RAW_BATCHES, run
 from ctr_contract import BEST_CHECKPOINT
 from tests.conftest import Published
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_latency_rows_cover_every_backend_and_batch(published: Callable[..., Published]) -> None:
     p = published("relu")
     result = run("tiny", p.version_dir, p.run / BEST_CHECKPOINT)

@@ -27,6 +27,7 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_measure_reports_qps_and_percentiles_for_our_server(model_repo: Path, tmp_path: Path) -> None:
     port = serving_load.free_port()
     cmd = [
@@ -66,6 +67,7 @@ def test_base_path_of_accepts_the_repository_or_the_base_path(model_repo: Path) 
     assert serving_load.latest_version_dir(model_repo) == model_repo / "1"
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_tiny_mode_ranking_measures_raw_rows_beside_vectors_and_reports_rows_per_sec(tmp_path: Path) -> None:
     base = tmp_path / "repo" / "ctr"
     write_raw_version(base, 1, make_weights(seed=1), fit_spec())

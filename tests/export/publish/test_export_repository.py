@@ -72,6 +72,7 @@ def test_next_version_explicit_version_no_overwrite_and_keep(
     assert _entries(repo) == ["10", "3", "config.pbtxt", "notes"]
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_crash_mid_export_leaves_no_version_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

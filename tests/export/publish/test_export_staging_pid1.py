@@ -19,6 +19,8 @@ from export.publish.repository import ModelRepository
 from tests.export.export_runs import make_run
 from tests.helpers import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # make test-slow: exports killed as pid 1
+
 # Holds a staging folder as version 1's export does, says where, and waits to be killed.
 HOLD_STAGING = """
 import os, sys, time

@@ -10,9 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from pipelines.live_eval.service import LiveEval, Settings
 from tests.helpers import REPO_ROOT
 from tests.pipelines.live_world import Version, write_world
+
+pytestmark = pytest.mark.slow  # make test-slow: kills and restarts the evaluator
 
 T0 = 1_700_000_000.0
 S, SECONDS = 10.0, 600.0

@@ -15,6 +15,7 @@ def _demo(run_module, out: Path, *args: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_a_short_run_publishes_versions_and_the_server_serves_them(tmp_path: Path, run_module):
     # ~2 min: 2,000 static rows, 45 s of traffic in 15 s intervals, a 3 s attribution window
     r = _demo(

@@ -86,6 +86,7 @@ def _trainer(root: Path, first: int, last: int) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_sigkill_mid_interval_and_restart_trains_every_interval_exactly_once(tmp_path: Path):
     first = int(time.time() // INTERVAL_S) - 100  # long closed intervals: the trainer never waits
     _traffic(tmp_path, first, {1: 150, 2: 150})  # interval 0 has no requests

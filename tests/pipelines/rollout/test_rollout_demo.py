@@ -44,6 +44,7 @@ def _check(r: dict, out: Path, max_windows: float) -> None:
     assert (out / "rollout.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_a_short_demo_promotes_the_good_version_and_rolls_the_bad_one_back(tmp_path: Path, run_module):
     # ~90 s on a busy box: 4 s evaluation intervals, 120 rows a figure, models trained on a few thousand rows
     r = _demo(run_module, tmp_path, "--short")

@@ -19,6 +19,8 @@ from tests.helpers import REPO_ROOT, free_port
 from tests.serving.model_repo import WIDTH, make_weights, write_version
 from tests.serving.server_process import http
 
+pytestmark = pytest.mark.slow  # make test-slow: a server under strace
+
 # onnxruntime's telemetry resolved its endpoint ~9 s after the first session was created; watch past that.
 WATCH_S = 15.0
 SOCKET_CALL = re.compile(r"^\d+\s+(connect|sendto|sendmsg)\((\d+), (.*)$")

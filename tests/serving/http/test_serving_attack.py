@@ -14,9 +14,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from tests.helpers import REPO_ROOT
 from tests.serving.server_process import ServerProcess, http
+
+pytestmark = pytest.mark.slow  # make test-slow: an attack run under load
 
 ATTACK_S = 8.0
 FLAGS = ("--header_timeout_seconds=2", "--body_timeout_seconds=2", "--keepalive_timeout_seconds=5")

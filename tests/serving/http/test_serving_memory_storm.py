@@ -83,6 +83,7 @@ def _mib(n: int) -> int:
     return n >> 20
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_rss_returns_within_64_mib_after_the_storm(
     start_server, model_repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -301,6 +301,7 @@ def referenced_base(tmp_path: Path, model_repo: Path) -> Path:
     return base
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_restarted_workers_lose_no_totals_and_do_not_grow_the_folder(start_server, referenced_base) -> None:
     server = start_server(referenced_base, "--num_workers=2", "--drift_window=100")
     metrics_dir = Path(re.search(r"metrics aggregated in (\S+)", server.log())[1])

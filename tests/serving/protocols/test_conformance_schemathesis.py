@@ -26,6 +26,8 @@ from tests.serving.model_repo import write_manifest
 from tests.serving.raw_model_repo import fit_spec, write_raw_version
 from tests.serving.server_process import ServerProcess, env_without_proxy
 
+pytestmark = pytest.mark.slow  # make test-slow: hundreds of generated requests
+
 SPEC = Path(__file__).with_name("v2.yaml")
 MAX_EXAMPLES = 50  # per operation and phase
 SEED = 20261201  # recorded in the report; --generation-deterministic (derandomize) fixes the cases anyway

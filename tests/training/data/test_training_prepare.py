@@ -128,6 +128,7 @@ def _read_only_mount_works() -> str | None:
 _NO_READ_ONLY = _read_only_mount_works()
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 @pytest.mark.skipif(_NO_READ_ONLY is not None, reason=str(_NO_READ_ONLY))
 def test_training_from_read_only_data_caches_in_the_user_cache_folder(
     data_copy: Path, tmp_path: Path
@@ -168,6 +169,7 @@ def test_read_only_data_without_a_writable_cache_folder_names_the_flag(
     ]
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_two_gloo_ranks_prepare_exactly_what_one_process_prepares(data_copy: Path, tmp_path: Path) -> None:
     lines = data_copy.read_text().splitlines(keepends=True)
     days = tmp_path / "days"
@@ -209,6 +211,7 @@ def _peak_rss_mib(data: Path, cache_dir: Path) -> float:
     return int(proc.stdout.split("peak_kib ")[1].split()[0]) / 1024
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_preparation_memory_does_not_grow_with_the_row_count(tmp_path: Path) -> None:
     from training.synth import generate
 
@@ -246,6 +249,7 @@ def test_value_counts_are_exact_under_the_cap_and_keep_the_frequent_values_above
     assert capped.error == 1  # only singletons were ever dropped
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_training_reuses_what_prepare_left(data_copy: Path, tmp_path: Path, run_module: Run) -> None:
     from tests.training.train_runs import TINY_RUN
 
@@ -269,6 +273,7 @@ def test_training_reuses_what_prepare_left(data_copy: Path, tmp_path: Path, run_
     assert not [line for line in run.stdout.splitlines() if line.startswith(("parse:", "fit:", "encode:"))]
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_torchrun_training_prepares_on_every_rank_then_trains_with_ddp(
     data_copy: Path, tmp_path: Path
 ) -> None:

@@ -171,6 +171,7 @@ def audit(out: Path) -> list[np.ndarray]:
     return [np.sort(np.load(out / "sample_audit" / f"epoch{e}_rank0.npy")) for e in range(2)]
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_a_sampled_run_records_the_rate_trains_on_the_kept_rows_and_keeps_validation_whole(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:
@@ -254,6 +255,7 @@ def test_a_sampled_run_records_the_rate_trains_on_the_kept_rows_and_keeps_valida
     )
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_two_gloo_ranks_partition_the_kept_rows_of_several_files(
     data_copy: Path, tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:

@@ -240,6 +240,7 @@ def peak_rss_mib(path: Path, loader: str) -> tuple[int, float]:
     return int(rows), int(kib) / 1024
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS from /proc")
 def test_streaming_peak_memory_does_not_grow_with_the_row_count(sized_files: dict[int, Path]) -> None:
     (small_rows, small), (big_rows, big) = (

@@ -14,6 +14,8 @@ import pytest
 from ctr_model.checkpoint import load_net
 from tests.training.train_runs import TINY_RUN
 
+pytestmark = pytest.mark.slow  # make test-slow: two-process gloo DDP runs
+
 
 def split_into_days(data: Path, parts: int) -> Path:
     """The fixture's lines as `parts` daily files in one directory (what `--data DIR` reads as one data set)."""

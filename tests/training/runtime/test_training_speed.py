@@ -71,6 +71,7 @@ def test_speed_settings_flags_turn_each_cpu_speedup_off() -> None:
     )
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_fast_defaults_reach_the_val_auc_of_torch_defaults_on_the_same_data(
     tmp_path: Path, run_module: Callable[..., subprocess.CompletedProcess]
 ) -> None:

@@ -54,6 +54,7 @@ def test_two_trials_write_best_json_history_png_and_a_line_each(
         assert (out / "trials" / f"{t.number:04d}" / "checkpoints" / "best.ckpt").is_file()
 
 
+@pytest.mark.slow  # make test-slow (docs/testing.md)
 def test_crashing_trial_is_recorded_failed_and_the_study_goes_on_and_resumes(
     data_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

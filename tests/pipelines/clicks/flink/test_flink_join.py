@@ -43,6 +43,8 @@ from pipelines.online.step import Settings, join
 from tests.helpers import REPO_ROOT
 from tests.pipelines.flink_inputs import INTERVAL_S, WINDOW_S, T, make
 
+pytestmark = pytest.mark.slow  # make test-slow: Flink MiniCluster jobs
+
 HOLDOUT = 0.3
 INTERVALS = [[n, T + n * INTERVAL_S, T + (n + 1) * INTERVAL_S] for n in range(-1, 4)]
 KINDS = {
