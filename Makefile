@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow test-gpu test-containers lint fmt bench bench-http bench-compare clean fuzz
+.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow test-gpu test-containers soak lint fmt bench bench-http bench-compare clean fuzz
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -97,6 +97,9 @@ test-slow: $(STAMP) sysdeps $(FLINK_STAMP) ## Only the slow tests
 
 test-containers: $(STAMP) ## The images on a real engine: podman and docker-compose from Debian, `docker compose up serving` end to end, the k8s Jobs' commands (root)
 	$(PY) tests/deploy/containers/run.py
+
+soak: $(STAMP) ## Soak under churn (~5 min, not in test or test-slow): 2 workers, load on 4 routes, a publish every 15 s, a worker SIGKILLed every 30 s, malformed bursts; fails on a lost request, a 5xx or RSS growth
+	$(PY) -m tests.serving.soak_churn $(ARGS)
 
 test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP), then NCCL DDP efficiency; skip without CUDA
 	$(PY) -m pytest -m gpu -rs $(ARGS)

@@ -17,9 +17,11 @@ sends the row to the numpy transform, whose results then fill the cache. Checked
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from itertools import chain, repeat
-from typing import Any
+from types import MethodType
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +68,12 @@ class OneRowTransform:
                 column.astype(np.int32).tobytes(),
                 width,
             )
-        self._lookups, self._width, self._full, self._owner = lookups, width, full, owner
+        self._lookups, self._width = lookups, width
+        # Weak: `owner` holds this object and `full` is its method, so strong references back would make a
+        # cycle that only a full collection frees: an unloaded version's tables stayed for good in a server
+        # that rarely runs one (docs/perf/serving-memory.md).
+        self._full = weakref.WeakMethod(cast(MethodType, full))
+        self._owner = weakref.ref(owner)
         self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
         self._column: list[int] = column.tolist()
         self._lifts_at = LIFT_START  # the layout: z-scores, missing flags, lifts, then bucket counts
@@ -88,7 +95,7 @@ class OneRowTransform:
         row[:N_NUM] = z
         row[N_NUM : self._lifts_at] = missing
         entries = list(map(dict.get, self._lookups, batch.strings(), _NO_ENTRY))
-        batch.remember_entries(self._owner, entries)
+        batch.remember_entries(self._owner(), entries)
         row[self._lifts_at : self._counts_at] = map(self._lift.__getitem__, entries)
         for column in map(self._column.__getitem__, entries):
             row[column] += 1.0  # two fields may share a bucket
@@ -118,13 +125,15 @@ class OneRowTransform:
         # (26, N) as a view of the (N, 26) rows: a merged batch's single-row parts get contiguous columns, whose
         # bytes drift joins (serving/observability/drift.py)
         rows = np.frombuffer(entries, np.int32).reshape(n, len(CATEGORICAL_FIELDS))
-        batch.remember_entries(self._owner, rows.T)
+        batch.remember_entries(self._owner(), rows.T)
         return np.frombuffer(features, np.float32).reshape(n, self._width)
 
     def _fill(self, batch: RawBatch, counts: list[float]) -> np.ndarray:
         """The numpy transform of the batch; its present counts' z-scores join the cache (while there is room).
         `counts`: the batch's counts field-major."""
-        out = self._full(batch)
+        full = self._full()
+        assert full is not None, "the RawTransform that owns this one-row transform is gone"
+        out = full(batch)
         n = len(batch)
         for i, value in enumerate(counts):
             j, r = divmod(i, n)

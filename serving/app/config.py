@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class ServerConfig:
     max_batch_size: int
     batch_timeout_micros: int
     max_enqueued_batches: int
-    file_system_poll_wait_seconds: int
+    file_system_poll_wait_seconds: float
     rest_api_timeout_in_ms: int
     max_body_bytes: int
     max_instances: int
@@ -67,7 +68,7 @@ class ServerConfig:
     ssl_config_file: Path | None = None
     # Several models from TF Serving's model config file (serving/repository/model_config.py)
     model_config_file: Path | None = None
-    model_config_file_poll_wait_seconds: int = 0
+    model_config_file_poll_wait_seconds: float = 0.0
     # OpenTelemetry tracing (serving/observability/tracing.py); None: only the OTEL_* variables turn it on
     tracing_config: Path | None = None
     # Traffic split by label (serving/repository/traffic.py): the shares of a model with no ctr-traffic line
@@ -88,6 +89,9 @@ class ServerConfig:
         for flag in _NOT_NEGATIVE:
             if getattr(self, flag) < 0:
                 raise ValueError(f"--{flag} must be >= 0, got {getattr(self, flag)}")
+        for flag in ("file_system_poll_wait_seconds", "model_config_file_poll_wait_seconds"):
+            if not -math.inf < getattr(self, flag) < math.inf:  # NaN fails both
+                raise ValueError(f"--{flag} must be a number of seconds, got {getattr(self, flag)}")
         for flag in ("header_timeout_seconds", "body_timeout_seconds", "keepalive_timeout_seconds"):
             if not getattr(self, flag) > 0:
                 raise ValueError(f"--{flag} must be > 0, got {getattr(self, flag)}")
@@ -178,9 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tf.add_argument(
         "--model_config_file_poll_wait_seconds",
-        type=int,
-        default=0,
-        help="seconds between re-reads of --model_config_file; 0 reads it once",
+        type=float,
+        default=0.0,
+        help="seconds between re-reads of --model_config_file (whole seconds, or a fraction: 0.1); 0 reads it once",
     )
     tf.add_argument(
         "--enable_batching",
@@ -192,9 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tf.add_argument(
         "--file_system_poll_wait_seconds",
-        type=int,
-        default=1,
-        help="seconds between scans for new versions; 0 scans once",
+        type=float,
+        default=1.0,
+        help="seconds between scans for new versions (TF Serving's whole seconds, or a fraction: 0.1); 0 scans once",
     )
     tf.add_argument(
         "--rest_api_timeout_in_ms", type=int, default=30000, help="deadline of a queued request; 0 = none"

@@ -46,7 +46,7 @@ from serving.protocols.router import RestRouter, build_grpc_server
 from serving.repository.manager import ModelManager
 from serving.repository.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
 from serving.repository.traffic import TrafficSplit
-from serving.runtime.backends import Backend
+from serving.runtime.backends import Backend, import_runtime
 from serving.runtime.servable import BatchingOptions, Runner, build_runners
 
 log = logging.getLogger(__name__)
@@ -210,11 +210,13 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     if worker is None:
         grpc_server, http_server = await _open_ports(cfg, models, metrics, decoder, False, health)
 
-    await _first_scan(cfg, models)
-    # Objects alive now (modules, the model) live as long as the process: keep the cyclic GC from
-    # rescanning them on every collection, which showed as p99 latency spikes under load.
+    # Objects alive now (modules, the runtime) live as long as the process: keep the cyclic GC from
+    # rescanning them on every collection, which showed as p99 latency spikes under load. Not the versions:
+    # a frozen object is never collected, and every version is unloaded some day (serving/repository/reclaim.py).
+    await loop.run_in_executor(disk_executor, import_runtime, cfg.backend, cfg.intra_op_threads)
     gc.collect()
     gc.freeze()
+    await _first_scan(cfg, models)
     chores = None
     if worker is not None and not stop.is_set():
         grpc_server, http_server = await _open_ports(cfg, models, metrics, decoder, True, health)

@@ -262,7 +262,13 @@ class Fallback:
             self.metrics.fallbacks.inc(self.manager.name, str(version), reason)
         return target
 
+    def forget(self, version: int) -> None:
+        """`version` was unloaded: its breaker goes with it."""
+        self.breakers.pop(version, None)
+
     def _record(self, version: int, now: float, reason: str | None) -> None:
+        if version not in self.manager.loaded:  # retired, its last requests answering: judged no more
+            return
         breaker = self.breaker(version)
         was = breaker.state
         if breaker.record(now, reason) and was != "half_open":

@@ -55,6 +55,7 @@ class Predictor:
         self.fallback: Fallback | None = None
         # A sampled share of unlabelled requests scored again by the `shadow` label's version, off the path.
         self.shadow = ShadowScorer(manager, metrics, lambda: self.inflight)
+        manager.unload_hooks.append(self._unloaded)
 
     async def predict(
         self,
@@ -162,8 +163,14 @@ class Predictor:
                 tracing.status(span, status)
             elapsed_us = (time.perf_counter() - started) * 1e6
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
-            if servable is not None:
+            if servable is not None and not servable.closed:  # an unloaded version's rows are gone
                 self.metrics.model_stats.record(self.manager.name, servable.version, request, timing, status)
+
+    def _unloaded(self, version: int) -> None:
+        """What this model keeps per version goes with an unloaded one (the manager drops its metric series)."""
+        self.shadow.forget(version)
+        if self.fallback is not None:
+            self.fallback.forget(version)
 
     def drift_text(self) -> str:
         """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""

@@ -228,5 +228,9 @@ class ShadowScorer:
                 job.request_log.record_shadow(
                     job.request_id, job.logged_at, self.manager.name, servable.version, part
                 )
-        if scored:
+        if scored and not servable.closed:  # an unloaded version's series is gone (forget)
             self.metrics.shadow_scored.inc(self.manager.name, str(servable.version), amount=scored)
+
+    def forget(self, version: int) -> None:
+        """`version` was unloaded: its counter is created at 0 again should it come back."""
+        self._scored_versions.discard(version)

@@ -33,6 +33,7 @@ import json
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -105,7 +106,8 @@ class Reference:
             [bins[j][1] if j in bins else {} for j in range(len(CATEGORICAL_FIELDS))], -1
         )
         self._other = np.array([len(s) - 2 for _, _, s in self.raw_categorical], np.float32)[:, None]
-        self._by_entry: tuple[object, np.ndarray | None] | None = None  # (transform, its entries' codes)
+        # (a weak reference to the transform, its entries' codes)
+        self._by_entry: tuple[weakref.ref[Any], np.ndarray | None] | None = None
 
     @property
     def width(self) -> int:
@@ -134,7 +136,7 @@ class Reference:
     def codes_by_entry(self, transform: Any) -> np.ndarray | None:
         """float32 entry -> bin code of the entry's field (-1: "other") for `transform`'s entries (its
         `lookups`: per field value -> entry; entry 0 is a value no table holds), built once per transform."""
-        if self._by_entry is not None and self._by_entry[0] is transform:
+        if self._by_entry is not None and self._by_entry[0]() is transform:
             return self._by_entry[1]
         by_entry: np.ndarray | None = np.full(transform.entry_count, -1, np.float32)
         for j, (_, bins, _) in zip(self._categorical_rows, self.raw_categorical, strict=True):
@@ -143,7 +145,7 @@ class Reference:
                 by_entry = None  # a bin of a value the spec never saw: only a lookup of the value finds it
                 break
             by_entry[[lookup[value] for value in bins]] = list(bins.values())  # type: ignore[index]
-        self._by_entry = (transform, by_entry)
+        self._by_entry = (weakref.ref(transform), by_entry)  # weak: the version may unload before this does
         return by_entry
 
 
@@ -186,6 +188,8 @@ class DriftMonitor:
 
     def _watch_reference(self) -> None:
         self.reference()
+        if self._pending_requests:  # rows of a quiet moment: they hold their version's transform meanwhile
+            self.flush()
         asyncio.get_running_loop().call_later(REFERENCE_CHECK_S, self._watch_reference)
 
     def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
@@ -212,7 +216,7 @@ class DriftMonitor:
             ref = self.reference()
             if ref is None or not ref.raw_numeric or ref.codes_by_entry(found[0]) is None:
                 found = None
-            elif self._entry_rows[0]:
+            elif self._entry_rows[0] or self._entry_singles[0]:
                 self.flush()  # a new version's transform: its entries are another numbering
             if found is not None:
                 self._entry_owner = found[0]
@@ -245,6 +249,7 @@ class DriftMonitor:
             self.features.append(np.hstack([block, np.concatenate(scores)]))
         numeric, entries, raw_scores = self._entry_rows
         singles = self._entry_singles
+        owner, self._entry_owner = self._entry_owner, None  # kept only while its rows wait: it may unload
         if numeric:
             self._entry_rows = ([], [], [])
         if singles[0]:
@@ -261,7 +266,7 @@ class DriftMonitor:
             # One gather for every pending request: looking each one-row request's values up apart paused the
             # event loop for longer than the requests took. A version swapped in since these rows were kept may
             # have a bin of a value their transform lacks: they are then left out of the window.
-            codes = ref.entry_codes(self._entry_owner, _joined(numeric, 1), _joined(entries, 1))
+            codes = ref.entry_codes(owner, _joined(numeric, 1), _joined(entries, 1))
             if codes is not None:
                 self.raw.append(np.hstack([codes, _joined(raw_scores, 0)]))
         if raw:

@@ -14,7 +14,8 @@ from typing import cast
 
 import numpy as np
 
-from serving.observability.model_stats import ModelStatistics
+from serving.http.memory import rss_bytes
+from serving.observability.model_stats import ModelStatistics, v2_names
 from serving.observability.model_stats import note_batching as note_batching  # the batcher's import
 
 # TF Serving's request/runtime latency buckets, in microseconds: ExponentialBuckets(10, 1.8, 33).
@@ -268,6 +269,12 @@ class ServingMetrics:
         self.open_connections = self._gauge(
             "ctr_serving_open_connections", "Open REST connections.", (), "livesum"
         )
+        # The process's resident memory, named as prometheus_client's process collector names it; with
+        # --num_workers the workers' sum. An alert watches it grow across reloads (docker/prometheus/alerts.yml).
+        self.resident_memory = self._gauge(
+            "process_resident_memory_bytes", "Resident memory size in bytes.", (), "livesum"
+        )
+        self.resident_memory.track(lambda: float(rss_bytes()))
         self.connection_timeouts = self._counter(
             "ctr_serving_connection_timeouts_total",
             "REST connections closed for a timeout, by kind (header, body, keepalive, write).",
@@ -297,6 +304,40 @@ class ServingMetrics:
         """Show a newly loaded version's alerted counters at 0 (ctr_serving_fallbacks_total per reason)."""
         for reason in FALLBACK_REASONS:
             self.fallbacks.inc(model_name, str(version), reason, amount=0)
+
+    def per_version(self) -> list[Counter]:
+        """The metrics with a series per loaded version (a `version` label), the statistics' among them."""
+        found = [m for m in self.metrics() if isinstance(m, Counter) and "version" in m.labelnames]
+        return [
+            *found,
+            cast(Counter, self.model_stats.counts),
+            cast(Counter, self.model_stats.last_inference),
+        ]
+
+    def version_series(self, model_name: str, version: int) -> Callable[[str, tuple[str, ...]], bool]:
+        """Whether a series (metric name, label values) is one of `version` of `model_name`."""
+        at = {
+            m.name: (m.labelnames.index("model_name"), m.labelnames.index("version"))
+            for m in self.per_version()
+        }
+        names, label = set(v2_names(model_name)), str(version)
+
+        def belongs(name: str, labels: tuple[str, ...]) -> bool:
+            where = at.get(name)
+            return where is not None and labels[where[1]] == label and labels[where[0]] in names
+
+        return belongs
+
+    def forget_version(self, model_name: str, version: int) -> Callable[[str, tuple[str, ...]], bool]:
+        """Drop every series of an unloaded version (its fallbacks, shadow scores and statistics), so a server
+        that reloads all day shows the versions it serves, not every version it ever served. Returns the
+        test of its series (`version_series`)."""
+        belongs = self.version_series(model_name, version)
+        for metric in self.per_version():
+            for labels in [k for k in metric.values if belongs(metric.name, k)]:
+                del metric.values[labels]
+        self.model_stats.forget(model_name, version)
+        return belongs
 
     def _counter(self, name: str, help_text: str, labelnames: Sequence[str]) -> Counter:
         return Counter(name, help_text, labelnames)

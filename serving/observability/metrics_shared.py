@@ -14,6 +14,11 @@ not used because it would rename TF Serving's counters (`*_total`, `*_created`);
 formats the text. A write-through is a dict lookup and a 16-byte store into the mmap (no lock: only the
 event-loop thread of a worker writes). A fold and a scrape exclude each other with flock(2) on the directory
 (the fold exclusive, the scrape shared), so no scrape sees an exited worker's totals twice or not at all.
+
+Series per version (`ServingMetrics.per_version`: fallbacks, shadow scores, statistics) live as long as their
+version: a worker that unloads one rewrites its totals file without them (`forget_version`; keys cannot be
+deleted from an append-only file), and the exited workers' totals keep only the versions a live worker still
+holds (`prune_dead_totals`, at every fold and every such rewrite), so reloading all day grows no file.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import fcntl
 import functools
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +40,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetrics
 from serving.observability.model_stats import FAIL_FIELDS, SUCCESS_FIELDS, ModelStatistics, StatisticsRow
 
+log = logging.getLogger(__name__)
 SUM_SLOT = "sum"  # slot of a histogram's sum; its buckets are slots 0..len(bounds) (+Inf last)
 VALUE_SLOT = ""  # slot of a counter's or gauge's value
 GAUGE_MODES: dict[str, Callable[[Iterable[float]], float]] = {"livesum": sum, "max": max}
@@ -185,11 +192,55 @@ def _max_in_totals() -> frozenset[str]:
     return frozenset({ServingMetrics().model_stats.last_inference.name})
 
 
+@functools.cache
+def _version_at() -> dict[str, int]:
+    """Metric name -> where its `version` label sits, for the metrics with a series per version."""
+    return {m.name: m.labelnames.index("version") for m in ServingMetrics().per_version()}
+
+
+def _version_of(sample: Sample) -> str | None:
+    """The version a sample belongs to; None for a metric without a series per version."""
+    at = _version_at().get(sample[0])
+    return None if at is None else sample[1][at]
+
+
+def rewrite_store(path: Path, keep: Callable[[Sample], bool]) -> MmapedDict | None:
+    """Rewrite the store at `path` without the samples `keep` refuses (a MmapedDict only ever appends): a copy
+    beside it, renamed over it. Run under the directory's exclusive lock. Returns the new store, open, or None
+    when it kept everything (or there is no file)."""
+    try:
+        entries = list(MmapedDict.read_all_values_from_file(str(path)))
+    except FileNotFoundError:
+        return None
+    kept = [(key, value, stamp) for key, value, stamp, _ in entries if keep(_parse_key(key))]
+    if len(kept) == len(entries):
+        return None
+    copy = path.with_name(path.name + ".rewrite")  # not totals_*.db: no scrape reads it
+    copy.unlink(missing_ok=True)
+    store = MmapedDict(str(copy))
+    for key, value, stamp in kept:
+        store.write_value(key, value, stamp)
+    os.replace(copy, path)  # the mmap follows the file: `store` now writes to `path`
+    return store
+
+
+def prune_dead_totals(directory: Path) -> None:
+    """Drop from totals_dead.db the series of versions that no live worker's totals hold (every worker that
+    has a version loaded holds its fallback counters, at 0 from the load): the exited workers' totals keep the
+    versions served now, not every version ever served. Run under the directory's exclusive lock."""
+    live = [p for p in directory.glob("totals_*.db") if p.name != DEAD_TOTALS]
+    versions = {_version_of(sample) for sample in read_samples(live)} | {None}  # None: no version label
+    store = rewrite_store(directory / DEAD_TOTALS, lambda sample: _version_of(sample) in versions)
+    if store is not None:
+        store.close()
+
+
 def fold_totals(directory: Path, pid: int, wait_s: float = FOLD_WAIT_S) -> bool:
     """Fold the totals of the exited worker `pid` into totals_dead.db and remove its file.
 
     Run by the parent once the worker is reaped (nothing writes the file any more). Counters and buckets
-    add up, the totals' gauges keep their maximum. Returns False when the worker left no totals.
+    add up, the totals' gauges keep their maximum; then the series of versions no live worker serves go
+    (`prune_dead_totals`). Returns False when the worker left no totals.
     TimeoutError when a scrape holds the directory for `wait_s` (a stopped worker): the file is kept, and
     every scrape still counts it.
     """
@@ -208,6 +259,7 @@ def fold_totals(directory: Path, pid: int, wait_s: float = FOLD_WAIT_S) -> bool:
         finally:
             dead.close()
         source.unlink()
+        prune_dead_totals(directory)
     return True
 
 
@@ -248,6 +300,34 @@ class SharedServingMetrics(ServingMetrics):
     def _model_statistics(self, counts: Counter, last_inference: Gauge) -> ModelStatistics:
         assert isinstance(counts, SharedCounter) and isinstance(last_inference, SharedGauge)
         return SharedModelStatistics(counts, last_inference)
+
+    def forget_version(self, model_name: str, version: int) -> Callable[[str, tuple[str, ...]], bool]:
+        """Drop an unloaded version's series here, from this worker's totals file, and from the exited workers'
+        totals once no live worker holds the version. A scrape holding the directory for FOLD_WAIT_S leaves
+        the file as it is (its series stay until the next unload)."""
+        belongs = super().forget_version(model_name, version)
+        through = [
+            m
+            for m in [*self.metrics(), self.model_stats.counts, self.model_stats.last_inference]
+            if isinstance(m, _WriteThrough)
+        ]
+        for metric in through:  # the file keys cached for its series
+            metric._keys = {k: v for k, v in metric._keys.items() if not belongs(metric.name, k[0])}
+        path = self.directory / f"totals_{os.getpid()}.db"
+        try:
+            with directory_lock(self.directory, exclusive=True, wait_s=FOLD_WAIT_S):
+                store = rewrite_store(path, lambda sample: not belongs(sample[0], sample[1]))
+                prune_dead_totals(self.directory)
+        except TimeoutError as exc:
+            log.warning("the series of %s version %d stay in the metrics files: %s", model_name, version, exc)
+            return belongs
+        if store is not None:
+            old, self._totals = self._totals, store
+            for metric in through:
+                if metric._store is old:
+                    metric._store = store
+            old.close()
+        return belongs
 
     def merged(self, metric: Counter) -> dict[tuple[str, ...], float]:
         """`metric`'s values over every worker's files: summed, or combined by a gauge's mode."""

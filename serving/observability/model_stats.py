@@ -30,6 +30,11 @@ STAT_FIELDS = (
 )
 
 
+def v2_names(model: str) -> tuple[str, str]:
+    """The statistics' (v2) names of a model: its own for `serving_default`, `<model>_raw` for `raw`."""
+    return model, f"{model}_{RAW_SIGNATURE}"
+
+
 class Samples(Protocol):
     """What the rows are read through: a counter's or gauge's values by label values."""
 
@@ -134,9 +139,14 @@ class ModelStatistics:
         self._publish(row, failed)
 
     def _row(self, model: str, version: int, signature: str) -> StatisticsRow:
-        v2_name = f"{model}_{RAW_SIGNATURE}" if signature == RAW_SIGNATURE else model
+        v2_name = v2_names(model)[1] if signature == RAW_SIGNATURE else model
         row = self._rows[(model, version, signature)] = StatisticsRow((v2_name, str(version)))
         return row
+
+    def forget(self, model: str, version: int) -> None:
+        """Drop the rows of an unloaded version (serving/observability/metrics.py, `forget_version`)."""
+        for key in [k for k in self._rows if k[0] == model and k[1] == version]:
+            del self._rows[key]
 
     def _publish(self, row: StatisticsRow, failed: bool) -> None:
         """After each update of `row`: nothing in one process (the rows are read at `sync()`)."""

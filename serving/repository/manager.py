@@ -26,6 +26,7 @@ from serving.observability.metrics import ServingMetrics
 from serving.repository.loading import load_in_thread
 from serving.repository.manifest_check import check_outputs
 from serving.repository.policy import VersionPolicy
+from serving.repository.reclaim import Reclaimer
 from serving.repository.scan import Scan, scan_base
 from serving.repository.states import VersionState, VersionStates
 from serving.repository.traffic import TrafficSplit
@@ -80,6 +81,9 @@ class ModelManager:
         self._hung: list[threading.Thread] = []
         self._base_condition = ""  # the last reported problem with the base path ("" = none)
         self._names_reported: set[str] = set()
+        # Called with the number of each version unloaded: what others keep per version goes with it.
+        self.unload_hooks: list[Callable[[int], None]] = []
+        self._reclaimer = Reclaimer(name, disk_executor)
 
     # --- request path -------------------------------------------------------------------------
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> LoadedVersion:
@@ -296,11 +300,17 @@ class ModelManager:
             self._unload(servable)
 
     def _unload(self, servable: LoadedVersion) -> None:
+        """Let go of everything of the version (docs/perf/serving-memory.md): its runners, its metric series,
+        what the predictor keeps per version; then check that it is freed and hand its memory back."""
         servable.close()
+        self.metrics.forget_version(self.name, servable.version)
+        for hook in self.unload_hooks:
+            hook(servable.version)
         state = self.states.get(servable.version)
         if state is not None and state.state == "UNLOADING":
             state.state = "END"
         log.info("unloaded %s version %d", self.name, servable.version)
+        self._reclaimer.unloaded(servable)
 
     def _refresh_latest(self) -> None:
         self.latest = self.loaded[max(self.loaded)] if self.loaded else None

@@ -26,6 +26,18 @@ class Backend(Protocol):
         ...
 
 
+def import_runtime(kind: str, intra_op_threads: int) -> None:
+    """Import the backend's runtime (ONNX Runtime, or TensorFlow) before any version loads: the server freezes
+    what exists then out of the garbage collector's sight (serving/app/server.py), and the versions must not be
+    among it."""
+    if kind == "onnx":
+        import serving.runtime.onnx_runtime  # noqa: F401  # the import is the point
+    elif kind == "tf":
+        from serving.runtime.tf_saved_model import import_tensorflow
+
+        import_tensorflow(intra_op_threads)
+
+
 def load_backend(kind: str, version_dir: Path, intra_op_threads: int) -> Backend:
     """Load one version folder with the chosen backend.
 

@@ -121,12 +121,17 @@ class DynamicBatcher:
         return item
 
     def close(self) -> None:
-        """Stop the batching task (the version is unloaded; its queue is empty by then)."""
+        """Stop the batching task (the version is unloaded; its queue is empty by then) and let go of it: a
+        cancelled task keeps its CancelledError, whose traceback holds the task's frame, whose `self` is this
+        batcher, so a reference to the task would keep the version's model alive until a full collection."""
         if self._task is not None:
             self._task.cancel()
+            self._task = None
         for item in self._queue:
             if not item.future.done():
                 item.future.set_exception(ServingError("model version was unloaded"))
+        self._queue.clear()
+        self.queued_rows = 0
 
     async def _wait(self, wake_at_rows: int, delay_s: float | None) -> None:
         loop = asyncio.get_running_loop()

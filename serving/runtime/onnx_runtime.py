@@ -16,8 +16,26 @@ from serving.signatures import OUTPUT_NAME, Signature, output_order
 ort.disable_telemetry_events()
 
 
+# ONNX Runtime's CPU arena (a BFC arena per session) keeps every block a run ever took until the session is
+# released; with it off, each run's tensors come from malloc and go back at once. Measured in
+# docs/perf/serving-memory.md: what a released session leaves, and what the arena saves per request.
+CPU_ARENA = True
+
+
 def _static_dim(dim: object) -> int | None:
     return dim if isinstance(dim, int) and dim > 0 else None
+
+
+def session_options(intra_op_threads: int, arena: bool = CPU_ARENA) -> ort.SessionOptions:
+    """The options of every session: a fixed thread budget, no spinning, and the CPU arena `arena`."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = intra_op_threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Spinning threads would burn the cores the event loop needs between requests.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.enable_cpu_mem_arena = arena
+    return opts
 
 
 class OnnxRuntimeBackend:
@@ -25,15 +43,10 @@ class OnnxRuntimeBackend:
 
     runtime = "ONNXRuntime"
 
-    def __init__(self, model_path: Path, intra_op_threads: int) -> None:
+    def __init__(self, model_path: Path, intra_op_threads: int, arena: bool = CPU_ARENA) -> None:
         if not model_path.is_file():
             raise ModelLoadError(f"{model_path} does not exist")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = intra_op_threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Spinning threads would burn the cores the event loop needs between requests.
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts = session_options(intra_op_threads, arena)
         try:
             self._session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for corrupt/invalid graphs

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ctr_features.compiled.raw_batch import RawBatch
-from serving.errors import InvalidArgument
+from serving.errors import InvalidArgument, Unavailable
 from serving.observability import tracing
 from serving.observability.metrics import ServingMetrics
 from serving.requests import DecodedRequest
@@ -155,15 +155,19 @@ class LoadedVersion:
     inflight: int = 0
     retired: bool = False
     ranges: FeatureRanges | None = None
+    closed: bool = False  # unloaded: nothing may count anything under its version any more
 
     async def run(self, request: DecodedRequest) -> np.ndarray:
         """The request's batch -> its (N, K) scores, on the runner of the signature it calls."""
         runner = self.runners.get(request.signature)
+        if runner is None and self.closed:  # unreachable: a version unloads after its last request
+            raise Unavailable(f"version {self.version} was unloaded; retry")
         if runner is None:  # the codecs refuse a signature the version lacks; this is the last guard
             raise InvalidArgument(f'Serving signature name: "{request.signature}" not found in signature def')
         return await runner.run(request.batch)
 
     def close(self) -> None:
-        """Stop every runner (the version is unloaded; its queues are empty by then)."""
+        """Stop every runner (the version is unloaded; its queues are empty by then) and let go of them."""
         for runner in self.runners.values():
             runner.close()
+        self.runners, self.closed = {}, True

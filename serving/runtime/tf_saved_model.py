@@ -16,7 +16,8 @@ SIGNATURE = DEFAULT_SIGNATURE
 log = logging.getLogger(__name__)
 
 
-def _import_tensorflow(intra_op_threads: int) -> Any:
+def import_tensorflow(intra_op_threads: int) -> Any:
+    """TensorFlow, its thread pools sized (only the first call, before its runtime starts, can size them)."""
     import tensorflow as tf  # heavy and optional: only `--backend tf` reaches this line
 
     try:
@@ -36,7 +37,7 @@ class SavedModelBackend:
     def __init__(self, version_dir: Path, intra_op_threads: int) -> None:
         if not (version_dir / SAVED_MODEL).is_file():
             raise ModelLoadError(f"{version_dir / 'saved_model.pb'} does not exist")
-        self._tf = tf = _import_tensorflow(intra_op_threads)
+        self._tf = tf = import_tensorflow(intra_op_threads)
         try:
             self._loaded = tf.saved_model.load(str(version_dir))
             fn = self._loaded.signatures[SIGNATURE]

@@ -263,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             server.wait_ready(120)
             print(f"server {args.code} {' '.join(flags)}", flush=True)
+            reclaims = (args.code / "serving/repository/reclaim.py").is_file()  # else a tree before them
             for version in range(2, args.versions + 3):
                 took = reload(server, args.version, base, version)
+                if reclaims:
+                    reclaimed(server, version - 1)
                 mib = settled_rss(server.proc.pid) / MIB
                 print(f"version {version}: RSS {mib:.0f} MiB (reload {took:.1f} s)", flush=True)
         finally:
