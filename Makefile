@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow test-gpu test-containers soak lint fmt bench bench-http bench-compare clean fuzz
+.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow coverage test-gpu test-containers soak lint fmt bench bench-http bench-compare clean fuzz
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -89,11 +89,25 @@ fmt: $(STAMP) ## Format the code with ruff
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) sysdeps $(FLINK_STAMP) lint ## Lint, then the test suite (excludes tests marked slow)
-	$(PY) -m pytest -m "not slow" $(ARGS)
+# The tiers (docs/testing.md): `test` holds the tests that take seconds; `test-slow` the end-to-end runs (demos,
+# Flink jobs, restarts, DDP, memory at scale); `soak`, `test-containers` and `fuzz` the rest. .ci/run runs them all.
+# TEST_JOBS: pytest-xdist workers for test-slow, whose runs mostly wait on clocks and child processes.
+TEST_JOBS ?= 2
+test: $(STAMP) sysdeps $(FLINK_STAMP) lint ## Lint, then the tests that take seconds (not marked slow); the 15 slowest printed
+	$(PY) -m pytest -m "not slow" --durations=15 $(ARGS)
 
-test-slow: $(STAMP) sysdeps $(FLINK_STAMP) ## Only the slow tests
-	$(PY) -m pytest -m slow $(ARGS)
+test-slow: $(STAMP) sysdeps $(FLINK_STAMP) ## The end-to-end tier: tests marked slow (demos, Flink, restarts, DDP, memory at scale)
+	$(PY) -m pytest -m slow -n $(TEST_JOBS) --dist loadfile --durations=15 $(ARGS)
+
+# Line and branch coverage of every package of ours over both pytest tiers, server and worker processes included
+# (pyproject.toml's [tool.coverage]; docs/testing.md has the tables). COV_DIR holds the data and the report.
+COV_DIR ?= artifacts/coverage
+coverage: $(STAMP) sysdeps $(FLINK_STAMP) ## Line and branch coverage over test and test-slow, per package: artifacts/coverage/table.md
+	rm -rf $(COV_DIR) && mkdir -p $(COV_DIR)
+	-COVERAGE_FILE=$(abspath $(COV_DIR))/.coverage $(PY) -m coverage run -m pytest -q -p no:cacheprovider $(ARGS)
+	COVERAGE_FILE=$(abspath $(COV_DIR))/.coverage $(PY) -m coverage combine -q $(abspath $(COV_DIR))
+	COVERAGE_FILE=$(abspath $(COV_DIR))/.coverage $(PY) -m coverage report > $(COV_DIR)/report.txt
+	$(PY) scripts/coverage_table.py $(COV_DIR)/.coverage | tee $(COV_DIR)/table.md
 
 test-containers: $(STAMP) ## The images on a real engine: podman and docker-compose from Debian, `docker compose up serving` end to end, the k8s Jobs' commands (root)
 	$(PY) tests/deploy/containers/run.py
