@@ -72,10 +72,12 @@ class OneRowTransform:
         # Weak: `owner` holds this object and `full` is its method, so strong references back would make a
         # cycle that only a full collection frees: an unloaded version's tables stayed for good in a server
         # that rarely runs one (docs/perf/serving-memory.md).
-        self._full = weakref.WeakMethod(cast(MethodType, full))
+        self._full_method = weakref.WeakMethod(cast(MethodType, full))
         self._owner = weakref.ref(owner)
-        self._lift: list[float] = lift.tolist()  # float32 values, exact as Python floats
-        self._column: list[int] = column.tolist()
+        # As Python lists for the Python path (float32 values, exact as Python floats), made at its first row:
+        # most versions never take it, and 100k-entry specs' lists are megabytes of objects.
+        self._lift_array, self._column_array = lift, column
+        self._lists: tuple[list[float], list[int]] | None = None
         self._lifts_at = LIFT_START  # the layout: z-scores, missing flags, lifts, then bucket counts
         self._counts_at = self._lifts_at + len(lookups)
         self._z: list[dict[float, float]] = [{} for _ in range(N_NUM)]  # count -> its float32 z-score
@@ -96,8 +98,11 @@ class OneRowTransform:
         row[N_NUM : self._lifts_at] = missing
         entries = list(map(dict.get, self._lookups, batch.strings(), _NO_ENTRY))
         batch.remember_entries(self._owner(), entries)
-        row[self._lifts_at : self._counts_at] = map(self._lift.__getitem__, entries)
-        for column in map(self._column.__getitem__, entries):
+        if self._lists is None:
+            self._lists = self._lift_array.tolist(), self._column_array.tolist()
+        lifts, columns = self._lists
+        row[self._lifts_at : self._counts_at] = map(lifts.__getitem__, entries)
+        for column in map(columns.__getitem__, entries):
             row[column] += 1.0  # two fields may share a bucket
         return np.array([row], np.float32)
 
@@ -128,12 +133,16 @@ class OneRowTransform:
         batch.remember_entries(self._owner(), rows.T)
         return np.frombuffer(features, np.float32).reshape(n, self._width)
 
+    def _full(self, batch: RawBatch) -> np.ndarray:
+        """The owner's numpy transform of the batch."""
+        full = self._full_method()
+        assert full is not None, "the RawTransform that owns this one-row transform is gone"
+        return full(batch)
+
     def _fill(self, batch: RawBatch, counts: list[float]) -> np.ndarray:
         """The numpy transform of the batch; its present counts' z-scores join the cache (while there is room).
         `counts`: the batch's counts field-major."""
-        full = self._full()
-        assert full is not None, "the RawTransform that owns this one-row transform is gone"
-        out = full(batch)
+        out = self._full(batch)
         n = len(batch)
         for i, value in enumerate(counts):
             j, r = divmod(i, n)

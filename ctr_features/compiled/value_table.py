@@ -165,21 +165,23 @@ class ValueTable:
             bits += 1
 
     def _place(self, entries: dict[int, int], bits: int, default: int) -> bool:
-        """Fill a table of 2**bits slots; False when an entry finds no place (then a larger one is tried)."""
+        """Fill a table of 2**bits slots; False when an entry finds no place (then a larger one is tried).
+
+        A displaced key's two slots are computed again (`_slots`' multiply-shift in Python integers), not
+        looked up in a dict of every key's slots: that dict was a tuple per entry, made and dropped at every
+        load, and its memory stayed scattered through the heap (docs/perf/serving-memory.md)."""
         self._shift = np.uint64(64 - bits)
+        shift, mask, mix, mix2 = 64 - bits, (1 << 64) - 1, int(_MIX), int(_MIX2)
         keys, codes = [0] * 2**bits, [default] * 2**bits  # key 0: an empty slot
-        salted = np.array(list(entries), np.uint64)
-        homes = [s.tolist() for s in self._slots(salted)]
-        home = {k: (a, b) for k, a, b in zip(entries, *homes, strict=True)}
-        for key, code in entries.items():
-            slot = home[key][0]
+        firsts = self._slots(np.array(list(entries), np.uint64))[0].tolist()
+        for slot, (key, code) in zip(firsts, entries.items(), strict=True):
             for _ in range(500):  # move the occupant to its other slot, and so on
                 if not keys[slot]:
                     keys[slot], codes[slot] = key, code
                     break
                 keys[slot], key = key, keys[slot]
                 codes[slot], code = code, codes[slot]
-                a, b = home[key]
+                a, b = (key * mix & mask) >> shift, (key * mix2 & mask) >> shift
                 slot = b if slot == a else a
             else:
                 return False

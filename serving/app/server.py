@@ -169,7 +169,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         on_drop=lambda n: loop.call_soon_threadsafe(partial(metrics.trace_spans_dropped.inc, amount=n)),
     )
     # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
-    # a slow disk never delays inference. Each model load gets a thread of its own (serving/repository/loading.py).
+    # a slow disk never delays inference. Each model loads its versions on a thread of its own (serving/repository/loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
     disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
     limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
@@ -225,6 +225,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     latest = models.lookup(cfg.model_name).manager.latest if not isinstance(models, ModelSet) else None
     if cfg.print_curl_example and latest is not None and (worker is None or worker.index == 0):
         print(curl_example(cfg, latest), flush=True)
+    del latest  # this frame lives as long as the server: it must not keep the first version after its unload
     health_task = asyncio.create_task(health.run())
     pollers = _start_polling(cfg, models)
 

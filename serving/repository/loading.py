@@ -1,13 +1,18 @@
-"""Load one version in its own thread, under a timeout: stamp its files, verify the manifest, load, warm up.
+"""Load one version off the event loop, under a timeout: stamp its files, verify the manifest, load, warm up.
 
-A fresh daemon thread per load (not a shared executor): a load that hangs (a stuck network mount, a FIFO where
-a file should be) is abandoned when its timeout passes, and the next version loads on a new thread.
+Each model's loads run one at a time on one long-lived daemon thread of its own (`Loader`): a load that hangs
+(a stuck network mount, a FIFO where a file should be) is abandoned when its timeout passes, with its thread,
+and the next load gets a new thread. One thread, not a fresh one per load: glibc gives each thread a malloc
+arena, and versions built in arenas that rotate from load to load left their heaps fragmented, resident memory
+climbing for tens of reloads (docs/perf/serving-memory.md); built in the same arena, a version reuses the
+space of the one it replaces.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,32 +55,68 @@ def verify_and_load(path: Path, load: Callable[[Path], tuple[Backend, int]], att
             attempt.digest = content_digest(path, attempt.stamp)
 
 
-async def load_in_thread(
-    name: str, path: Path, load: Callable[[Path], tuple[Backend, int]], timeout_s: float
-) -> tuple[LoadAttempt, threading.Thread]:
-    """Run `verify_and_load` on a new daemon thread; wait at most `timeout_s` (0: no limit).
+class _LoadThread:
+    """A daemon thread that runs the jobs put in its queue until it gets None, or is abandoned."""
 
-    Returns:
-        the attempt (`timed_out` set when the thread was abandoned) and the thread, still alive if it hung.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-    attempt = LoadAttempt()
+    def __init__(self, name: str) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.abandoned = False
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
 
-    def finish() -> None:
-        if not done.done():  # already cancelled by the timeout
-            done.set_result(None)
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
+            if self.abandoned:  # a load that outlived its timeout: the next one has another thread
+                return
 
-    def work() -> None:
-        verify_and_load(path, load, attempt)
-        # RuntimeError: the loop closed while this load hung, and nobody waits for it any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(finish)
+    def abandon(self) -> None:
+        self.abandoned = True
+        self.jobs.put(None)  # ends it too if its job returned just before
 
-    thread = threading.Thread(target=work, name=f"load-{name}", daemon=True)
-    thread.start()
-    try:
-        await asyncio.wait_for(done, timeout_s or None)
-    except TimeoutError:
-        attempt.timed_out = True
-    return attempt, thread
+
+class Loader:
+    """The loads of one model, one at a time, on one long-lived thread (a new one after a load hangs)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._worker: _LoadThread | None = None
+
+    async def load(
+        self, path: Path, load: Callable[[Path], tuple[Backend, int]], timeout_s: float
+    ) -> tuple[LoadAttempt, threading.Thread]:
+        """Run `verify_and_load` on the load thread; wait at most `timeout_s` (0: no limit).
+
+        Returns:
+            the attempt (`timed_out` set when the thread was abandoned) and its thread, still alive if it hung.
+        """
+        if self._worker is None or self._worker.abandoned:
+            self._worker = _LoadThread(f"load-{self.name}")
+        worker = self._worker
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        attempt = LoadAttempt()
+
+        def finish() -> None:
+            if not done.done():  # already cancelled by the timeout
+                done.set_result(None)
+
+        def work() -> None:
+            verify_and_load(path, load, attempt)
+            # RuntimeError: the loop closed while this load hung, and nobody waits for it any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(finish)
+
+        worker.jobs.put(work)
+        try:
+            await asyncio.wait_for(done, timeout_s or None)
+        except TimeoutError:
+            attempt.timed_out = True
+            worker.abandon()
+        return attempt, worker.thread
+
+    def close(self) -> None:
+        """End the load thread once its current load, if any, returns (the model left the config)."""
+        if self._worker is not None:
+            self._worker.abandon()
+            self._worker = None

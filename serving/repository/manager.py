@@ -6,8 +6,8 @@ wants are loaded, and its memory is released only after its last in-flight reque
 Nothing in a version folder is trusted before it is checked (serving/repository/manifest_check.py), and every fault
 stays with its own version: an incomplete folder waits (up to `--manifest_wait_timeout_seconds`), a corrupt,
 unreadable or hung one fails alone and is retried only once one of its files changes. docs/serving-versions.md
-has the rules. All state lives on the event-loop thread; folder scans run on `disk_executor`, and each load
-runs on its own thread (serving/repository/loading.py).
+has the rules. All state lives on the event-loop thread; folder scans run on `disk_executor`, and the loads on
+the model's load thread, a new one after a load hangs (serving/repository/loading.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from ctr_contract.ratelog import RateLimitedLog
 from serving.errors import InvalidArgument, NotFound, Unavailable
 from serving.observability.metrics import ServingMetrics
-from serving.repository.loading import load_in_thread
+from serving.repository.loading import Loader
 from serving.repository.manifest_check import check_outputs
 from serving.repository.policy import VersionPolicy
 from serving.repository.reclaim import Reclaimer
@@ -84,6 +84,7 @@ class ModelManager:
         # Called with the number of each version unloaded: what others keep per version goes with it.
         self.unload_hooks: list[Callable[[int], None]] = []
         self._reclaimer = Reclaimer(name, disk_executor)
+        self._loader = Loader(name)  # one load thread (serving/repository/loading.py)
 
     # --- request path -------------------------------------------------------------------------
     def resolve(self, name: str, version: int | None = None, label: str | None = None) -> LoadedVersion:
@@ -242,7 +243,7 @@ class ModelManager:
                 "loading %s version %d from %s (%s backend)", self.name, version, path, self.backend_kind
             )
         state.state, started = "LOADING", time.perf_counter()
-        attempt, thread = await load_in_thread(self.name, path, self._load_and_warm, self.load_timeout_s)
+        attempt, thread = await self._loader.load(path, self._load_and_warm, self.load_timeout_s)
         if attempt.timed_out:
             self._hung.append(thread)
             self.metrics.load_failures.inc(self.name)
@@ -283,6 +284,7 @@ class ModelManager:
         """Retire every loaded version (the model left the config); each unloads after its last request."""
         for servable in list(self.loaded.values()):
             self._retire(servable, reason)
+        self._loader.close()
 
     def _retire(self, servable: LoadedVersion, reason: str) -> None:
         log.info(

@@ -26,6 +26,14 @@ class Backend(Protocol):
         ...
 
 
+def close_backend(backend: Backend) -> None:
+    """Free what an unloaded backend's runtime does not free by itself (TensorFlow's lookup tables); most
+    backends have nothing to free: reference counting does it."""
+    close = getattr(backend, "close", None)
+    if close is not None:
+        close()
+
+
 def import_runtime(kind: str, intra_op_threads: int) -> None:
     """Import the backend's runtime (ONNX Runtime, or TensorFlow) before any version loads: the server freezes
     what exists then out of the garbage collector's sight (serving/app/server.py), and the versions must not be

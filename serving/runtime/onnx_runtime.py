@@ -17,9 +17,10 @@ ort.disable_telemetry_events()
 
 
 # ONNX Runtime's CPU arena (a BFC arena per session) keeps every block a run ever took until the session is
-# released; with it off, each run's tensors come from malloc and go back at once. Measured in
-# docs/perf/serving-memory.md: what a released session leaves, and what the arena saves per request.
-CPU_ARENA = True
+# released, so a burst of large batches stays resident for the version's life; off, each run's tensors come
+# from malloc and go back at once (and a released session leaves nothing either way). Off costs nothing
+# measurable per request: docs/perf/serving-memory.md.
+CPU_ARENA = False
 
 
 def _static_dim(dim: object) -> int | None:

@@ -20,7 +20,7 @@ from serving.errors import InvalidArgument, Unavailable
 from serving.observability import tracing
 from serving.observability.metrics import ServingMetrics
 from serving.requests import DecodedRequest
-from serving.runtime.backends import Backend
+from serving.runtime.backends import Backend, close_backend
 from serving.runtime.batcher import INLINE_MAX_ROWS, DynamicBatcher
 from serving.runtime.input_range import FeatureRanges
 from serving.runtime.spec_backend import SpecBackend
@@ -167,7 +167,9 @@ class LoadedVersion:
         return await runner.run(request.batch)
 
     def close(self) -> None:
-        """Stop every runner (the version is unloaded; its queues are empty by then) and let go of them."""
+        """Stop every runner (the version is unloaded; its queues are empty by then), let go of them, and free
+        what the backend's runtime frees only when told to."""
         for runner in self.runners.values():
             runner.close()
         self.runners, self.closed = {}, True
+        close_backend(self.backend)

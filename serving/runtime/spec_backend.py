@@ -18,7 +18,7 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import RawTransform
 from serving.errors import ModelLoadError
-from serving.runtime.backends import Backend
+from serving.runtime.backends import Backend, close_backend
 
 
 class SpecBackend:
@@ -41,6 +41,10 @@ class SpecBackend:
         numeric = np.stack([np.asarray(inputs[f], np.float64) for f in NUMERIC_FIELDS])
         categorical = np.stack([np.asarray(inputs[f], object) for f in CATEGORICAL_FIELDS])
         return self.predict_batch(RawBatch(numeric, categorical))
+
+    def close(self) -> None:
+        """The version is unloaded: the runtime backend lets go of what it must free by hand."""
+        close_backend(self.backend)
 
     def predict_raw_graph(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         """The same rows through the version's raw graph (the reference when warm-up has no expected scores)."""
