@@ -224,6 +224,16 @@ def arena_figures(version_dir: Path, rounds: int = 3000, loads: int = 20) -> lis
                 times[arena].append(time.perf_counter() - started)
         on, off = (float(np.median(times[a])) * 1e6 for a in (True, False))
         lines.append(f"{name}: median {on:.1f} us with the arena, {off:.1f} us without ({off - on:+.1f} us)")
+    big = np.full((8192, 128), 0.25, np.float32)
+    for arena in (True, False):  # what one burst leaves resident while the session lives on
+        gc.collect()
+        release_freed_memory()
+        before = rss(os.getpid())
+        backends[arena].predict(big)
+        release_freed_memory()
+        lines.append(
+            f"arena {'on' if arena else 'off'}: one 8192-row call leaves {(rss(os.getpid()) - before) / MIB:+.1f} MiB"
+        )
     del backends
     for arena in (True, False):
         gc.collect()
