@@ -217,6 +217,11 @@ class ServingMetrics:
             "Model versions that failed to load or warm up.",
             ("model_name",),
         )
+        self.repository_polls = self._counter(
+            "ctr_serving_repository_polls_total",
+            "Scans of the model base path finished (--file_system_poll_wait_seconds); flat: the poller is stuck.",
+            ("model_name",),
+        )
         self.versions_rejected = self._counter(
             "ctr_serving_versions_rejected_total",
             f"Model versions not loaded, by reason: {', '.join(REJECT_REASONS)}.",

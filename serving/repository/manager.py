@@ -169,6 +169,7 @@ class ModelManager:
                 await self.poll_once()
             except Exception:
                 limited.log(logging.ERROR, "poll", "polling %s failed", self.base_path, exc_info=True)
+            self.metrics.repository_polls.inc(self.name)  # tests and operators see each poll end
 
     async def poll_once(self) -> None:
         """Load what the policy wants (newest first), then retire what it no longer wants."""

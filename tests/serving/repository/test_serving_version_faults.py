@@ -31,10 +31,10 @@ from serving.repository.policy import VersionPolicy
 from serving.repository.states import VersionState, VersionStates
 from serving.repository.warmup import read_tfrecords
 from tests.serving.model_repo import reference_predict, write_manifest, write_version
-from tests.serving.server_process import ServerProcess, http
+from tests.serving.server_process import ServerProcess, http, wait_polls
 
 ROW = np.random.default_rng(5).random((1, 128), dtype=np.float32)
-POLL = "--file_system_poll_wait_seconds=1"
+POLL = "--file_system_poll_wait_seconds=0.25"
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -87,7 +87,7 @@ def test_symlink_loop_fails_its_version_alone_and_newer_versions_load(
     _wait_for(lambda: _states(server).get("5") == "END")
     write_version(writable_base, 6, weights[2])
     _wait_for(lambda: _states(server).get("6") == "AVAILABLE")
-    time.sleep(2.5)  # more polls pass over versions 5, 8 and 9
+    wait_polls(server, 3)  # more polls pass over versions 5, 8 and 9
     assert _status(server, 5) == {
         "state": "END",
         "error_code": "FAILED_PRECONDITION",
@@ -117,7 +117,7 @@ def test_base_path_that_is_a_file_logs_one_clear_line(start_server, tmp_path: Pa
     base.write_bytes(b"not a folder")
     server = start_server(base, POLL, wait=False)
     _wait_for(lambda: http(server.url("/healthz"))[0] == 200)
-    time.sleep(3.5)  # three more polls
+    wait_polls(server, 3)
     assert http(server.url("/v1/models/ctr")) == (503, {"model_version_status": []})
     log = server.log()
     lines = [line for line in log.splitlines() if "is a file" in line]
@@ -136,7 +136,7 @@ def test_huge_and_noncanonical_version_folders_are_ignored(
     shutil.copytree(v2, writable_base / "99999999999999999999")  # a valid model, beyond int64
     shutil.copytree(v2, writable_base / "01")  # would be version 1 a second time
     server = start_server(writable_base, POLL)
-    time.sleep(2.5)
+    wait_polls(server, 2)
     assert http(server.url("/v1/models/ctr"))[0] == 200
     assert _states(server) == {"1": "AVAILABLE"}
     assert _score(server) == _expected(weights[1])
@@ -211,7 +211,7 @@ def test_half_copied_version_waits_for_its_manifest_without_failing(
     (target / "assets.extra").mkdir(parents=True)  # copied file by file, as `kubectl cp` or a sync job does
     shutil.copyfile(source / "model.onnx", target / "model.onnx")
     _wait_for(lambda: _states(server).get("2") == "START")
-    time.sleep(2.0)  # two more polls see a complete model.onnx and nothing else
+    wait_polls(server, 2)  # two more polls see a complete model.onnx and nothing else
     assert _status(server, 2) == {
         "state": "START",
         "error_code": "OK",
