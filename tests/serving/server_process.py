@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,4 +155,12 @@ def wait_polls(server: ServerProcess, n: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while polls(server) < target:
         assert time.monotonic() < deadline, f"fewer than {n} polls within {timeout_s}s:\n{server.log()}"
+        time.sleep(0.05)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Poll `condition` every 50 ms until it holds; fail naming `what` after `timeout_s` (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
         time.sleep(0.05)
