@@ -60,10 +60,11 @@ def test_hot_reload_under_load_has_no_failed_requests(start_server, writable_bas
     server = start_server(writable_base, "--file_system_poll_wait_seconds=1")
     load = LoadLoop(server)
     load.start()
-    time.sleep(1.0)
+    _wait_for(lambda: len(load.results) >= 50)  # traffic on version 1 before version 2 lands
     write_version(writable_base, 2, weights[2])
     _wait_for(lambda: _states(server).get("2") == "AVAILABLE")
-    time.sleep(1.0)
+    answered = len(load.results)
+    _wait_for(lambda: len(load.results) >= answered + 50)  # and after the swap
     load.stop.set()
     load.join(10)
     v1, v2 = (float(reference_predict(weights[v], ROW)[0, 0]) for v in (1, 2))
