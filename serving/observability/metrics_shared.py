@@ -18,7 +18,7 @@ event-loop thread of a worker writes). A fold and a scrape exclude each other wi
 Series per version (`ServingMetrics.per_version`: fallbacks, shadow scores, statistics) live as long as their
 version: a worker that unloads one rewrites its totals file without them (`forget_version`; keys cannot be
 deleted from an append-only file), and the exited workers' totals keep only the versions a live worker still
-holds (`prune_dead_totals`, at every fold and every such rewrite), so reloading all day grows no file.
+holds (`prune_dead_totals`, at every such rewrite), so reloading all day grows no file.
 """
 
 from __future__ import annotations
@@ -239,8 +239,8 @@ def fold_totals(directory: Path, pid: int, wait_s: float = FOLD_WAIT_S) -> bool:
     """Fold the totals of the exited worker `pid` into totals_dead.db and remove its file.
 
     Run by the parent once the worker is reaped (nothing writes the file any more). Counters and buckets
-    add up, the totals' gauges keep their maximum; then the series of versions no live worker serves go
-    (`prune_dead_totals`). Returns False when the worker left no totals.
+    add up, the totals' gauges keep their maximum (a version's series stay until a live worker unloads it:
+    `prune_dead_totals`). Returns False when the worker left no totals.
     TimeoutError when a scrape holds the directory for `wait_s` (a stopped worker): the file is kept, and
     every scrape still counts it.
     """
@@ -259,7 +259,6 @@ def fold_totals(directory: Path, pid: int, wait_s: float = FOLD_WAIT_S) -> bool:
         finally:
             dead.close()
         source.unlink()
-        prune_dead_totals(directory)
     return True
 
 
