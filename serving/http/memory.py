@@ -1,8 +1,5 @@
-"""Hand memory that Python has freed back to the operating system, and say where it is.
-
-glibc's malloc keeps freed heap pages for reuse, so after a burst of large request bodies the resident size
-stays at its peak even though every object is gone. `malloc_trim(0)` returns the free pages of the heap
-(measured against a fixed mmap threshold in docs/serving-http.md). Elsewhere (musl, macOS) it is a no-op.
+"""Say where the memory is: the report of a live server (handing freed memory back, `malloc_trim`, is
+serving/observability/process.py's, which the REST layer's sweep calls).
 
 `CTR_SERVING_MEMORY_REPORT=FILE` (a debugging aid, off by default): on SIGUSR2 the REST server appends one JSON
 line to FILE: VmRSS, glibc's `mallinfo2` totals and, with Python's own `PYTHONTRACEMALLOC=1`, the traced bytes
@@ -12,24 +9,15 @@ and their top sites. Python-level bytes far below RSS mean freed-but-kept heap (
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from serving.observability.process import libc_function, rss_bytes
+
 REPORT_ENV = "CTR_SERVING_MEMORY_REPORT"
-
-
-def _libc_function(name: str, argtypes: list[type], restype: Any = ctypes.c_int) -> Callable[..., Any] | None:
-    try:
-        function = getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)  # ctypes releases the GIL
-    except (OSError, AttributeError, TypeError):
-        return None
-    function.argtypes, function.restype = argtypes, restype
-    return function  # type: ignore[no-any-return]
 
 
 class _MallInfo2(ctypes.Structure):
@@ -50,26 +38,7 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-_malloc_trim = _libc_function("malloc_trim", [ctypes.c_size_t])
-_mallinfo2 = _libc_function("mallinfo2", [], _MallInfo2)
-
-
-def release_freed_memory() -> None:
-    """Give free heap pages back to the OS (glibc `malloc_trim`); it walks the whole heap, so it runs after
-    large bodies are dropped, never once per request."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def rss_bytes() -> int:
-    """This process's resident size (VmRSS), 0 where /proc is missing."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+_mallinfo2 = libc_function("mallinfo2", [], _MallInfo2)
 
 
 def memory_report(top: int = 12) -> dict[str, Any]:

@@ -19,9 +19,10 @@ import ssl
 import time
 
 from serving.http.connection import HttpConnection
-from serving.http.memory import install_report_signal, release_freed_memory
+from serving.http.memory import install_report_signal
 from serving.http.shared import ConnectionBudget, HttpLimits, RequestHandler
 from serving.observability.metrics import ServingMetrics
+from serving.observability.process import release_freed_memory
 
 __all__ = ["HttpLimits", "HttpServer"]
 

@@ -14,9 +14,9 @@ from typing import cast
 
 import numpy as np
 
-from serving.http.memory import rss_bytes
 from serving.observability.model_stats import ModelStatistics, v2_names
 from serving.observability.model_stats import note_batching as note_batching  # the batcher's import
+from serving.observability.process import rss_bytes
 
 # TF Serving's request/runtime latency buckets, in microseconds: ExponentialBuckets(10, 1.8, 33).
 LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))

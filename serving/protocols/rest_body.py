@@ -24,7 +24,7 @@ import numpy as np
 
 from serving.codecs.rest_codec import decode_predict
 from serving.errors import InvalidArgument, Unavailable
-from serving.http.memory import release_freed_memory
+from serving.observability.process import release_freed_memory
 from serving.requests import DecodedRequest
 from serving.signatures import Signature
 

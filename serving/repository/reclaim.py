@@ -9,7 +9,7 @@ refers to it by then (docs/perf/serving-memory.md lists what did, and what each 
 2. weak references to the version's parts (the servable, its backend, the runtime's sessions, its feature
    transform) must all be dead: one still alive is a leak, logged once at WARNING with the types that refer
    to it;
-3. glibc's `malloc_trim` hands the freed heap pages back to the system (serving/http/memory.py), on the disk
+3. glibc's `malloc_trim` hands the freed heap pages back to the system (serving/observability/process.py), on the disk
    thread: it walks the whole heap, with the GIL released.
 
 One INFO line per unloaded version says what it took: `ctr version 3 reclaimed: ... RSS 231 MiB`.
@@ -27,7 +27,7 @@ import weakref
 from concurrent.futures import Executor
 from typing import Any
 
-from serving.http.memory import release_freed_memory, rss_bytes
+from serving.observability.process import release_freed_memory, rss_bytes
 from serving.runtime.servable import LoadedVersion
 
 log = logging.getLogger("serving.repository.manager")

@@ -201,7 +201,7 @@ def arena_figures(version_dir: Path, rounds: int = 3000, loads: int = 20) -> lis
     import gc
 
     from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-    from serving.http.memory import release_freed_memory
+    from serving.observability.process import release_freed_memory
     from serving.runtime.onnx_runtime import OnnxRuntimeBackend
 
     model = version_dir / "model.onnx"
