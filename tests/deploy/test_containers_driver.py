@@ -35,7 +35,11 @@ def test_make_test_containers_runs_the_driver_after_make_test():
     assert recipe and recipe.group(1) == "$(PY) tests/deploy/containers/run.py"
     assert re.search(r"^\.PHONY:.* test-containers( |$)", makefile, re.M)
     # .ci/run runs each tier through `tier NAME make TARGET...`: the README's `make test` first, every tier after.
-    ci = [line.split()[2:] for line in (REPO_ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("tier ")]
+    ci = [
+        line.split()[2:]
+        for line in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+        if line.startswith("tier ")
+    ]
     targets = [words[1] for words in ci if words[:1] == ["make"]]
     assert targets[:2] == ["install", "test"], targets
     assert {"test-slow", "soak", "test-containers", "fuzz"} <= set(targets), targets
