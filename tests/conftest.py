@@ -142,3 +142,22 @@ def data_copy(synth_file: Path, tmp_path: Path) -> Path:
         if ".cache." not in src.name:
             (dst.parent / src.name).write_bytes(src.read_bytes())
     return dst
+
+
+# The longest end-to-end runs (test-slow, measured in docs/testing.md) start first: pytest-xdist's loadfile hands
+# files to its workers in collection order, so a long file collected last would run alone at the end.
+LONGEST_FIRST = (
+    "tests/bench/test_bench_end_to_end.py",
+    "tests/pipelines/online/test_online_demo.py",
+    "tests/pipelines/rollout/test_rollout_demo.py",
+    "tests/pipelines/clicks/flink/test_flink_join_checkpoint.py",
+    "tests/scripts/test_daily_loop.py",
+    "tests/serving/repository/test_serving_reload_memory.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(
+        key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank))
+    )  # stable: the rest keep order

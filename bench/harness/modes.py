@@ -65,7 +65,7 @@ MODES: dict[str, BenchMode] = {
         # Half held out: export fits the calibrator on at least 1,000 validation rows.
         train_args=("--max-epochs", "1", "--val-fraction", "0.5", "--no-progress-bar"),
         step_timeout_s=180,
-        section_timeout_s={"training": 420, "inference": 180, "serving": 300, "scaling": 400},
+        section_timeout_s={"training": 420, "inference": 180, "serving": 540, "scaling": 400},
         run_setup=False,
     ),
 }
