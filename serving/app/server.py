@@ -227,7 +227,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         print(curl_example(cfg, latest), flush=True)
     del latest  # this frame lives as long as the server: it must not keep the first version after its unload
     health_task = asyncio.create_task(health.run())
-    pollers = _start_polling(cfg, models)
+    pollers = _start_polling(cfg, models, metrics)
 
     await stop.wait()
     log.info("shutting down: readiness off, draining %d in-flight requests", models.inflight)
@@ -303,12 +303,14 @@ async def _first_scan(cfg: ServerConfig, models: ServedModels) -> None:
         log.exception("first scan of %s failed", cfg.model_base_path)
 
 
-def _start_polling(cfg: ServerConfig, models: ServedModels) -> list[asyncio.Task[None]]:
+def _start_polling(
+    cfg: ServerConfig, models: ServedModels, metrics: ServingMetrics
+) -> list[asyncio.Task[None]]:
     """Version polling of the one model (the ModelSet polls each of its own), and config-file polling."""
     if isinstance(models, ModelSet):
         if cfg.model_config_file is None or cfg.model_config_file_poll_wait_seconds <= 0:
             return []
-        poller = ModelConfigPoller(cfg.model_config_file, models.apply)
+        poller = ModelConfigPoller(cfg.model_config_file, models.apply, metrics.model_config_polls.inc)
         return [asyncio.create_task(poller.poll_forever(cfg.model_config_file_poll_wait_seconds))]
     if cfg.file_system_poll_wait_seconds <= 0:
         return []

@@ -222,6 +222,11 @@ class ServingMetrics:
             "Scans of the model base path finished (--file_system_poll_wait_seconds); flat: the poller is stuck.",
             ("model_name",),
         )
+        self.model_config_polls = self._counter(
+            "ctr_serving_model_config_polls_total",
+            "Reads of --model_config_file finished (--model_config_file_poll_wait_seconds); flat: the poller is stuck.",
+            (),
+        )
         self.versions_rejected = self._counter(
             "ctr_serving_versions_rejected_total",
             f"Model versions not loaded, by reason: {', '.join(REJECT_REASONS)}.",

@@ -157,8 +157,10 @@ def read_model_config(path: Path) -> list[ModelSpec]:
 class ModelConfigPoller:
     """Re-reads the config file and hands each new good config to `apply`; bad edits keep the last good one."""
 
-    def __init__(self, path: Path, apply: Callable[[list[ModelSpec]], Awaitable[None]]) -> None:
-        self.path, self._apply = path, apply
+    def __init__(
+        self, path: Path, apply: Callable[[list[ModelSpec]], Awaitable[None]], on_poll: Callable[[], None]
+    ) -> None:
+        self.path, self._apply, self._on_poll = path, apply, on_poll
         self._last_text: str | None = None
         self._last_error = ""
 
@@ -197,3 +199,4 @@ class ModelConfigPoller:
             except Exception:
                 log.exception("applying --model_config_file %s failed", self.path)
                 self._last_text = None  # try again on the next poll
+            self._on_poll()  # tests and operators see each read end

@@ -23,7 +23,7 @@ from tests.export.export_runs import make_run
 from tests.export.gates.test_export_gate import mlp_weights, negate_output, publish_by_hand
 from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import reference_predict
-from tests.serving.server_process import ServerProcess, http
+from tests.serving.server_process import ServerProcess, http, wait_polls
 
 pytestmark = pytest.mark.slow  # make test-slow: the daily loop end to end
 
@@ -49,6 +49,13 @@ class Traffic:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
+
+    def wait_answers(self, n: int, timeout_s: float = 30) -> None:
+        """Wait until `n` more predicts have been answered than when called."""
+        target, deadline = self.ok + n, time.monotonic() + timeout_s
+        while self.ok < target:
+            assert time.monotonic() < deadline, f"fewer than {n} answers in {timeout_s}s: {self.failures[-3:]}"
+            time.sleep(0.02)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -107,7 +114,7 @@ def test_days_0_1_2_are_served_in_turn_and_a_bad_candidate_is_refused(tmp_path: 
             wait_for_version(server, n + 1)
             if traffic is None:
                 traffic = Traffic(server).start()
-            time.sleep(1.0)  # traffic on the new version before the next swap
+            traffic.wait_answers(20)  # traffic on the new version before the next swap
 
         manifest = json.loads((repo / "2" / "assets.extra" / "manifest.json").read_text())
         assert manifest["quality_gate"]["served"]["version"] == 1
@@ -127,7 +134,7 @@ def test_days_0_1_2_are_served_in_turn_and_a_bad_candidate_is_refused(tmp_path: 
         assert proc.returncode == 1
         assert len(errors) == 1 and errors[0].startswith("export: error: quality gate refused the candidate")
         assert sorted(int(p.name) for p in repo.iterdir() if p.name.isdigit()) == [1, 2, 3]
-        time.sleep(1.5)  # a poll after the refusal: still version 3
+        wait_polls(server, 2)  # a poll after the refusal: still version 3
         assert served_version(server) == 3
     finally:
         if traffic is not None:
@@ -151,7 +158,7 @@ def test_versions_swap_under_traffic_without_a_failed_request_and_a_bad_candidat
         for version in (2, 3):
             publish_by_hand(repo, version, runs[version])
             wait_for_version(server, version)
-            time.sleep(0.5)
+            traffic.wait_answers(10)  # traffic on the new version before the next swap
         bad = negate_output(runs[3], tmp_path / "bad")
         proc = subprocess.run(
             [sys.executable, "-m", "export", "--run", str(bad), "--repo", str(repo)],

@@ -140,20 +140,29 @@ def env_without_proxy() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
 
 
-def polls(server: ServerProcess) -> int:
-    """Polls of the model base path the server has finished (`ctr_serving_repository_polls_total`, every model)."""
+REPOSITORY_POLLS = "ctr_serving_repository_polls_total"
+CONFIG_POLLS = "ctr_serving_model_config_polls_total"
+
+
+def polls(server: ServerProcess, metric: str = REPOSITORY_POLLS) -> int:
+    """Polls the server has finished: of the model base path (every model), or of --model_config_file."""
     _, text = http(server.url("/metrics"))
-    prefix = "ctr_serving_repository_polls_total{"
     return int(
-        sum(float(line.rsplit(" ", 1)[1]) for line in str(text).splitlines() if line.startswith(prefix))
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in str(text).splitlines()
+            if line.startswith((metric + "{", metric + " "))
+        )
     )
 
 
-def wait_polls(server: ServerProcess, n: int, timeout_s: float = 30.0) -> None:
-    """Wait until `n` more polls of the base path have finished than when called (instead of sleeping n polls)."""
-    target = polls(server) + n
+def wait_polls(
+    server: ServerProcess, n: int, timeout_s: float = 30.0, metric: str = REPOSITORY_POLLS
+) -> None:
+    """Wait until `n` more polls have finished than when called (instead of sleeping n poll intervals)."""
+    target = polls(server, metric) + n
     deadline = time.monotonic() + timeout_s
-    while polls(server) < target:
+    while polls(server, metric) < target:
         assert time.monotonic() < deadline, f"fewer than {n} polls within {timeout_s}s:\n{server.log()}"
         time.sleep(0.05)
 

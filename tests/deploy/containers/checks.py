@@ -304,7 +304,10 @@ def stop_drains(project: Project, engine: Engine, times: dict[str, Any]) -> None
     done, stopping = threading.Event(), threading.Event()
     load = threading.Thread(target=_load, args=(rest, done, stopping, seen), daemon=True)
     load.start()
-    time.sleep(1.0)
+    deadline = time.monotonic() + 30
+    while seen.get("before:200", 0) < 20:  # the load runs before the stop
+        check(load.is_alive() and time.monotonic() < deadline, f"no load before the stop: {seen}")
+        time.sleep(0.05)
     stopping.set()
     with timed(times, "stop_s"):
         project.run("stop", "serving", timeout=grace + 30)

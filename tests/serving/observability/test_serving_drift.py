@@ -134,7 +134,10 @@ def test_drift_window_covers_every_worker(drift_world, start_server):
     rows = spec.transform(*raw_rows(5, 600, seed=3))
     pids = send(server, rows, batch=30)  # 20 connections: the kernel spreads them over both workers
     assert len(pids) == 2
-    time.sleep(2 * FLUSH_S)  # each worker copies its last rows into its shared ring buffer within FLUSH_S
+    deadline = time.monotonic() + 10 * FLUSH_S  # each worker copies its last rows into its shared ring buffer
+    while drift_metrics(server)[2] != 600:  # within FLUSH_S: wait for both workers' rows
+        assert time.monotonic() < deadline, f"the window never held both workers' rows:\n{server.log()}"
+        time.sleep(0.05)
     for _ in range(6):  # each scrape is a new connection, answered by either worker
         features, score, window = drift_metrics(server)
         assert window == 600  # 1,000 rows of capacity per worker: nothing was overwritten

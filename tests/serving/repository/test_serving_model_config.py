@@ -21,7 +21,7 @@ from serving.repository.model_config import parse_model_config
 from serving.repository.policy import VersionPolicy
 from tests.helpers import REPO_ROOT
 from tests.serving.model_repo import make_weights, reference_predict, write_version
-from tests.serving.server_process import ServerProcess, http
+from tests.serving.server_process import CONFIG_POLLS, ServerProcess, http, wait_polls
 
 ROW = np.random.default_rng(9).random((1, 128), np.float32)
 
@@ -140,7 +140,7 @@ def test_edit_adds_and_removes_models_while_the_staying_one_serves_under_load(
         _wait_for(lambda: http(server.url("/v1/models/c"))[0] == 200)
         _wait_for(lambda: _predict(server, "b")[0] == 404)
         config.write_text("model_config_list { config { name: 'a' ")  # a bad edit: the last good one stays
-        time.sleep(2.5)
+        wait_polls(server, 2, metric=CONFIG_POLLS)  # read twice: one error line, still serving
         assert _predict(server, "c")[0] == 200
         stop.set()
         for w in workers:

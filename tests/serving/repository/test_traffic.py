@@ -21,7 +21,7 @@ from serving.codecs.tensors import from_ndarray
 from serving.http.messages import answer_headers
 from serving.repository.traffic import format_traffic, with_traffic
 from tests.serving.model_repo import make_weights, reference_predict, write_version
-from tests.serving.server_process import ServerProcess
+from tests.serving.server_process import CONFIG_POLLS, ServerProcess, wait_polls
 
 ROW = np.random.default_rng(32).random((1, 128), np.float32)
 WEIGHTS = {1: make_weights(seed=1), 2: make_weights(seed=2)}
@@ -264,7 +264,7 @@ def test_a_bad_edit_keeps_the_last_good_config_with_one_log_line(
     _wait_for(lambda: client.version(probe) == 2, "the good 30 % share")
     config.write_text(edit(base))
     _wait_for(lambda: error in server.log(), "the error line")
-    time.sleep(2.5)  # two more polls of the same bad file: no second line
+    wait_polls(server, 2, metric=CONFIG_POLLS)  # two more reads of the same bad file: no second line
     assert server.log().count(error) == 1
     canary = {i for i in IDS if client.version(i) == 2}
     assert canary == {i for i in IDS if hashed(b"canary:", i, 30)}  # the last good split still holds
