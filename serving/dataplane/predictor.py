@@ -1,4 +1,4 @@
-"""The predict path shared by REST and gRPC: resolve the version once, decode for it, validate, run, count."""
+"""The predict path shared by REST and gRPC: route once, decode for the routed version, validate, run, check, observe."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from serving.dataplane.fallback import Fallback, check_deadline
 from serving.dataplane.output_check import check_outputs
 from serving.dataplane.shadow import ShadowScorer
 from serving.dataplane.validation import Limits, check_request
-from serving.errors import DeadlineExceeded, ServingError, Unavailable
+from serving.errors import DeadlineExceeded, ServingError, Unavailable, check_deadline
 from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
+from serving.routing.route import Route
+from serving.routing.router import Router
 from serving.runtime.servable import LoadedVersion
 from serving.signatures import RAW_SIGNATURE, Signature
 
@@ -34,28 +35,34 @@ class Prediction(NamedTuple):
     scores: np.ndarray
     servable: LoadedVersion
     request: DecodedRequest
-    fallback: str | None = None  # why the last good version answered (serving/dataplane/fallback.py)
-    # How the version was chosen (serving/repository/traffic.py): "stable", "latest" or "canary" for a request
+    fallback: str | None = None  # why the last good version answered (serving/routing/fallback.py)
+    # How the version was chosen (serving/routing/router.py): "stable", "latest" or "canary" for a request
     # naming no version or label, "version" or "label" for one that names it.
     route: str = "latest"
 
 
 class Predictor:
-    """Runs predict requests against the manager's versions and keeps the request metrics."""
+    """Runs predict requests against the router's versions and keeps the request metrics."""
 
-    def __init__(self, manager: ModelManager, limits: Limits, metrics: ServingMetrics) -> None:
-        self.manager, self.limits, self.metrics = manager, limits, metrics
+    def __init__(
+        self,
+        manager: ModelManager,
+        router: Router,
+        limits: Limits,
+        metrics: ServingMetrics,
+        drift: DriftMonitor | None = None,
+        request_log: RequestLog | None = None,
+    ) -> None:
+        """`router`: the model's routing, which `manager` tells of its versions; `drift`, `request_log`: what
+        watches the answered requests (serving/observability/drift.py and request_log.py; None: off)."""
+        self.manager, self.router, self.limits, self.metrics = manager, router, limits, metrics
+        self.drift, self.request_log = drift, request_log
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
-        # The server sets these two (serving/observability/drift.py and request_log.py).
-        self.drift: DriftMonitor | None = None
-        self.request_log: RequestLog | None = None
-        # Circuit breaking per version (serving/dataplane/fallback.py); the server sets it, None: off.
-        self.fallback: Fallback | None = None
+        self._breakers = router.fallback  # None: no circuit breaking, nothing counted per request
         # A sampled share of unlabelled requests scored again by the `shadow` label's version, off the path.
-        self.shadow = ShadowScorer(manager, metrics, lambda: self.inflight)
-        manager.unload_hooks.append(self._unloaded)
+        self.shadow = ShadowScorer(manager, router, metrics, lambda: self.inflight)
 
     async def predict(
         self,
@@ -68,11 +75,11 @@ class Predictor:
         inputs: Callable[[], Any] | None = None,
         deadline: float | None = None,
     ) -> Prediction:
-        """Predict for one request.
+        """Predict for one request: route, decode, validate, run, check outputs, observe; the protocol encodes.
 
         Args:
             name, version, label: the model spec of the request.
-            decode: turns the request into a DecodedRequest for the resolved version's signature.
+            decode: turns the request into a DecodedRequest for the routed version's signature.
             entrypoint: "REST" or "GRPC" (metric label).
             request_id: the request's id, for the traffic split (a random choice when the client sent none)
                 and the request log; None: not logged.
@@ -85,72 +92,28 @@ class Predictor:
         model_label = name if name == self.manager.name else "unknown"  # bounded label cardinality
         status = "INTERNAL"
         timing = self.metrics.model_stats.begin()  # Triton's statistics extension
-        servable: LoadedVersion | None = None
+        route: Route | None = None
         request: DecodedRequest | None = None
         span = tracing.current() if tracing.ACTIVE else None  # the request's span, when sampled
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
             check_deadline(deadline, "its work started")
-            servable, route = self.manager.route(name, version, label, request_id)
-            routed, fallback = version is None and label is None, None  # routed: the only kind redirected
-            if self.fallback is not None and routed:
-                servable, fallback = self.fallback.route(servable)
-            # A routed request that fails is run once more, on the last good version (fallback.retry).
-            for retried in (False, True):
+            route = self.router.route(name, version, label, request_id)
+            while True:  # a routed request that fails runs once more, on the last good version
                 try:
-                    # Held from here: a version retired while a large body decodes stays loaded until it answers.
-                    self.manager.acquire(servable)
-                    self.inflight += 1
-                    try:
-                        decode_start = time.perf_counter()
-                        request = await decode(servable.backend.signature)
-                        timing.decoded = time.perf_counter_ns()
-                        if span is not None:
-                            tracing.child(span, "decode", decode_start)
-                            tracing.annotate(
-                                span, name, servable.version, request.signature, len(request.batch)
-                            )
-                        check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
-                        check_deadline(deadline, "the model ran")
-                        if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
-                            scores = await servable.run(request)
-                        else:  # cut at the deadline: a run still queued in the batcher is dropped from it
-                            scores = await _until(servable.run(request), deadline)
-                        timing.ran = time.perf_counter_ns()
-                    finally:
-                        self.inflight -= 1
-                        self.manager.release(servable)
-                    features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
-                    # No NaN leaves, nor is observed; the ranges are looked at only when a score is not finite.
-                    check_outputs(
-                        scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
-                    )
-                    if self.fallback is not None:
-                        self.fallback.succeeded(servable.version, deadline)
+                    request, scores = await self._run(route, decode, entrypoint, deadline, timing, span)
+                    if self._breakers is not None:
+                        self._breakers.succeeded(route.primary.version, deadline)
                     break
                 except BaseException as exc:
-                    if self.fallback is None:
+                    retry = None if self._breakers is None else self._breakers.failed(route, exc, deadline)
+                    if retry is None:
                         raise
-                    reason = self.fallback.failed(servable.version, exc, deadline)
-                    target = (
-                        None
-                        if retried or not routed
-                        else self.fallback.retry(servable.version, reason, deadline)
-                    )
-                    if target is None:
-                        raise
-                    servable, fallback = target, reason
-            assert request is not None  # the loop ends only with a run that answered
-            ctr = servable.backend.signature.score(scores)  # `ctr` alone is watched, whatever else is served
-            self._observe_scores(ctr)
+                    route = retry
             status = "OK"
-            logged_at = None
-            if self.drift is not None or self.request_log is not None:
-                logged_at = self._watch(servable, request, ctr, request_id, inputs, route, label, fallback)
-            if version is None and label is None:  # explicit versions and labels are never shadowed
-                self.shadow.offer(request, request_id, self.request_log, logged_at)
-            return Prediction(scores, servable, request, fallback, route)
+            self._observe(route, request, scores, request_id, inputs, label)
+            return Prediction(scores, route.primary, request, route.fallback, route.why)
         except ServingError as exc:
             status = exc.code
             raise
@@ -163,38 +126,89 @@ class Predictor:
                 tracing.status(span, status)
             elapsed_us = (time.perf_counter() - started) * 1e6
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
-            if servable is not None and not servable.closed:  # an unloaded version's rows are gone
-                self.metrics.model_stats.record(self.manager.name, servable.version, request, timing, status)
+            if route is not None and not route.primary.closed:  # an unloaded version's rows are gone
+                self.metrics.model_stats.record(
+                    self.manager.name, route.primary.version, request, timing, status
+                )
 
-    def _unloaded(self, version: int) -> None:
-        """What this model keeps per version goes with an unloaded one (the manager drops its metric series)."""
-        self.shadow.forget(version)
-        if self.fallback is not None:
-            self.fallback.forget(version)
+    async def _run(
+        self,
+        route: Route,
+        decode: Callable[[Signature], Awaitable[DecodedRequest]],
+        entrypoint: str,
+        deadline: float | None,
+        timing: Any,
+        span: Any,
+    ) -> tuple[DecodedRequest, np.ndarray]:
+        """Decode, validate and run the request on `route.primary`, then check its scores."""
+        servable = route.primary
+        # Held from here: a version retired while a large body decodes stays loaded until it answers.
+        servable.inflight += 1
+        self.inflight += 1
+        try:
+            decode_start = time.perf_counter()
+            request = await decode(servable.backend.signature)
+            timing.decoded = time.perf_counter_ns()
+            if span is not None:
+                tracing.child(span, "decode", decode_start)
+                tracing.annotate(
+                    span, self.manager.name, servable.version, request.signature, len(request.batch)
+                )
+            check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
+            check_deadline(deadline, "the model ran")
+            if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
+                scores = await servable.run(request)
+            else:  # cut at the deadline: a run still queued in the batcher is dropped from it
+                scores = await _until(servable.run(request), deadline)
+            timing.ran = time.perf_counter_ns()
+        finally:
+            self.inflight -= 1
+            if servable.retired:  # the last request on a retired version unloads it
+                self.manager.release(servable)
+            else:
+                servable.inflight -= 1
+        features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
+        # No NaN leaves, nor is observed; the ranges are looked at only when a score is not finite.
+        check_outputs(scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges)
+        return request, scores
+
+    def _observe(
+        self,
+        route: Route,
+        request: DecodedRequest,
+        scores: np.ndarray,
+        request_id: str | None,
+        inputs: Callable[[], Any] | None,
+        label: str | None,
+    ) -> None:
+        """Count the answered scores; feed drift, the request log and shadow scoring."""
+        ctr = route.primary.backend.signature.score(scores)  # `ctr` alone is watched, whatever else is served
+        if len(ctr) == 1:
+            self.metrics.predicted_ctr.observe(float(ctr[0, 0]), self.manager.name)
+        else:
+            self.metrics.predicted_ctr.observe_many(ctr, self.manager.name)
+        logged_at = None
+        if self.drift is not None or self.request_log is not None:
+            logged_at = self._watch(route, request, ctr, request_id, inputs, label)
+        if route.shadow:
+            self.shadow.offer(request, request_id, self.request_log, logged_at)
 
     def drift_text(self) -> str:
         """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
         return self.drift.render() if self.drift is not None else ""
 
-    def _observe_scores(self, scores: np.ndarray) -> None:
-        if len(scores) == 1:
-            self.metrics.predicted_ctr.observe(float(scores[0, 0]), self.manager.name)
-        else:
-            self.metrics.predicted_ctr.observe_many(scores, self.manager.name)
-
     def _watch(
         self,
-        servable: LoadedVersion,
+        route: Route,
         request: DecodedRequest,
         scores: np.ndarray,
         request_id: str | None,
         inputs: Callable[[], Any] | None,
-        route: str = "latest",
-        label: str | None = None,
-        fallback: str | None = None,
+        label: str | None,
     ) -> float | None:
         """Feed the drift window and the request log; a failure here is logged and never fails the predict.
         Returns the time of the request's log line (None: not logged)."""
+        why = route.why
         try:
             if self.drift is not None:
                 self.drift.observe(request, scores)
@@ -202,12 +216,12 @@ class Predictor:
                 return self.request_log.record(
                     request_id,
                     self.manager.name,
-                    servable.version,
+                    route.primary.version,
                     inputs or request.logged_inputs,
                     scores,
-                    label if route == "label" else route if route in ("stable", "canary") else None,
-                    route == "canary",
-                    fallback,
+                    label if why == "label" else why if why in ("stable", "canary") else None,
+                    why == "canary",
+                    route.fallback,
                 )
         except Exception:
             log.exception("drift tracking and request logging are off from now on: they failed on a request")

@@ -68,7 +68,7 @@ class TfsRestApp:
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         require_method(method, "GET")
         if action == "/metadata":
-            servable = self.models.lookup(name).manager.resolve(name, version, label)
+            servable = self.models.lookup(name).router.resolve(name, version, label)
             return (
                 200,
                 json.dumps(metadata_json(name, servable.version, servable.backend.signature)).encode(),
@@ -111,7 +111,7 @@ class TfsRestApp:
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         predictor = self.models.lookup(name)
         if label is not None:
-            version = predictor.manager.resolve(name, None, label).version
+            version = predictor.router.resolve(name, None, label).version
         states = predictor.manager.status(name, version)
         if predictor.draining:
             raise Unavailable("the server is shutting down")

@@ -144,7 +144,7 @@ def build_runners(
     return runners
 
 
-@dataclass
+@dataclass(eq=False)  # an identity: one object per load, held in weak sets (serving/dataplane/shadow.py)
 class LoadedVersion:
     """One servable: a loaded backend, its runner per signature, its in-flight request count, and the feature
     ranges seen in training (None: the version has none; serving/runtime/input_range.py)."""

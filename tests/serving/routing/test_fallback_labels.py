@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.serving.dataplane.test_fallback import (
     BREAKER_FLAGS,
     CLEAN,
@@ -24,6 +23,7 @@ from tests.serving.dataplane.test_fallback import (
     answered_by,
     predict,
 )
+
 from tests.serving.fallback_repo import rows as make_rows
 from tests.serving.fallback_repo import write_broken_version, write_good_version
 from tests.serving.model_repo import make_weights
