@@ -159,20 +159,13 @@ async def _worker_chores(worker: WorkerRole, metrics: SharedServingMetrics, stop
         await asyncio.sleep(PARENT_CHECK_S)
 
 
-async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
-    loop = asyncio.get_running_loop()
-    metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
-    # In each worker: the exporter's thread belongs to its process; its drops are counted on the event loop (the
-    # shared counters' files are written from one thread), in the counter every worker's page merges.
-    tracing.setup(
-        cfg.tracing_config,
-        on_drop=lambda n: loop.call_soon_threadsafe(partial(metrics.trace_spans_dropped.inc, amount=n)),
-    )
-    # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
-    # a slow disk never delays inference. Each model loads its versions on a thread of its own (serving/repository/loading.py).
-    run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
-    disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
+def model_builder(
+    cfg: ServerConfig,
+    metrics: ServingMetrics,
+    run_executor: ThreadPoolExecutor,
+    disk_executor: ThreadPoolExecutor,
+) -> Callable[[ModelSpec, Callable[[ModelManager], Watchers]], Predictor]:
+    """How the server makes each model: `build(spec, watch)` (tests/serving/test_request_walk.py makes one too)."""
     limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
     fallback = cfg.fallback_options()
 
@@ -204,6 +197,24 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         drift, request_log = watch(manager)
         return Predictor(manager, router, limits, metrics, drift, request_log)
 
+    return build
+
+
+async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
+    """Run the server until SIGTERM/SIGINT, then drain and return; `worker`: as one of N workers."""
+    loop = asyncio.get_running_loop()
+    metrics = ServingMetrics() if worker is None else SharedServingMetrics(worker.metrics_dir)
+    # In each worker: the exporter's thread belongs to its process; its drops are counted on the event loop (the
+    # shared counters' files are written from one thread), in the counter every worker's page merges.
+    tracing.setup(
+        cfg.tracing_config,
+        on_drop=lambda n: loop.call_soon_threadsafe(partial(metrics.trace_spans_dropped.inc, amount=n)),
+    )
+    # One thread runs model batches (ORT has its own intra-op threads); another scans the version folders, so
+    # a slow disk never delays inference. Each model loads its versions on a thread of its own (serving/repository/loading.py).
+    run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
+    disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
+    build = model_builder(cfg, metrics, run_executor, disk_executor)
     models = _served_models(cfg, build, metrics, worker)
     decoder = BodyDecoder(cfg.max_instances)  # started with the REST port (a child process for large bodies)
     stop = asyncio.Event()

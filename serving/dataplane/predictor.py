@@ -98,7 +98,8 @@ class Predictor:
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
-            check_deadline(deadline, "its work started")
+            if deadline is not None:
+                check_deadline(deadline, "its work started")
             route = self.router.route(name, version, label, request_id)
             while True:  # a routed request that fails runs once more, on the last good version
                 try:
@@ -155,7 +156,8 @@ class Predictor:
                     span, self.manager.name, servable.version, request.signature, len(request.batch)
                 )
             check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
-            check_deadline(deadline, "the model ran")
+            if deadline is not None:
+                check_deadline(deadline, "the model ran")
             if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
                 scores = await servable.run(request)
             else:  # cut at the deadline: a run still queued in the batcher is dropped from it
