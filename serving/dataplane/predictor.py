@@ -12,8 +12,14 @@ import numpy as np
 
 from serving.dataplane.output_check import check_outputs
 from serving.dataplane.shadow import ShadowScorer
-from serving.dataplane.validation import Limits, check_request
-from serving.errors import DeadlineExceeded, ServingError, Unavailable, check_deadline
+from serving.dataplane.validation import Limits
+from serving.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ServingError,
+    Unavailable,
+    check_deadline,
+)
 from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
@@ -35,6 +41,7 @@ class Prediction(NamedTuple):
     scores: np.ndarray
     servable: LoadedVersion
     request: DecodedRequest
+    ctr: np.ndarray  # the `ctr` columns of `scores` (`scores` itself for a one-output version)
     fallback: str | None = None  # why the last good version answered (serving/routing/fallback.py)
     # How the version was chosen (serving/routing/router.py): "stable", "latest" or "canary" for a request
     # naming no version or label, "version" or "label" for one that names it.
@@ -113,8 +120,8 @@ class Predictor:
                         raise
                     route = retry
             status = "OK"
-            self._observe(route, request, scores, request_id, inputs, label)
-            return Prediction(scores, route.primary, request, route.fallback, route.why)
+            ctr = self._observe(route, request, scores, request_id, inputs, label)
+            return Prediction(scores, route.primary, request, ctr, route.fallback, route.why)
         except ServingError as exc:
             status = exc.code
             raise
@@ -158,10 +165,14 @@ class Predictor:
             check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
             if deadline is not None:
                 check_deadline(deadline, "the model ran")
+            # The runner of the request's signature (serving/runtime/servable.py); `LoadedVersion.run` says
+            # why there is none.
+            runner = servable.runners.get(request.signature)
+            run = servable.run(request) if runner is None else runner.run(request.batch)
             if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
-                scores = await servable.run(request)
+                scores = await run
             else:  # cut at the deadline: a run still queued in the batcher is dropped from it
-                scores = await _until(servable.run(request), deadline)
+                scores = await _until(run, deadline)
             timing.ran = time.perf_counter_ns()
         finally:
             self.inflight -= 1
@@ -182,9 +193,10 @@ class Predictor:
         request_id: str | None,
         inputs: Callable[[], Any] | None,
         label: str | None,
-    ) -> None:
-        """Count the answered scores; feed drift, the request log and shadow scoring."""
-        ctr = route.primary.backend.signature.score(scores)  # `ctr` alone is watched, whatever else is served
+    ) -> np.ndarray:
+        """Count the answered scores; feed drift, the request log and shadow scoring. Returns the `ctr` columns."""
+        sig = route.primary.backend.signature  # `ctr` alone is watched, whatever else is served
+        ctr = sig.score(scores) if sig.extra_outputs else scores
         if len(ctr) == 1:
             self.metrics.predicted_ctr.observe(float(ctr[0, 0]), self.manager.name)
         else:
@@ -194,6 +206,7 @@ class Predictor:
             logged_at = self._watch(route, request, ctr, request_id, inputs, label)
         if route.shadow:
             self.shadow.offer(request, request_id, self.request_log, logged_at)
+        return ctr
 
     def drift_text(self) -> str:
         """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
@@ -253,3 +266,48 @@ async def _until(run: Awaitable[np.ndarray], deadline: float) -> np.ndarray:
 def _unit(entrypoint: str) -> str:
     """What one row is called in messages: a REST `instance`, a gRPC tensor's `row`."""
     return "row" if entrypoint == "GRPC" else "instance"
+
+
+def check_request(request: DecodedRequest, sig: Signature, limits: Limits, unit: str = "instance") -> None:
+    """Raise InvalidArgument unless the request's batch is non-empty and within limits; features also finite (N, F).
+
+    Args:
+        request: the decoded request; its batch is (N, sig.width) float32 features or a raw batch.
+        sig: the served version's signature.
+        limits: the server's request limits.
+        unit: what one row is called in messages ("instance" for REST, "row" for gRPC tensors).
+    """
+    batch = request.batch
+    if request.signature == RAW_SIGNATURE:
+        empty = f"empty batch: no {unit}s for signature '{RAW_SIGNATURE}'; send at least one"
+    else:
+        shape = cast(np.ndarray, batch).shape
+        if len(shape) != 2 or shape[1] != sig.width:
+            raise InvalidArgument(
+                f"input '{sig.input_name}' has shape {list(shape)}, expected [N, {sig.width}]"
+            )
+        # The two APIs' wordings, kept as clients have seen them.
+        empty = (
+            f"empty batch: no instances for input '{sig.input_name}'; send at least one"
+            if unit == "instance"
+            else f"empty batch: input '{sig.input_name}' has no {unit}s; send at least one"
+        )
+    n = len(batch)
+    if n == 0:
+        raise InvalidArgument(empty)
+    if n > limits.max_instances:
+        raise InvalidArgument(
+            f"batch of {n} {unit}s is over the limit of {limits.max_instances} (--max_instances); split it"
+        )
+    if request.signature != RAW_SIGNATURE and not limits.allow_nonfinite:
+        _check_finite(cast(np.ndarray, batch), unit)
+
+
+def _check_finite(features: np.ndarray, unit: str) -> None:
+    finite = np.isfinite(features)
+    if not finite.all():
+        row, col = (int(i) for i in np.argwhere(~finite)[0])
+        raise InvalidArgument(
+            f"{unit} {row} feature {col} is {features[row, col]} (not finite in float32); NaN and Inf are "
+            "rejected (start the server with --allow_nonfinite to accept them)"
+        )
