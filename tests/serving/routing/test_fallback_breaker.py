@@ -1,4 +1,4 @@
-"""The breaker of one version (serving/routing/fallback.py) on explicit clocks: window, threshold, half-open."""
+"""The breaker of one version (serving/routing/router.py, the rules in fallback.py) on explicit clocks: window, threshold, half-open."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from serving.errors import (
     ServingError,
     Unavailable,
 )
-from serving.routing.fallback import PROBE_SUCCESSES, Breaker, FallbackOptions, failure_reason
+from serving.routing.fallback import PROBE_SUCCESSES, FallbackOptions, failure_reason
+from serving.routing.router import Breaker
 
 OPTIONS = FallbackOptions(error_rate=0.5, min_requests=4, window_s=10.0, cooldown_s=30.0, probe_every=10)
 
