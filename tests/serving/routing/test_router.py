@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import weakref
 import zlib
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -139,6 +141,30 @@ def test_an_open_breaker_sends_routed_requests_to_the_last_good_version(base: Pa
         assert redirected == Route(manager.loaded[1], None, False, "stable", "non_finite")
         assert router.route("ctr", 2, None, None).primary is manager.loaded[2]  # the client's choice stands
         assert metrics.fallbacks.values[("ctr", "2", "non_finite")] == 3.0  # 2 retries, then 1 redirect
+
+    run(base, router, test)
+
+
+def test_a_closed_breaker_counts_successes_in_the_router_and_a_late_one_as_a_deadline_miss(
+    base: Path,
+) -> None:
+    options = FallbackOptions(error_rate=0.5, min_requests=4, cooldown_s=3600)
+    router = Router("ctr", {}, ServingMetrics(), fallback=options)
+
+    async def test(manager: ModelManager) -> None:
+        assert router.fallback is not None
+        stable = router.route("ctr", None, None, None)
+        assert stable.primary is manager.loaded[2]
+        router.succeeded(2, None)  # the first outcome makes the breaker
+        router.succeeded(2, None)  # then a closed breaker counts it where it is kept
+        breaker = router.breakers[2]
+        assert breaker.window(time.monotonic()) == (2, Counter())
+        router.succeeded(2, time.monotonic() - 1)  # answered past its deadline: a deadline miss
+        assert breaker.window(time.monotonic()) == (3, Counter({"deadline": 1}))
+        router.succeeded(2, time.monotonic() - 1)  # 2 of 4 outcomes failed: open
+        assert breaker.state == "open" and router.route("ctr", None, None, None).primary is manager.loaded[1]
+        router.unloaded(2)  # an unloaded version's breaker goes with it
+        assert 2 not in router.breakers
 
     run(base, router, test)
 
