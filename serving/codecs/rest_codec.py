@@ -1,9 +1,9 @@
 """TF Serving's REST predict body ⇄ numpy: row (`instances`) and columnar (`inputs`) formats.
 
 The happy path is one `orjson.loads` (much faster than `json` on lists of floats) and one `np.asarray`; raw rows
-are scanned natively first (`decode_raw_body`, the scan of serving/codecs/raw_body.py), and a body the scan declines is parsed by orjson and
-decoded by the exact path (serving/codecs/raw_codec.py). The per-value Python walk in `_diagnose` runs only to
-explain an error (which instance, which feature, what was expected).
+are scanned natively first (`decode_raw_body`, with the scan of serving/codecs/raw_body.py), and a body the scan
+declines is parsed by orjson and decoded by the exact path (serving/codecs/raw_codec.py). The per-value Python
+walk in `_diagnose` runs only to explain an error (which instance, which feature, what was expected).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""serving/dataplane/validation.py's limits and the predictor's `check_request` without a server: the one check every decoded request passes, exact messages."""
+"""serving/dataplane/validation.py's limits and the predictor's `check_request` without a server: the one check
+every decoded request passes, exact messages."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The breaker of one version (serving/routing/router.py, the rules in fallback.py) on explicit clocks: window, threshold, half-open."""
+"""The breaker of one version (serving/routing/router.py, the rules in fallback.py) on explicit clocks: window,
+threshold, half-open."""
 
 from __future__ import annotations
 
