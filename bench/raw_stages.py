@@ -29,7 +29,8 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from serving.app.curl_example import CRITEO_ROW
 from serving.codecs.rest_codec import encode_predictions, parse_body, to_request
-from serving.dataplane.validation import Limits, check_request
+from serving.dataplane.predictor import check_request
+from serving.dataplane.validation import Limits
 from serving.observability.drift import FLUSH_REQUESTS, FLUSH_ROWS, DriftMonitor
 from serving.protocols.rest_body import decode_body
 from serving.runtime.backends import load_backend

@@ -11,7 +11,12 @@ those files. docs/design.md describes the same contract in prose.
 - `ctr_contract.signatures`: signature keys and tensor names of every served version.
 - `ctr_contract.tf_log`: every entrypoint's rule for TensorFlow's C++ log (quiet unless asked).
 - `ctr_contract.ratelog`: the rate-limited log (serving's client and fault lines, the click join's dropped lines).
+- `ctr_contract.traffic`: the `# ctr-traffic:` line of a model config file and the split by request id (the
+  server routes by them, the rollout controller writes them).
+- `disable_telemetry` (here): keep libraries from phoning home.
 """
+
+import os
 
 from ctr_contract.manifest import FILES_KEY, MANIFEST_KEYS, file_hashes, sha256_file
 from ctr_contract.repository import (
@@ -52,6 +57,19 @@ from ctr_contract.signatures import (
     RAW_SIGNATURE,
 )
 
+# onnxruntime (>= 1.29 on Linux) sends usage events to mobile.events.data.microsoft.com (a DNS lookup some seconds
+# after the first session) and writes a device id under $HOME/.cache/Microsoft. A server on a read-only root
+# filesystem in a cluster must do neither. `ORT_DISABLE_TELEMETRY=1` is ORT's full opt-out (no uploader, no events,
+# no device-id file), read once when its environment starts, so `serving` and `export` set it when their package
+# is imported, before any module imports onnxruntime.
+OFFLINE_ENV = {"ORT_DISABLE_TELEMETRY": "1"}
+
+
+def disable_telemetry() -> None:
+    """Set every library's telemetry opt-out in this process's environment (and its children's)."""
+    os.environ.update(OFFLINE_ENV)
+
+
 __all__ = [
     "ASSETS_EXTRA",
     "BEST_CHECKPOINT",
@@ -74,6 +92,7 @@ __all__ = [
     "METRICS",
     "NUMERIC_FIELDS",
     "N_FIELDS",
+    "OFFLINE_ENV",
     "ONNX_MODEL",
     "OUTPUT_NAME",
     "RAW_FIELDS",
@@ -89,6 +108,7 @@ __all__ = [
     "VAL_LABELS",
     "VAL_RAW",
     "WARMUP_PATH",
+    "disable_telemetry",
     "file_hashes",
     "parse_version_dir",
     "sha256_file",

@@ -295,8 +295,7 @@ def fuzz_differential(data: bytes) -> None:
     """Whatever the scan takes, the exact path decodes alike; whatever the exact path rejects, the scan declines."""
     import numpy as np
 
-    from serving.codecs.raw_body import decode_raw_body
-    from serving.codecs.rest_codec import parse_body, to_request
+    from serving.codecs.rest_codec import decode_raw_body, parse_body, to_request
     from serving.errors import InvalidArgument
     from serving.signatures import Signature
 

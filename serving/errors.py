@@ -7,6 +7,7 @@ The `code` string is TF Serving's error-code name, used as the `status` label of
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 
@@ -86,11 +87,27 @@ class Unavailable(ServingError):
 class DeadlineExceeded(ServingError):
     """The request's deadline passed (504, gRPC DEADLINE_EXCEEDED): it waited in the batching queue longer than
     `--rest_api_timeout_in_ms`, or its own deadline (a gRPC deadline, REST's `x-request-timeout-ms`) passed
-    before its work started or before the model answered (serving/dataplane/fallback.py)."""
+    before its work started or before the model answered (serving/routing/fallback.py)."""
 
     http_status = 504
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
     code = "DEADLINE_EXCEEDED"
+
+
+class DeadlinePassed(DeadlineExceeded):
+    """The request's deadline passed before the work started: nothing ran, no version is blamed."""
+
+
+def check_deadline(deadline: float | None, when: str) -> None:
+    """Raise DeadlinePassed when `deadline` (time.monotonic() seconds; None: none) has passed; `when`: what
+    was about to start, for the message."""
+    if deadline is not None:
+        late = time.monotonic() - deadline
+        if late >= 0:
+            raise DeadlinePassed(
+                f"the request's deadline passed {late * 1e3:.0f} ms before {when}, so it was not run "
+                "(gRPC deadline or x-request-timeout-ms); retry with a longer deadline"
+            )
 
 
 class NonFiniteOutput(ServingError):

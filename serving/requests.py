@@ -8,8 +8,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -19,9 +18,11 @@ from serving.signatures import RAW_SIGNATURE
 Batch = np.ndarray | RawBatch  # float32 (N, width) for `serving_default`, RawBatch for `raw`
 
 
-@dataclass(frozen=True)
-class DecodedRequest:
-    """One predict request after its codec: the signature key it calls and its rows."""
+class DecodedRequest(NamedTuple):
+    """One predict request after its codec: the signature key it calls and its rows.
+
+    A tuple: made once per request by every codec, so it costs a tuple, not a frozen dataclass's `__init__`.
+    """
 
     signature: str  # DEFAULT_SIGNATURE or RAW_SIGNATURE
     batch: Batch

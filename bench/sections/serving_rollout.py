@@ -3,7 +3,7 @@
 Our server (batching on, 1 worker, 1 intra-op thread) on a repository of two versions (the model's latest
 version copied as versions 1 and 2), each server with its own `--model_config_file`: labels `stable` = 1 and
 `canary` = 2 (or `shadow` = 2), `specific` policy {1, 2}, and the `# ctr-traffic:` line with the share
-(serving/repository/traffic.py). wrk sends no request id, so each request's choice is the server's random draw.
+(ctr_contract/traffic.py). wrk sends no request id, so each request's choice is the server's random draw.
 Measured in interleaved rounds (the servers' order reversed every other round), one 128-float instance a
 request: the canary servers at 64 connections (QPS and server CPU a request), and shadow 0% against 10% at 8
 connections (the client's p99). Each figure is also given paired: each round's ratio to the 0% server of the same
@@ -114,23 +114,24 @@ def in_process_cost(base: Path, reps: int = 5, predicts: int = IN_PROCESS_PREDIC
 
 
 async def _in_process(base: Path, reps: int, predicts: int) -> dict[str, Any]:
+    from ctr_contract.traffic import TrafficSplit
     from serving.dataplane.predictor import Predictor
     from serving.dataplane.validation import Limits
     from serving.observability.metrics import ServingMetrics
     from serving.repository.manager import ModelManager
     from serving.repository.policy import VersionPolicy
-    from serving.repository.traffic import TrafficSplit
     from serving.requests import DecodedRequest
+    from serving.routing.router import Router
     from serving.signatures import DEFAULT_SIGNATURE, Signature
 
     metrics = ServingMetrics()
     metrics.start_at_zero("ctr")
     with ThreadPoolExecutor(1) as disk:
-        manager = ModelManager(
-            "ctr", base, "onnx", 1, VersionPolicy("specific", versions=(1, 2)), {}, metrics, disk
-        )
+        router = Router("ctr", {}, metrics)
+        policy = VersionPolicy("specific", versions=(1, 2))
+        manager = ModelManager("ctr", base, "onnx", 1, policy, metrics, disk, router)
         await manager.poll_once()
-        predictor = Predictor(manager, Limits(max_instances=1024, allow_nonfinite=False), metrics)
+        predictor = Predictor(manager, router, Limits(max_instances=1024, allow_nonfinite=False), metrics)
         width = manager.loaded[1].backend.signature.width
         x = np.full((1, width), 0.5, np.float32)
 
@@ -144,8 +145,7 @@ async def _in_process(base: Path, reps: int, predicts: int) -> dict[str, Any]:
 
         async def measure(name: str, tag: str, n: int) -> float:
             label, canary, shadow = SETUPS[name]
-            manager.labels = {"stable": 1, label: 2}
-            manager.traffic = TrafficSplit(canary, shadow)
+            router.configure({"stable": 1, label: 2}, TrafficSplit(canary, shadow))
             started = time.process_time()
             await asyncio.gather(*(caller(k, n // 8, tag) for k in range(8)))
             while predictor.shadow.queued:

@@ -35,6 +35,8 @@ try:
     from ctr_features.compiled._table_native import table as _native_table
 except ImportError:  # not built (pip install -e . builds it): the Python one-row path and numpy serve alone
     _native_rows = _native_table = None
+# Up to this many rows a dict per field beats the batch-wide table (its ~20 numpy calls' fixed costs).
+DICT_ROWS = 16
 CACHED_COUNTS = 4096  # per field: the small counts most rows carry; rarer ones take the numpy path
 _NO_ENTRY = [0] * len(CATEGORICAL_FIELDS)
 
@@ -81,6 +83,16 @@ class OneRowTransform:
         self._lifts_at = LIFT_START  # the layout: z-scores, missing flags, lifts, then bucket counts
         self._counts_at = self._lifts_at + len(lookups)
         self._z: list[dict[float, float]] = [{} for _ in range(N_NUM)]  # count -> its float32 z-score
+
+    def transform(self, batch: RawBatch) -> np.ndarray:
+        """Any batch's float32 (N, width) features: keyed rows up to DICT_ROWS natively (`keyed`), one other
+        row in Python, every other batch by the numpy transform."""
+        n = len(batch)
+        if n <= DICT_ROWS and self.takes(batch):
+            return self.keyed(batch)
+        if n == 1:
+            return self(batch)
+        return self._full(batch)
 
     def __call__(self, batch: RawBatch) -> np.ndarray:
         """The row's float32 (1, width) features."""

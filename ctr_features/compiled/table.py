@@ -15,6 +15,7 @@ the expected ones recorded at export (serving/repository/warmup.py).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,12 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_features.compiled.few_rows import OneRowTransform
+from ctr_features.compiled.few_rows import DICT_ROWS, OneRowTransform
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
 from ctr_features.hashing import fnv1a_32
 from ctr_features.layout import HASH_START, LIFT_START, N_NUM
 from ctr_features.spec import SPEC_VERSION
-
-# Up to this many rows a dict per field beats the batch-wide table (its ~20 numpy calls' fixed costs).
-DICT_ROWS = 16
 
 
 class RawTransform:
@@ -112,12 +110,12 @@ class RawTransform:
 
     def __call__(self, batch: RawBatch) -> np.ndarray:
         """The batch's float32 (N, width) features, equal to `FeatureSpec.transform` of its rows."""
-        if self._one_row is not None:
-            if len(batch) <= DICT_ROWS and self._one_row.takes(batch):
-                return self._one_row.keyed(batch)
-            if len(batch) == 1:
-                return self._one_row(batch)
-        return self._transform(batch)
+        return self._one_row.transform(batch) if self._one_row is not None else self._transform(batch)
+
+    def serving_call(self) -> Callable[[RawBatch], np.ndarray]:
+        """What a server's runner calls per batch (the same features as `self(batch)`): the few-row transform,
+        which sends a batch it does not take to the numpy transform, so a few rows take no hop through here."""
+        return self._one_row.transform if self._one_row is not None else self._transform
 
     def _transform(self, batch: RawBatch) -> np.ndarray:
         """The numpy transform of any batch."""

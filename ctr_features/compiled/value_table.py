@@ -14,7 +14,7 @@ the compiled FeatureSpec (ctr_features/compiled/table.py) and drift binning (ser
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,12 +31,12 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # multiply-shift hashing's odd constants (
 _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
 
 
-@dataclass(frozen=True)
-class RawKeys:
+class RawKeys(NamedTuple):
     """The keys of a (F, N) batch of strings: each value's bytes (up to 8) as a little-endian uint64.
 
     No value holds a NUL (else there are no keys), so a short value's zero padding is unambiguous. `slow`
-    marks the values tables look up by dict (over 8 bytes, or not ASCII); None when there is none.
+    marks the values tables look up by dict (over 8 bytes, or not ASCII); None when there is none. A tuple:
+    the native scan's keys are wrapped once per request, at a tuple's cost.
     """
 
     key: np.ndarray  # uint64 (F, N)

@@ -3,7 +3,7 @@
 The controller owns three things of its model's `config { ... }` entry: the `stable`, `canary` and `shadow`
 version labels, the `specific { versions }` policy (the versions it needs loaded), and the model's
 `# ctr-traffic: model=ctr canary_percent=P shadow_percent=S` line (a comment, so stock TF Serving reads the
-same labels; written and read back with serving/repository/traffic.py). Other models' entries and traffic lines, and the model's other labels that still name a listed
+same labels; written and read back with ctr_contract/traffic.py). Other models' entries and traffic lines, and the model's other labels that still name a listed
 version, are kept. Comment lines are kept too, gathered at the top of the file (protobuf's text writer keeps
 no comments inside an entry).
 
@@ -22,10 +22,10 @@ from typing import Any
 from google.protobuf import text_format
 
 from ctr_contract.repository import version_dirs
+from ctr_contract.traffic import TrafficError, TrafficSplit, format_traffic, parse_traffic
 from pipelines.durable import replace_file
 from serving import protos
 from serving.repository.model_config import ModelConfigError, ModelSpec, labels_off_disk, parse_model_config
-from serving.repository.traffic import TrafficError, TrafficSplit, format_traffic, parse_traffic
 
 MANAGED_LABELS = ("stable", "canary", "shadow")
 DIRECTIVE = re.compile(r"^\s*#\s*ctr-traffic:(.*)$")

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from ctr_contract.traffic import mix32
 from ctr_model.metrics import roc_auc
 from pipelines.clicks.events import parse_time
-from serving.repository.traffic import mix32
 
 LABEL_RE = re.compile(r'version_labels\s*\{\s*key:\s*"(\w+)"\s*value:\s*(\d+)\s*\}')
 VERSIONS_RE = re.compile(r"versions:\s*(\d+)")
@@ -120,7 +120,7 @@ def request_lines(logs: Path) -> list[dict[str, Any]]:
 
 
 def in_canary_bucket(request_id: str, percent: float) -> bool:
-    """The server's split (serving/repository/traffic.py): mix32(crc32(b"canary:" + id)) < p/100 * 2**32."""
+    """The server's split (ctr_contract/traffic.py): mix32(crc32(b"canary:" + id)) < p/100 * 2**32."""
     return mix32(zlib.crc32(b"canary:" + request_id.encode())) < percent / 100 * 2**32
 
 

@@ -12,11 +12,11 @@ from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.app.cpu_plan import cpu_plan
 from serving.app.flags import add_http_flags, add_traffic_flags, bool_flag, labels_flag, policy_flag
 from serving.app.tls import load_tls_config
-from serving.dataplane.fallback import FallbackOptions
 from serving.http.shared import COMPRESS_MIN_BYTES
 from serving.observability.tracing import read_config as read_tracing_config
 from serving.repository.model_config import read_model_config
 from serving.repository.policy import VersionPolicy
+from serving.routing.fallback import FallbackOptions
 from serving.runtime.backends import BACKENDS
 
 
@@ -71,10 +71,10 @@ class ServerConfig:
     model_config_file_poll_wait_seconds: float = 0.0
     # OpenTelemetry tracing (serving/observability/tracing.py); None: only the OTEL_* variables turn it on
     tracing_config: Path | None = None
-    # Traffic split by label (serving/repository/traffic.py): the shares of a model with no ctr-traffic line
+    # Traffic split by label (ctr_contract/traffic.py): the shares of a model with no ctr-traffic line
     canary_percent: float = 0.0
     shadow_percent: float = 0.0
-    # Circuit breaking per version (serving/dataplane/fallback.py); fallback_error_rate 0 = off
+    # Circuit breaking per version (serving/routing/fallback.py); fallback_error_rate 0 = off
     fallback_error_rate: float = 0.5
     fallback_min_requests: int = 5
     fallback_window_s: float = 10.0
@@ -124,7 +124,7 @@ class ServerConfig:
                 raise ValueError(f"--{flag} must be a TCP port in 0..65535, got {getattr(self, flag)}")
 
     def fallback_options(self) -> FallbackOptions:
-        """The --fallback_* flags as the breakers take them (serving/dataplane/fallback.py)."""
+        """The --fallback_* flags as the breakers take them (serving/routing/fallback.py)."""
         return FallbackOptions(
             self.fallback_error_rate,
             self.fallback_min_requests,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 from ctr_contract.repository import parse_version_dir
+from ctr_contract.traffic import TrafficError, check_percent
 from serving.http.shared import COMPRESS_MIN_BYTES
 from serving.repository.policy import VersionPolicy
-from serving.repository.traffic import TrafficError, check_percent
 
 
 def bool_flag(text: str) -> bool:
@@ -102,7 +102,7 @@ def add_http_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_traffic_flags(p: argparse.ArgumentParser) -> None:
-    """The shares of a model's unlabelled requests (serving/repository/traffic.py) with no ctr-traffic line."""
+    """The shares of a model's unlabelled requests (ctr_contract/traffic.py) with no ctr-traffic line."""
     split = p.add_argument_group("traffic split by label (docs/serving-versions.md)")
     for share, what in (
         ("canary", "go to the canary label's version"),

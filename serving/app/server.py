@@ -26,11 +26,11 @@ from pathlib import Path
 
 import grpc
 
+from ctr_contract.traffic import TrafficSplit
 from serving.app.config import ServerConfig
 from serving.app.curl_example import curl_example
 from serving.app.tls import load_tls_config
 from serving.codecs import raw_body
-from serving.dataplane.fallback import Fallback
 from serving.dataplane.model_set import ModelSet, ServedModels
 from serving.dataplane.predictor import Predictor
 from serving.dataplane.validation import Limits
@@ -45,11 +45,12 @@ from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.router import RestRouter, build_grpc_server
 from serving.repository.manager import ModelManager
 from serving.repository.model_config import ModelConfigError, ModelConfigPoller, ModelSpec, read_model_config
-from serving.repository.traffic import TrafficSplit
+from serving.routing.router import Router
 from serving.runtime.backends import Backend, import_runtime
 from serving.runtime.servable import BatchingOptions, Runner, build_runners
 
 log = logging.getLogger(__name__)
+Watchers = tuple[DriftMonitor | None, RequestLog | None]  # what watches one model's answers (None: off)
 PARENT_CHECK_S = 0.25  # how often a worker publishes its in-flight gauge and checks that its parent lives
 
 
@@ -145,6 +146,7 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
         max_output_bytes=cfg.max_output_bytes,
         max_buffered_bytes=cfg.max_buffered_bytes,
         compress_min_bytes=cfg.response_compression_min_bytes,
+        make_request_ids=cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None,
     )
 
 
@@ -156,6 +158,47 @@ async def _worker_chores(worker: WorkerRole, metrics: SharedServingMetrics, stop
             log.error("parent process %d is gone; this worker stops", worker.parent_pid)
             stop.set()
         await asyncio.sleep(PARENT_CHECK_S)
+
+
+def model_builder(
+    cfg: ServerConfig,
+    metrics: ServingMetrics,
+    run_executor: ThreadPoolExecutor,
+    disk_executor: ThreadPoolExecutor,
+) -> Callable[[ModelSpec, Callable[[ModelManager], Watchers]], Predictor]:
+    """How the server makes each model: `build(spec, watch)` (tests/serving/test_request_walk.py makes one too)."""
+    limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
+    fallback = cfg.fallback_options()
+
+    def build(spec: ModelSpec, watch: Callable[[ModelManager], Watchers]) -> Predictor:
+        """One model's router, version manager and predictor, each complete when made; all share the metrics,
+        the limits and the threads. `watch`: the drift monitor and request log of the model's answers."""
+        metrics.start_at_zero(spec.name)  # each model's alerted counters exist at 0 from its start
+        router = Router(
+            spec.name,
+            spec.labels,
+            metrics,
+            spec.traffic,  # the model's ctr-traffic line in --model_config_file; None: the flags' shares
+            default_traffic=TrafficSplit(cfg.canary_percent, cfg.shadow_percent),
+            fallback=fallback,
+        )
+        manager = ModelManager(
+            spec.name,
+            spec.base_path,
+            cfg.backend,
+            cfg.intra_op_threads,
+            spec.policy,
+            metrics,
+            disk_executor,
+            router,
+            make_runners=_runner_factory(cfg, metrics, run_executor, spec.name),
+            manifest_wait_s=cfg.manifest_wait_timeout_seconds,
+            load_timeout_s=cfg.model_load_timeout_seconds,
+        )
+        drift, request_log = watch(manager)
+        return Predictor(manager, router, limits, metrics, drift, request_log)
+
+    return build
 
 
 async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
@@ -172,33 +215,7 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
     # a slow disk never delays inference. Each model loads its versions on a thread of its own (serving/repository/loading.py).
     run_executor = ThreadPoolExecutor(1, thread_name_prefix="inference")
     disk_executor = ThreadPoolExecutor(1, thread_name_prefix="version-scan")
-    limits = Limits(cfg.max_instances, cfg.allow_nonfinite)
-    fallback = cfg.fallback_options()
-
-    def build(spec: ModelSpec) -> Predictor:
-        """One model's version manager and predictor; all share the metrics, the limits and the threads."""
-        metrics.start_at_zero(spec.name)  # each model's alerted counters exist at 0 from its start
-        manager = ModelManager(
-            spec.name,
-            spec.base_path,
-            cfg.backend,
-            cfg.intra_op_threads,
-            spec.policy,
-            spec.labels,
-            metrics,
-            disk_executor,
-            make_runners=_runner_factory(cfg, metrics, run_executor, spec.name),
-            manifest_wait_s=cfg.manifest_wait_timeout_seconds,
-            load_timeout_s=cfg.model_load_timeout_seconds,
-            traffic=TrafficSplit(cfg.canary_percent, cfg.shadow_percent),  # the default of every model
-        )
-        if spec.traffic is not None:  # the model's ctr-traffic line in --model_config_file
-            manager.traffic = spec.traffic
-        predictor = Predictor(manager, limits, metrics)
-        if fallback.enabled:
-            predictor.fallback = Fallback(manager, fallback, metrics)
-        return predictor
-
+    build = model_builder(cfg, metrics, run_executor, disk_executor)
     models = _served_models(cfg, build, metrics, worker)
     decoder = BodyDecoder(cfg.max_instances)  # started with the REST port (a child process for large bodies)
     stop = asyncio.Event()
@@ -260,32 +277,28 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
 
 def _served_models(
     cfg: ServerConfig,
-    build: Callable[[ModelSpec], Predictor],
+    build: Callable[[ModelSpec, Callable[[ModelManager], Watchers]], Predictor],
     metrics: ServingMetrics,
     worker: WorkerRole | None,
 ) -> ServedModels:
     """`--model_name` + `--model_base_path`: one model with drift and request log; or the config file's models,
     each with its own request log folder."""
     if cfg.model_base_path is not None:
-        predictor = build(
-            ModelSpec(cfg.model_name, cfg.model_base_path, cfg.model_version_policy, cfg.version_labels)
-        )
-        _watch_traffic(cfg, predictor, metrics, worker)
-        return ServedModels.one(predictor)
+        spec = ModelSpec(cfg.model_name, cfg.model_base_path, cfg.model_version_policy, cfg.version_labels)
+        return ServedModels.one(build(spec, partial(_watch_traffic, cfg, metrics, worker)))
     log.info("drift metrics are off with --model_config_file (they watch a single --model_base_path)")
     logs: dict[str, RequestLog] = {}  # one per model name, kept when a model leaves the config and comes back
 
-    def build_logged(spec: ModelSpec) -> Predictor:
-        """The model's predictor, logging into DIR/<model name>/ with `--request_log_sample_rate`."""
-        predictor = build(spec)
-        if cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None:
-            if spec.name not in logs:
-                folder = spec.name if spec.name.strip(".") else spec.name.replace(".", "%2E")
-                logs[spec.name] = _request_log(cfg, metrics, spec.name, cfg.request_log_dir / folder)
-            predictor.request_log = logs[spec.name]
-        return predictor
+    def logged(spec: ModelSpec, manager: ModelManager) -> Watchers:
+        """The model's request log, into DIR/<model name>/ with `--request_log_sample_rate`; no drift."""
+        if cfg.request_log_sample_rate <= 0 or cfg.request_log_dir is None:
+            return None, None
+        if spec.name not in logs:
+            folder = spec.name if spec.name.strip(".") else spec.name.replace(".", "%2E")
+            logs[spec.name] = _request_log(cfg, metrics, spec.name, cfg.request_log_dir / folder)
+        return None, logs[spec.name]
 
-    return ModelSet(build_logged, cfg.file_system_poll_wait_seconds)
+    return ModelSet(lambda spec: build(spec, partial(logged, spec)), cfg.file_system_poll_wait_seconds)
 
 
 async def _first_scan(cfg: ServerConfig, models: ServedModels) -> None:
@@ -319,20 +332,22 @@ def _start_polling(
 
 
 def _watch_traffic(
-    cfg: ServerConfig, predictor: Predictor, metrics: ServingMetrics, worker: WorkerRole | None
-) -> None:
+    cfg: ServerConfig, metrics: ServingMetrics, worker: WorkerRole | None, manager: ModelManager
+) -> Watchers:
     """The drift window and the sampled request log (docs/daily-loop.md), when the flags ask for them."""
+    drift = request_log = None
     if cfg.drift_window:
 
         def newest_dir() -> Path | None:
-            latest = predictor.manager.latest
+            latest = manager.latest
             assert cfg.model_base_path is not None  # drift is watched on single-model servers only
             return None if latest is None else cfg.model_base_path / str(latest.version)
 
         shared = worker.metrics_dir if worker is not None else None
-        predictor.drift = DriftMonitor(cfg.model_name, cfg.drift_window, newest_dir, shared, cfg.num_workers)
+        drift = DriftMonitor(cfg.model_name, cfg.drift_window, newest_dir, shared, cfg.num_workers)
     if cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None:
-        predictor.request_log = _request_log(cfg, metrics, cfg.model_name, cfg.request_log_dir)
+        request_log = _request_log(cfg, metrics, cfg.model_name, cfg.request_log_dir)
+    return drift, request_log
 
 
 def _request_log(cfg: ServerConfig, metrics: ServingMetrics, name: str, directory: Path) -> RequestLog:

@@ -1,4 +1,5 @@
-"""The fast path of raw REST bodies: JSON bytes -> a field-major RawBatch, scanned natively.
+"""The fast path of raw REST bodies: JSON bytes -> a field-major RawBatch, scanned natively (`scan`, which
+serving/codecs/rest_codec.py's `decode_raw_body` calls).
 
 Every body, in row format or columnar (`inputs`), is first scanned by a small C extension
 (serving/codecs/_scan_native.c) straight into the counts and the categorical values' keys, with no Python
@@ -22,18 +23,15 @@ from typing import Any
 import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
-from ctr_features.compiled.raw_batch import RawBatch
-from ctr_features.compiled.value_table import RawKeys
 
 try:
-    from serving.codecs._scan_native import scan as _scan
+    from serving.codecs._scan_native import scan
 except ImportError:  # not built: `pip install -e .` (make install) builds it
-    _scan = None
-NATIVE = _scan is not None  # the server logs which decoder it runs (serving/app/server.py)
+    scan = None
+NATIVE = scan is not None  # the server logs which decoder it runs (serving/app/server.py)
 # The scan's bound on rows (and so on its memory, 39 * 8 bytes a row); a larger body goes the exact way,
 # whose --max_instances check answers it.
 MAX_SCAN_ROWS = 65536
-_N_NUM, _N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 
 
 def client_rows(numeric: np.ndarray, categorical: np.ndarray) -> list[dict[str, Any]]:
@@ -78,16 +76,3 @@ def client_columns(numeric: np.ndarray, categorical: np.ndarray) -> dict[str, li
         if j % 3 or any(strings):
             columns[field] = [v if v or j % 2 else None for v in strings]
     return columns
-
-
-def decode_raw_body(body: bytes | bytearray) -> tuple[bool, RawBatch] | None:
-    """A raw REST body -> (columnar format?, its RawBatch), or None: the exact path's to decode. The native scan
-    takes row and columnar bodies of its JSON subset."""
-    if _scan is None:
-        return None
-    found = _scan(body, 1, MAX_SCAN_ROWS)
-    if found is None:
-        return None
-    n, counts, keys, columnar = found
-    key = np.frombuffer(keys, np.uint64).reshape(_N_CAT, n)
-    return columnar, RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))

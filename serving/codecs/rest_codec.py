@@ -1,9 +1,9 @@
 """TF Serving's REST predict body ⇄ numpy: row (`instances`) and columnar (`inputs`) formats.
 
 The happy path is one `orjson.loads` (much faster than `json` on lists of floats) and one `np.asarray`; raw rows
-are scanned natively first (serving/codecs/raw_body.py), and a body the scan declines is parsed by orjson and
-decoded by the exact path (serving/codecs/raw_codec.py). The per-value Python walk in `_diagnose` runs only to
-explain an error (which instance, which feature, what was expected).
+are scanned natively first (`decode_raw_body`, with the scan of serving/codecs/raw_body.py), and a body the scan
+declines is parsed by orjson and decoded by the exact path (serving/codecs/raw_codec.py). The per-value Python
+walk in `_diagnose` runs only to explain an error (which instance, which feature, what was expected).
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from typing import Any
 import numpy as np
 import orjson
 
-from serving.codecs.raw_body import decode_raw_body
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_features.compiled.raw_batch import RawBatch
+from ctr_features.compiled.value_table import RawKeys
+from serving.codecs import raw_body
 from serving.codecs.raw_codec import decode_rest, looks_raw
 from serving.codecs.v2_codec import check_text
 from serving.errors import InvalidArgument
 from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
+
+_N_NUM, _N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class PredictBody:
 
 def decode_predict(body: bytes | bytearray, sig: Signature) -> tuple[bool, DecodedRequest]:
     """A predict body for `sig` -> (columnar format?, the decoded request); raises InvalidArgument naming the
-    bad instance. Raw rows go straight to columns (serving/codecs/raw_body.py) when they can."""
+    bad instance. Raw rows go straight to columns (`decode_raw_body`) when they can."""
     # Raw rows are objects: a body with no '{' after its first byte near the start is vectors (not worth a
     # scan); a body that only looks raw is declined by the scan itself.
     if sig.has_raw and body.find(b"{", 1, 256) > 0:
@@ -45,6 +50,20 @@ def decode_predict(body: bytes | bytearray, sig: Signature) -> tuple[bool, Decod
             return found[0], DecodedRequest(RAW_SIGNATURE, found[1])
     request = parse_body(body)
     return request.columnar, to_request(request, sig)
+
+
+def decode_raw_body(body: bytes | bytearray) -> tuple[bool, RawBatch] | None:
+    """A raw REST body -> (columnar format?, its RawBatch), or None: the exact path's to decode. The native scan
+    (serving/codecs/raw_body.py) takes row and columnar bodies of its JSON subset, and its keys are the batch's."""
+    scan = raw_body.scan
+    if scan is None:
+        return None
+    found = scan(body, 1, raw_body.MAX_SCAN_ROWS)
+    if found is None:
+        return None
+    n, counts, keys, columnar = found
+    key = np.frombuffer(keys, np.uint64).reshape(_N_CAT, n)
+    return columnar, RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))
 
 
 def parse_body(body: bytes | bytearray) -> PredictBody:

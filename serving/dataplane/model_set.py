@@ -1,6 +1,6 @@
 """The served models by name: one model (`--model_name`) or those of `--model_config_file`, changing at run time.
 
-Each model is its own ModelManager (versions, policy, labels) with its own Predictor; they share the metrics,
+Each model is its own ModelManager (versions, policy) and Router (labels, split) with its own Predictor; they share the metrics,
 the limits and the inference thread. Adding a model starts its version polling; removing one takes it out of
 the lookup at once (new requests get 404) and retires its versions, each unloaded after its last in-flight
 request, so requests to the other models never notice (serving/repository/model_config.py has the file's rules).
@@ -77,15 +77,15 @@ class ModelSet(ServedModels):
         added = []
         for name, spec in wanted.items():
             if name in self.predictors:
-                manager = self.predictors[name].manager
-                traffic = spec.traffic or manager.default_traffic  # no ctr-traffic line: the flags' shares
-                if manager.traffic != traffic:
+                manager, router = self.predictors[name].manager, self.predictors[name].router
+                traffic = spec.traffic or router.default_traffic  # no ctr-traffic line: the flags' shares
+                if router.traffic != traffic:
                     log.info("model %s: traffic %s", name, traffic)
-                    manager.traffic = traffic
-                if (manager.policy, manager.labels) != (spec.policy, spec.labels):
+                if (manager.policy, router.labels) != (spec.policy, spec.labels):
                     log.info("model %s: version policy %s, labels %s", name, spec.policy, spec.labels)
-                    manager.policy, manager.labels = spec.policy, spec.labels
                     added.append(name)  # rescan now: the policy may want other versions
+                manager.change_policy(spec.policy)
+                router.configure(spec.labels, traffic)
             else:
                 log.info("model %s added from %s", name, spec.base_path)
                 self.predictors[name] = self._build(spec)

@@ -1,30 +1,39 @@
-"""The predict path shared by REST and gRPC: resolve the version once, decode for it, validate, run, count."""
+"""The predict path shared by REST and gRPC: route once, decode for the routed version, validate, run, check, observe."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, cast
 
 import numpy as np
 
-from serving.dataplane.fallback import Fallback, check_deadline
 from serving.dataplane.output_check import check_outputs
 from serving.dataplane.shadow import ShadowScorer
-from serving.dataplane.validation import Limits, check_request
-from serving.errors import DeadlineExceeded, ServingError, Unavailable
+from serving.dataplane.validation import Limits
+from serving.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ServingError,
+    Unavailable,
+    check_deadline,
+)
 from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
+from serving.routing.route import Route
+from serving.routing.router import Router
 from serving.runtime.servable import LoadedVersion
 from serving.signatures import RAW_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
+FEW_SCORES = 16  # up to this many, Python's isfinite over a list costs less than numpy's per-call overhead
 
 
 class Prediction(NamedTuple):
@@ -34,28 +43,35 @@ class Prediction(NamedTuple):
     scores: np.ndarray
     servable: LoadedVersion
     request: DecodedRequest
-    fallback: str | None = None  # why the last good version answered (serving/dataplane/fallback.py)
-    # How the version was chosen (serving/repository/traffic.py): "stable", "latest" or "canary" for a request
+    ctr: np.ndarray  # the `ctr` columns of `scores` (`scores` itself for a one-output version)
+    fallback: str | None = None  # why the last good version answered (serving/routing/fallback.py)
+    # How the version was chosen (serving/routing/router.py): "stable", "latest" or "canary" for a request
     # naming no version or label, "version" or "label" for one that names it.
     route: str = "latest"
 
 
 class Predictor:
-    """Runs predict requests against the manager's versions and keeps the request metrics."""
+    """Runs predict requests against the router's versions and keeps the request metrics."""
 
-    def __init__(self, manager: ModelManager, limits: Limits, metrics: ServingMetrics) -> None:
-        self.manager, self.limits, self.metrics = manager, limits, metrics
+    def __init__(
+        self,
+        manager: ModelManager,
+        router: Router,
+        limits: Limits,
+        metrics: ServingMetrics,
+        drift: DriftMonitor | None = None,
+        request_log: RequestLog | None = None,
+    ) -> None:
+        """`router`: the model's routing, which `manager` tells of its versions; `drift`, `request_log`: what
+        watches the answered requests (serving/observability/drift.py and request_log.py; None: off)."""
+        self.manager, self.router, self.limits, self.metrics = manager, router, limits, metrics
+        self.drift, self.request_log = drift, request_log
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
-        # The server sets these two (serving/observability/drift.py and request_log.py).
-        self.drift: DriftMonitor | None = None
-        self.request_log: RequestLog | None = None
-        # Circuit breaking per version (serving/dataplane/fallback.py); the server sets it, None: off.
-        self.fallback: Fallback | None = None
+        self._breakers = router.fallback  # None: no circuit breaking, nothing counted per request
         # A sampled share of unlabelled requests scored again by the `shadow` label's version, off the path.
-        self.shadow = ShadowScorer(manager, metrics, lambda: self.inflight)
-        manager.unload_hooks.append(self._unloaded)
+        self.shadow = ShadowScorer(manager, router, metrics, lambda: self.inflight)
 
     async def predict(
         self,
@@ -68,11 +84,11 @@ class Predictor:
         inputs: Callable[[], Any] | None = None,
         deadline: float | None = None,
     ) -> Prediction:
-        """Predict for one request.
+        """Predict for one request: route, decode, validate, run, check outputs, observe; the protocol encodes.
 
         Args:
             name, version, label: the model spec of the request.
-            decode: turns the request into a DecodedRequest for the resolved version's signature.
+            decode: turns the request into a DecodedRequest for the routed version's signature.
             entrypoint: "REST" or "GRPC" (metric label).
             request_id: the request's id, for the traffic split (a random choice when the client sent none)
                 and the request log; None: not logged.
@@ -85,72 +101,29 @@ class Predictor:
         model_label = name if name == self.manager.name else "unknown"  # bounded label cardinality
         status = "INTERNAL"
         timing = self.metrics.model_stats.begin()  # Triton's statistics extension
-        servable: LoadedVersion | None = None
+        route: Route | None = None
         request: DecodedRequest | None = None
         span = tracing.current() if tracing.ACTIVE else None  # the request's span, when sampled
         try:
             if self.draining:
                 raise Unavailable("the server is shutting down; retry on another replica")
-            check_deadline(deadline, "its work started")
-            servable, route = self.manager.route(name, version, label, request_id)
-            routed, fallback = version is None and label is None, None  # routed: the only kind redirected
-            if self.fallback is not None and routed:
-                servable, fallback = self.fallback.route(servable)
-            # A routed request that fails is run once more, on the last good version (fallback.retry).
-            for retried in (False, True):
+            if deadline is not None:
+                check_deadline(deadline, "its work started")
+            route = self.router.route(name, version, label, request_id)
+            while True:  # a routed request that fails runs once more, on the last good version
                 try:
-                    # Held from here: a version retired while a large body decodes stays loaded until it answers.
-                    self.manager.acquire(servable)
-                    self.inflight += 1
-                    try:
-                        decode_start = time.perf_counter()
-                        request = await decode(servable.backend.signature)
-                        timing.decoded = time.perf_counter_ns()
-                        if span is not None:
-                            tracing.child(span, "decode", decode_start)
-                            tracing.annotate(
-                                span, name, servable.version, request.signature, len(request.batch)
-                            )
-                        check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
-                        check_deadline(deadline, "the model ran")
-                        if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
-                            scores = await servable.run(request)
-                        else:  # cut at the deadline: a run still queued in the batcher is dropped from it
-                            scores = await _until(servable.run(request), deadline)
-                        timing.ran = time.perf_counter_ns()
-                    finally:
-                        self.inflight -= 1
-                        self.manager.release(servable)
-                    features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
-                    # No NaN leaves, nor is observed; the ranges are looked at only when a score is not finite.
-                    check_outputs(
-                        scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
-                    )
-                    if self.fallback is not None:
-                        self.fallback.succeeded(servable.version, deadline)
+                    request, scores = await self._run(route, decode, entrypoint, deadline, timing, span)
+                    if self._breakers is not None:
+                        self.router.succeeded(route.primary.version, deadline)
                     break
                 except BaseException as exc:
-                    if self.fallback is None:
+                    retry = None if self._breakers is None else self._breakers.failed(route, exc, deadline)
+                    if retry is None:
                         raise
-                    reason = self.fallback.failed(servable.version, exc, deadline)
-                    target = (
-                        None
-                        if retried or not routed
-                        else self.fallback.retry(servable.version, reason, deadline)
-                    )
-                    if target is None:
-                        raise
-                    servable, fallback = target, reason
-            assert request is not None  # the loop ends only with a run that answered
-            ctr = servable.backend.signature.score(scores)  # `ctr` alone is watched, whatever else is served
-            self._observe_scores(ctr)
+                    route = retry
             status = "OK"
-            logged_at = None
-            if self.drift is not None or self.request_log is not None:
-                logged_at = self._watch(servable, request, ctr, request_id, inputs, route, label, fallback)
-            if version is None and label is None:  # explicit versions and labels are never shadowed
-                self.shadow.offer(request, request_id, self.request_log, logged_at)
-            return Prediction(scores, servable, request, fallback, route)
+            ctr = self._observe(route, request, scores, request_id, inputs, label)
+            return Prediction(scores, route.primary, request, ctr, route.fallback, route.why)
         except ServingError as exc:
             status = exc.code
             raise
@@ -163,38 +136,99 @@ class Predictor:
                 tracing.status(span, status)
             elapsed_us = (time.perf_counter() - started) * 1e6
             self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
-            if servable is not None and not servable.closed:  # an unloaded version's rows are gone
-                self.metrics.model_stats.record(self.manager.name, servable.version, request, timing, status)
+            if route is not None and not route.primary.closed:  # an unloaded version's rows are gone
+                self.metrics.model_stats.record(
+                    self.manager.name, route.primary.version, request, timing, status
+                )
 
-    def _unloaded(self, version: int) -> None:
-        """What this model keeps per version goes with an unloaded one (the manager drops its metric series)."""
-        self.shadow.forget(version)
-        if self.fallback is not None:
-            self.fallback.forget(version)
+    async def _run(
+        self,
+        route: Route,
+        decode: Callable[[Signature], Awaitable[DecodedRequest]],
+        entrypoint: str,
+        deadline: float | None,
+        timing: Any,
+        span: Any,
+    ) -> tuple[DecodedRequest, np.ndarray]:
+        """Decode, validate and run the request on `route.primary`, then check its scores."""
+        servable = route.primary
+        # Held from here: a version retired while a large body decodes stays loaded until it answers.
+        servable.inflight += 1
+        self.inflight += 1
+        try:
+            decode_start = time.perf_counter()
+            request = await decode(servable.backend.signature)
+            timing.decoded = time.perf_counter_ns()
+            if span is not None:
+                tracing.child(span, "decode", decode_start)
+                tracing.annotate(
+                    span, self.manager.name, servable.version, request.signature, len(request.batch)
+                )
+            check_request(request, servable.backend.signature, self.limits, _unit(entrypoint))
+            if deadline is not None:
+                check_deadline(deadline, "the model ran")
+            # The runner of the request's signature (serving/runtime/servable.py); `LoadedVersion.run` says
+            # why there is none.
+            runner = servable.runners.get(request.signature)
+            run = servable.run(request) if runner is None else runner.run(request.batch)
+            if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
+                scores = await run
+            else:  # cut at the deadline: a run still queued in the batcher is dropped from it
+                scores = await _until(run, deadline)
+            timing.ran = time.perf_counter_ns()
+        finally:
+            self.inflight -= 1
+            if servable.retired:  # the last request on a retired version unloads it
+                self.manager.release(servable)
+            else:
+                servable.inflight -= 1
+        # No NaN leaves, nor is observed: the output check (and the ranges) only when a score is not finite.
+        if not _all_finite(scores):
+            features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
+            check_outputs(
+                scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
+            )
+        return request, scores
+
+    def _observe(
+        self,
+        route: Route,
+        request: DecodedRequest,
+        scores: np.ndarray,
+        request_id: str | None,
+        inputs: Callable[[], Any] | None,
+        label: str | None,
+    ) -> np.ndarray:
+        """Count the answered scores; feed drift, the request log and shadow scoring. Returns the `ctr` columns."""
+        sig = route.primary.backend.signature  # `ctr` alone is watched, whatever else is served
+        ctr = sig.score(scores) if sig.extra_outputs else scores
+        if len(ctr) == 1:
+            self.metrics.predicted_ctr.observe(float(ctr[0, 0]), self.manager.name)
+        else:
+            self.metrics.predicted_ctr.observe_many(ctr, self.manager.name)
+        logged_at = None
+        if self.drift is not None or self.request_log is not None:
+            logged_at = self._watch(route, request, ctr, request_id, inputs, label)
+        if route.shadow:
+            self.shadow.offer(request, request_id, self.request_log, logged_at)
+        return ctr
 
     def drift_text(self) -> str:
         """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
         return self.drift.render() if self.drift is not None else ""
 
-    def _observe_scores(self, scores: np.ndarray) -> None:
-        if len(scores) == 1:
-            self.metrics.predicted_ctr.observe(float(scores[0, 0]), self.manager.name)
-        else:
-            self.metrics.predicted_ctr.observe_many(scores, self.manager.name)
-
     def _watch(
         self,
-        servable: LoadedVersion,
+        route: Route,
         request: DecodedRequest,
         scores: np.ndarray,
         request_id: str | None,
         inputs: Callable[[], Any] | None,
-        route: str = "latest",
-        label: str | None = None,
-        fallback: str | None = None,
+        label: str | None,
     ) -> float | None:
         """Feed the drift window and the request log; a failure here is logged and never fails the predict.
         Returns the time of the request's log line (None: not logged)."""
+        why = route.why
         try:
             if self.drift is not None:
                 self.drift.observe(request, scores)
@@ -202,12 +236,12 @@ class Predictor:
                 return self.request_log.record(
                     request_id,
                     self.manager.name,
-                    servable.version,
+                    route.primary.version,
                     inputs or request.logged_inputs,
                     scores,
-                    label if route == "label" else route if route in ("stable", "canary") else None,
-                    route == "canary",
-                    fallback,
+                    label if why == "label" else why if why in ("stable", "canary") else None,
+                    why == "canary",
+                    route.fallback,
                 )
         except Exception:
             log.exception("drift tracking and request logging are off from now on: they failed on a request")
@@ -234,6 +268,59 @@ async def _until(run: Awaitable[np.ndarray], deadline: float) -> np.ndarray:
         ) from None
 
 
+def _all_finite(scores: np.ndarray) -> bool:
+    """Whether every score is finite: a few by Python's isfinite over a list (numpy's `isfinite().all()` has a
+    fixed cost of a few µs), more by numpy."""
+    if scores.size <= FEW_SCORES:
+        return all(map(math.isfinite, scores.ravel().tolist()))
+    return bool(np.isfinite(scores).all())
+
+
 def _unit(entrypoint: str) -> str:
     """What one row is called in messages: a REST `instance`, a gRPC tensor's `row`."""
     return "row" if entrypoint == "GRPC" else "instance"
+
+
+def check_request(request: DecodedRequest, sig: Signature, limits: Limits, unit: str = "instance") -> None:
+    """Raise InvalidArgument unless the request's batch is non-empty and within limits; features also finite (N, F).
+
+    Args:
+        request: the decoded request; its batch is (N, sig.width) float32 features or a raw batch.
+        sig: the served version's signature.
+        limits: the server's request limits.
+        unit: what one row is called in messages ("instance" for REST, "row" for gRPC tensors).
+    """
+    batch = request.batch
+    if request.signature == RAW_SIGNATURE:
+        empty = f"empty batch: no {unit}s for signature '{RAW_SIGNATURE}'; send at least one"
+    else:
+        shape = cast(np.ndarray, batch).shape
+        if len(shape) != 2 or shape[1] != sig.width:
+            raise InvalidArgument(
+                f"input '{sig.input_name}' has shape {list(shape)}, expected [N, {sig.width}]"
+            )
+        # The two APIs' wordings, kept as clients have seen them.
+        empty = (
+            f"empty batch: no instances for input '{sig.input_name}'; send at least one"
+            if unit == "instance"
+            else f"empty batch: input '{sig.input_name}' has no {unit}s; send at least one"
+        )
+    n = len(batch)
+    if n == 0:
+        raise InvalidArgument(empty)
+    if n > limits.max_instances:
+        raise InvalidArgument(
+            f"batch of {n} {unit}s is over the limit of {limits.max_instances} (--max_instances); split it"
+        )
+    if request.signature != RAW_SIGNATURE and not limits.allow_nonfinite:
+        _check_finite(cast(np.ndarray, batch), unit)
+
+
+def _check_finite(features: np.ndarray, unit: str) -> None:
+    finite = np.isfinite(features)
+    if not finite.all():
+        row, col = (int(i) for i in np.argwhere(~finite)[0])
+        raise InvalidArgument(
+            f"{unit} {row} feature {col} is {features[row, col]} (not finite in float32); NaN and Inf are "
+            "rejected (start the server with --allow_nonfinite to accept them)"
+        )

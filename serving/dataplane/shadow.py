@@ -1,8 +1,9 @@
 """Shadow scoring: a sampled share of unlabelled predicts scored again by the `shadow` label's version.
 
 The model's `shadow_percent` (the `# ctr-traffic:` line of `--model_config_file`, or `--shadow_percent`;
-serving/repository/traffic.py) picks the requests: `mix32(zlib.crc32(b"shadow:" + request_id)) < percent / 100 * 2**32`
-(a request without a client's id: a random choice). Only unlabelled requests are shadowed, never an explicit
+ctr_contract/traffic.py) picks the requests: `mix32(zlib.crc32(b"shadow:" + request_id)) < percent / 100 * 2**32`
+(a request without a client's id: a random choice); the router makes that choice (`Route.shadow`,
+serving/routing/router.py). Only unlabelled requests are shadowed, never an explicit
 `/versions/N` or `/labels/L`. After the client's answer is made, the request's decoded batch is copied into a
 small bounded queue (`QUEUE_JOBS`) and the predict returns; one background task per model, woken by a job,
 waits `GATHER_S` for more, takes the jobs queued (up to `BATCH_ROWS` rows) and scores them in one model call of
@@ -31,6 +32,7 @@ import asyncio
 import contextvars
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,13 +46,13 @@ from serving.observability.metrics import ServingMetrics
 from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
+from serving.routing.router import SHADOW_LABEL, Router
 from serving.runtime.batcher import INLINE_MAX_ROWS
 from serving.runtime.servable import LoadedVersion, signature_calls
 from serving.signatures import RAW_SIGNATURE
 
 log = logging.getLogger(__name__)
 limited = RateLimitedLog(log)
-SHADOW_LABEL = "shadow"
 QUEUE_JOBS = 32  # shadow jobs waiting for the worker; beyond this new ones are dropped, never waited for
 BUSY_INFLIGHT = 16  # more of the model's predicts in flight than this: the shadow job is dropped
 BATCH_ROWS = 256  # queued jobs are scored together in one call of up to this many rows
@@ -71,23 +73,22 @@ class ShadowScorer:
     def __init__(
         self,
         manager: ModelManager,
+        router: Router,
         metrics: ServingMetrics,
         inflight: Callable[[], int],
         queue_jobs: int = QUEUE_JOBS,
     ) -> None:
-        """`inflight()`: the model's predicts in flight now (the Predictor's count)."""
-        self.manager, self.metrics = manager, metrics
+        """`router`: where the shadow label's version is found; `inflight()`: the model's predicts in flight now
+        (the Predictor's count)."""
+        self.manager, self.router, self.metrics = manager, router, metrics
         self._inflight, self.queue_jobs = inflight, queue_jobs
         self._queue: deque[_Job] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._scored_versions: set[int] = set()
+        # The versions whose counter exists: weakly held, so an unloaded version is forgotten with it, and its
+        # counter is created at 0 again should its number come back (the manager drops the series).
+        self._scored_versions: weakref.WeakSet[LoadedVersion] = weakref.WeakSet()
         self.stopped = False
-
-    def sampled(self, request_id: str | None) -> bool:
-        """Whether the model's traffic split (serving/repository/traffic.py) shadows this request."""
-        traffic = self.manager.traffic
-        return traffic.shadow_percent > 0 and traffic.shadow(request_id)
 
     def offer(
         self,
@@ -96,18 +97,18 @@ class ShadowScorer:
         request_log: RequestLog | None = None,
         logged_at: float | None = None,
     ) -> None:
-        """Queue the answered, unlabelled `request` for shadow scoring when it is sampled; never blocks or raises
+        """Queue the answered, unlabelled `request` the router chose to shadow; never blocks or raises
         (called on the predict path after the answer is made). `logged_at`: the time of the primary line
         `request_log` wrote (None: none was written, and no shadow line will be)."""
         try:
-            if self.stopped or not self.sampled(request_id):
+            if self.stopped:
                 return
             servable = self._shadow_version()
             if servable is None:
                 self._drop("unavailable")
                 return
-            if servable.version not in self._scored_versions:  # its counter exists at 0 from its first job
-                self._scored_versions.add(servable.version)
+            if servable not in self._scored_versions:  # its counter exists at 0 from its first job
+                self._scored_versions.add(servable)
                 self.metrics.shadow_scored.inc(self.manager.name, str(servable.version), amount=0)
             if len(self._queue) >= self.queue_jobs:
                 self._drop("queue_full")
@@ -135,7 +136,7 @@ class ShadowScorer:
         return len(self._queue)
 
     def _shadow_version(self) -> LoadedVersion | None:
-        return self.manager.labelled(SHADOW_LABEL)
+        return self.router.labelled(SHADOW_LABEL)
 
     def _drop(self, reason: str, n: int = 1) -> None:
         self.metrics.shadow_dropped.inc(self.manager.name, reason, amount=n)
@@ -230,7 +231,3 @@ class ShadowScorer:
                 )
         if scored and not servable.closed:  # an unloaded version's series is gone (forget)
             self.metrics.shadow_scored.inc(self.manager.name, str(servable.version), amount=scored)
-
-    def forget(self, version: int) -> None:
-        """`version` was unloaded: its counter is created at 0 again should it come back."""
-        self._scored_versions.discard(version)

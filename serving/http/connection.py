@@ -232,9 +232,13 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
             path,
             self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks),
             self.parser.should_keep_alive(),
-            request_id=request_id_from(self._request_id),
+            request_id=(
+                request_id_from(self._request_id)  # the client's, or made: the request log reads it
+                if self._request_id or self.limits.make_request_ids
+                else ""
+            ),
             header_length=self._header_length,
-            accept=self._accept if compressible(path) else None,
+            accept=self._accept if self._accept is not None and compressible(path) else None,
             traceparent=self._traceparent,
             timeout=(self._timeout, time.monotonic()) if self._timeout else None,
         )
@@ -270,7 +274,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 TRACEPARENT.set(request.traceparent)  # the router's span (tracing on) continues its trace
                 TIMEOUT.set(request.timeout)  # x-request-timeout-ms, from when the request was read
                 status, body, content_type = await self.app.handle(
-                    method, request.path, request.body, request.request_id, request.header_length
+                    method, request.path, request.body, request.request_id or None, request.header_length
                 )
                 self.budget.count_freed(len(request.body))
                 if self.transport is None:

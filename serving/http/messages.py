@@ -63,7 +63,8 @@ class PendingRequest:
         self.timeout = timeout  # (x-request-timeout-ms as sent, time.monotonic() when read), or None
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
         self.request_id = (
-            request_id  # the client's x-request-id, or a fresh one (serving/observability/request_log.py)
+            request_id  # the client's x-request-id, or a fresh one (serving/observability/request_log.py), or ""
+            # when nothing reads it (HttpLimits.make_request_ids)
         )
 
 

@@ -36,6 +36,9 @@ class HttpLimits:
     compress_min_bytes: int = (
         COMPRESS_MIN_BYTES  # larger responses are compressed for a client that accepts it
     )
+    # Whether a request without a usable x-request-id gets one the server makes (and answers in x-request-id):
+    # only something that reads it needs one, the request log (serving/observability/request_log.py).
+    make_request_ids: bool = True
 
 
 class RequestHandler(Protocol):

@@ -25,7 +25,7 @@ BATCH_SIZE_BUCKETS = tuple(float(2**i) for i in range(11))  # 1 .. 1024 rows
 REJECT_REASONS = ("hash_mismatch", "not_ready", "load_timeout", "os_error", "bad_manifest", "load_error")
 # Labels of ctr_serving_shadow_dropped_total (serving/dataplane/shadow.py).
 SHADOW_DROP_REASONS = ("queue_full", "busy", "unavailable", "error", "non_finite")
-# Labels of ctr_serving_fallbacks_total (serving/dataplane/fallback.py).
+# Labels of ctr_serving_fallbacks_total (serving/routing/fallback.py).
 FALLBACK_REASONS = ("errors", "non_finite", "deadline", "unavailable")
 CTR_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
 
@@ -246,7 +246,7 @@ class ServingMetrics:
         self.fallbacks = self._counter(
             "ctr_serving_fallbacks_total",
             "Requests for a version with an open circuit, or that failed on it, answered by the last good "
-            f"version (serving/dataplane/fallback.py); version: the broken one; reason: {', '.join(FALLBACK_REASONS)}.",
+            f"version (serving/routing/fallback.py); version: the broken one; reason: {', '.join(FALLBACK_REASONS)}.",
             ("model_name", "version", "reason"),
         )
         # Sampled request logs (serving/observability/request_log.py); the drift gauges are rendered by serving/observability/drift.py.

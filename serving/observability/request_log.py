@@ -6,7 +6,7 @@ One JSON line per sampled predict request:
      "model": {"name": "ctr", "version": 3, "label": "stable"}, "canary": false, "shadow": false,
      "fallback": null, "inputs": {"inputs": {"I1": [3.0], ..., "C26": [""]}}, "outputs": [[0.21], ...]}
 
-`model.label` is the label that routed the request (serving/repository/traffic.py): "stable" or "canary" for an
+`model.label` is the label that routed the request (serving/routing/router.py): "stable" or "canary" for an
 unlabelled request the split sent there, the label's name for a `/labels/L` request, null for the latest version
 or a `/versions/N` request; `canary` is true for canary traffic; `fallback` names why a fallback version
 answered (null: none did). A shadow line (`record_shadow`) has the primary line's request id and time,

@@ -65,7 +65,7 @@ class PredictionServicer:
 
         request_id = None
         predictor = self.models.lookup(name)
-        if predictor.request_log is not None or predictor.manager.traffic.active:  # only when logged or split
+        if predictor.request_log is not None or predictor.router.traffic.active:  # only when logged or split
             metadata = dict(context.invocation_metadata() or ())
             request_id = request_id_from(metadata.get("x-request-id"))
             trailing = (*trailing, ("x-request-id", request_id))
@@ -96,15 +96,15 @@ class PredictionServicer:
         if fields != {"signature_def"}:
             raise InvalidArgument(f"metadata_field must be ['signature_def'], got {sorted(fields)}")
         name, version, label = _spec(request.model_spec)
-        servable = self.models.lookup(name).manager.resolve(name, version, label)
+        servable = self.models.lookup(name).router.resolve(name, version, label)
         return metadata_response(name, servable.version, servable.backend.signature)
 
     async def get_model_status(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version, label = _spec(request.model_spec)
-        manager = self.models.lookup(name).manager
+        predictor = self.models.lookup(name)
         if label is not None:
-            version = manager.resolve(name, None, label).version
-        return status_response(manager.status(name, version))
+            version = predictor.router.resolve(name, None, label).version
+        return status_response(predictor.manager.status(name, version))
 
 
 def tfs_handlers(models: ServedModels) -> tuple[grpc.GenericRpcHandler, ...]:

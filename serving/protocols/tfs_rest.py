@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from serving.codecs.rest_codec import encode_predictions
+from serving.codecs.rest_codec import decode_predict, encode_predictions
 from serving.dataplane.model_set import ServedModels
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, NotFound, Unavailable, Unimplemented
@@ -26,7 +26,7 @@ from serving.http.messages import (
 )
 from serving.observability import tracing
 from serving.protocols.model_info import metadata_json, status_response, to_json
-from serving.protocols.rest_body import BodyDecoder, BodyOverLimits
+from serving.protocols.rest_body import BOUNDS_MIN_BYTES, BodyDecoder, BodyOverLimits
 from serving.requests import DecodedRequest
 from serving.signatures import Signature
 
@@ -44,6 +44,7 @@ class TfsRestApp:
     def __init__(self, models: ServedModels, decoder: BodyDecoder) -> None:
         """`decoder`: parses a large predict body in its child process (serving/protocols/rest_body.py)."""
         self.models, self.decoder = models, decoder
+        self._predictors = models.predictors
 
     async def dispatch(
         self, method: str, path: RequestPath, body: bytes | bytearray, request_id: str | None = None
@@ -57,7 +58,8 @@ class TfsRestApp:
         if route is None or (route[3], verb) not in V1_ACTIONS:
             raise NotFound(f"Malformed request: {method} {path}")
         name, version_text, label, rest = route
-        action, version = V1_ACTIONS[rest, verb], parse_version(version_text)
+        action = V1_ACTIONS[rest, verb]
+        version = None if version_text is None else parse_version(version_text)
         if method != ("POST" if action == ":predict" else "GET"):
             self.models.lookup(name).manager.status(name)  # an unknown model is a 404 before any 405
         if action == ":predict":
@@ -68,7 +70,7 @@ class TfsRestApp:
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         require_method(method, "GET")
         if action == "/metadata":
-            servable = self.models.lookup(name).manager.resolve(name, version, label)
+            servable = self.models.lookup(name).router.resolve(name, version, label)
             return (
                 200,
                 json.dumps(metadata_json(name, servable.version, servable.backend.signature)).encode(),
@@ -85,11 +87,15 @@ class TfsRestApp:
         request_id: str | None = None,
     ) -> tuple[bytes, bytes]:
         """The answer's body and its header lines (`x-model-version`, `x-ctr-fallback`)."""
-        predictor = self.models.lookup(name)
+        # The served models' own dict, changed in place (ServedModels.lookup: the answer for a name not in it).
+        predictor = self._predictors.get(name) or self.models.lookup(name)
         columnar = False
 
         async def decode(sig: Signature) -> DecodedRequest:
             nonlocal columnar
+            if len(body) <= BOUNDS_MIN_BYTES:  # nothing to bound, decoded inline: the codec itself
+                columnar, request = decode_predict(body, sig)
+                return request
             try:
                 columnar, request = await self.decoder.decode(body, sig)
             except BodyOverLimits:
@@ -102,7 +108,7 @@ class TfsRestApp:
         )
         started = time.perf_counter()
         # `ctr` alone, whatever the version serves (docs/decisions/0007-v1-rest-answers-ctr.md).
-        answer = encode_predictions(prediction.servable.backend.signature.score(prediction.scores), columnar)
+        answer = encode_predictions(prediction.ctr, columnar)
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)
@@ -111,7 +117,7 @@ class TfsRestApp:
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         predictor = self.models.lookup(name)
         if label is not None:
-            version = predictor.manager.resolve(name, None, label).version
+            version = predictor.router.resolve(name, None, label).version
         states = predictor.manager.status(name, version)
         if predictor.draining:
             raise Unavailable("the server is shutting down")

@@ -127,7 +127,7 @@ class InferenceServicer:
             return to_request(tensors, sig, signature)
 
         request_id = None
-        if predictor.request_log is not None or predictor.manager.traffic.active:  # only when logged or split
+        if predictor.request_log is not None or predictor.router.traffic.active:  # only when logged or split
             request_id = request_id_from(dict(context.invocation_metadata() or ()).get("x-request-id"))
         prediction = await predictor.predict(
             predictor.manager.name, version, None, decode, "GRPC", request_id, deadline=deadline_of(context)

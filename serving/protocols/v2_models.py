@@ -58,7 +58,7 @@ class V2Models:
     def resolve(self, v2_name: str, version: int | None) -> tuple[LoadedVersion, str]:
         """The version serving a v2 model (NotFound / Unavailable as v1), and its signature key."""
         predictor, signature = self.lookup(v2_name)
-        servable = predictor.manager.resolve(predictor.manager.name, version)
+        servable = predictor.router.resolve(predictor.manager.name, version)
         if signature == RAW_SIGNATURE and not servable.backend.signature.has_raw:
             raise NotFound(
                 f"model '{v2_name}' is not served: version {servable.version} has no raw signature"

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import Protocol
 
 from ctr_contract.ratelog import RateLimitedLog
-from serving.errors import InvalidArgument, NotFound, Unavailable
+from serving.errors import NotFound
 from serving.observability.metrics import ServingMetrics
 from serving.repository.loading import Loader
 from serving.repository.manifest_check import check_outputs
@@ -29,7 +30,6 @@ from serving.repository.policy import VersionPolicy
 from serving.repository.reclaim import Reclaimer
 from serving.repository.scan import Scan, scan_base
 from serving.repository.states import VersionState, VersionStates
-from serving.repository.traffic import TrafficSplit
 from serving.repository.warmup import warm_up
 from serving.runtime.backends import Backend, load_backend
 from serving.runtime.servable import LoadedVersion, Runner, build_runners
@@ -46,6 +46,16 @@ def versions_on_disk(base_path: Path) -> dict[int, Path]:
     return scan_base(base_path, set()).versions
 
 
+class VersionWatcher(Protocol):
+    """What the versions serve to (serving/routing/router.py): told of every change, on the event loop."""
+
+    def versions_changed(self, loaded: dict[int, LoadedVersion], latest: LoadedVersion | None) -> None:
+        """A version became AVAILABLE or was retired; `loaded`: the versions that serve now."""
+
+    def unloaded(self, version: int) -> None:
+        """A retired version was unloaded after its last request."""
+
+
 class ModelManager:
     """Keeps the set of loaded versions equal to what the version policy asks for."""
 
@@ -56,21 +66,17 @@ class ModelManager:
         backend_kind: str,
         intra_op_threads: int,
         policy: VersionPolicy,
-        labels: dict[str, int],
         metrics: ServingMetrics,
         disk_executor: Executor,
+        watcher: VersionWatcher,
         make_runners: Callable[[Backend], dict[str, Runner]] | None = None,
         manifest_wait_s: float = 600.0,
         load_timeout_s: float = 600.0,
-        traffic: TrafficSplit | None = None,
     ) -> None:
-        """`traffic`: the shares of the unlabelled requests (serving/repository/traffic.py); None: none split."""
+        """`watcher`: told of each version loaded, retired and unloaded (the model's router)."""
         self.name, self.base_path, self.backend_kind = name, base_path, backend_kind
-        self.intra_op_threads, self.policy, self.labels = intra_op_threads, policy, labels
-        # `--canary_percent`/`--shadow_percent`: what a model without a ctr-traffic line in the config gets.
-        self.default_traffic = traffic or TrafficSplit()
-        self.traffic = self.default_traffic
-        self.metrics, self._disk_executor = metrics, disk_executor
+        self.intra_op_threads, self.policy = intra_op_threads, policy
+        self.metrics, self._disk_executor, self._watcher = metrics, disk_executor, watcher
         # A loaded version's runner per signature (serving/runtime/servable.py); None: each request runs
         # alone, large ones on the event loop's default thread pool.
         self._make_runners = make_runners or (lambda b: build_runners(b, None, None, metrics, name))
@@ -81,71 +87,16 @@ class ModelManager:
         self._hung: list[threading.Thread] = []
         self._base_condition = ""  # the last reported problem with the base path ("" = none)
         self._names_reported: set[str] = set()
-        # Called with the number of each version unloaded: what others keep per version goes with it.
-        self.unload_hooks: list[Callable[[int], None]] = []
         self._reclaimer = Reclaimer(name, disk_executor)
         self._loader = Loader(name)  # one load thread (serving/repository/loading.py)
 
     # --- request path -------------------------------------------------------------------------
-    def resolve(self, name: str, version: int | None = None, label: str | None = None) -> LoadedVersion:
-        """Find the servable for a request (unsplit); raise NotFound / InvalidArgument / Unavailable.
-
-        No version and no label: the `stable` label's version when it is loaded, else the latest.
-        """
-        if name != self.name:
-            kind = f"Specific({name}, {version})" if version is not None else f"Latest({name})"
-            raise NotFound(f"Servable not found for request: {kind}")
-        if label is not None:
-            if label not in self.labels:
-                raise InvalidArgument(f"Unrecognized servable version label: {label}")
-            version = self.labels[label]
-        if version is None:
-            return self._unlabelled()[0]
-        servable = self.loaded.get(version)
-        if servable is None:
-            raise NotFound(f"Servable not found for request: Specific({name}, {version})")
-        return servable
-
-    def route(
-        self, name: str, version: int | None, label: str | None, request_id: str | None
-    ) -> tuple[LoadedVersion, str]:
-        """The servable of a predict and how it was chosen: "version", "label", "canary", "stable" or "latest".
-
-        Only a request that names no version and no label is split (serving/repository/traffic.py).
-        """
-        if version is not None or label is not None or name != self.name:
-            return self.resolve(name, version, label), "version" if label is None else "label"
-        if self.traffic.canary_percent > 0:
-            canary = self.labelled("canary")
-            if canary is not None and self.traffic.canary(request_id):
-                return canary, "canary"
-        return self._unlabelled()
-
-    def labelled(self, label: str) -> LoadedVersion | None:
-        """The loaded version `label` names; None when the label is not set or its version is not loaded."""
-        version = self.labels.get(label)
-        return None if version is None else self.loaded.get(version)
-
-    @property
-    def shadow_percent(self) -> float:
-        """The share of unlabelled requests the `shadow` label's version also scores."""
-        return self.traffic.shadow_percent
-
-    def _unlabelled(self) -> tuple[LoadedVersion, str]:
-        stable = self.labelled("stable")
-        if stable is not None:
-            return stable, "stable"
-        if self.latest is None:
-            raise Unavailable(
-                f"Servable not found for request: Latest({self.name}); no version is loaded yet"
-            )
-        return self.latest, "latest"
-
     def acquire(self, servable: LoadedVersion) -> None:
         servable.inflight += 1
 
     def release(self, servable: LoadedVersion) -> None:
-        """End one request on `servable`; the last request on a retired version unloads it."""
+        """End one request on `servable`; the last request on a retired version unloads it (the predictor
+        decrements a serving version's count itself and calls this only for a retired one)."""
         servable.inflight -= 1
         if servable.retired and servable.inflight == 0:
             self._unload(servable)
@@ -159,6 +110,11 @@ class ModelManager:
         if version not in self.states:
             raise NotFound(f"Could not find version {version} of model {name}")
         return [self.states[version]]
+
+    def change_policy(self, policy: VersionPolicy) -> bool:
+        """Take the model config's new version policy; True when it changed (the next scan applies it)."""
+        changed, self.policy = policy != self.policy, policy
+        return changed
 
     # --- polling ------------------------------------------------------------------------------
     async def poll_forever(self, interval_s: float) -> None:
@@ -304,11 +260,10 @@ class ModelManager:
 
     def _unload(self, servable: LoadedVersion) -> None:
         """Let go of everything of the version (docs/perf/serving-memory.md): its runners, its metric series,
-        what the predictor keeps per version; then check that it is freed and hand its memory back."""
+        what the router keeps per version; then check that it is freed and hand its memory back."""
         servable.close()
         self.metrics.forget_version(self.name, servable.version)
-        for hook in self.unload_hooks:
-            hook(servable.version)
+        self._watcher.unloaded(servable.version)
         state = self.states.get(servable.version)
         if state is not None and state.state == "UNLOADING":
             state.state = "END"
@@ -318,3 +273,4 @@ class ModelManager:
     def _refresh_latest(self) -> None:
         self.latest = self.loaded[max(self.loaded)] if self.loaded else None
         self.metrics.model_version.set(float(max(self.loaded, default=0)), self.name)
+        self._watcher.versions_changed(self.loaded, self.latest)

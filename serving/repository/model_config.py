@@ -14,7 +14,7 @@ text_format with the real `tensorflow.serving.ModelServerConfig` message (commit
     }
     # ctr-traffic: model=ctr canary_percent=10 shadow_percent=0
 
-The `# ctr-traffic:` comment gives a model's traffic split by label (serving/repository/traffic.py); stock
+The `# ctr-traffic:` comment gives a model's traffic split by label (ctr_contract/traffic.py); stock
 TF Serving reads it as a comment.
 
 With `--model_config_file_poll_wait_seconds N` the file is re-read every N seconds: models added to it are
@@ -36,10 +36,10 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from ctr_contract.repository import parse_version_dir
+from ctr_contract.traffic import TrafficError, TrafficSplit, parse_traffic
 from serving import protos
 from serving.repository.policy import VersionPolicy
 from serving.repository.scan import scan_base
-from serving.repository.traffic import TrafficError, TrafficSplit, parse_traffic
 
 log = logging.getLogger(__name__)
 PLATFORMS = ("", "tensorflow")  # what stock TF Serving accepts; the server's --backend loads the files

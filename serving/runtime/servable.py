@@ -51,14 +51,19 @@ class SignatureCall:
 
 def signature_calls(backend: Backend) -> dict[str, SignatureCall]:
     """The signatures `backend` serves, by signature key."""
-    calls = {DEFAULT_SIGNATURE: SignatureCall(backend.predict, np.concatenate)}
     if isinstance(backend, SpecBackend):  # the FeatureSpec + the features model: no 39-input conversion
+        # The runtime's own model call, not SpecBackend's forwarding one: a hop less per batch.
+        model = backend.backend.predict
         # The transform holds the GIL (numpy on small arrays): on the inference thread it would only take
         # turns with the loop, each hand-over waiting on the other's Python code (up to the interpreter's
         # switch interval, sys.getswitchinterval()), so it runs on the loop and the thread gets only the
-        # model call, which releases the GIL.
-        calls[RAW_SIGNATURE] = SignatureCall(backend.predict, RawBatch.concat, backend.transform)
-    elif backend.signature.has_raw:
+        # model call, which releases the GIL. A few rows go straight to the few-row transform.
+        return {
+            DEFAULT_SIGNATURE: SignatureCall(model, np.concatenate),
+            RAW_SIGNATURE: SignatureCall(model, RawBatch.concat, backend.transform.serving_call()),
+        }
+    calls = {DEFAULT_SIGNATURE: SignatureCall(backend.predict, np.concatenate)}
+    if backend.signature.has_raw:
         calls[RAW_SIGNATURE] = SignatureCall(lambda b: backend.predict_raw(b.inputs), RawBatch.concat)
     return calls
 
@@ -144,7 +149,7 @@ def build_runners(
     return runners
 
 
-@dataclass
+@dataclass(eq=False)  # an identity: one object per load, held in weak sets (serving/dataplane/shadow.py)
 class LoadedVersion:
     """One servable: a loaded backend, its runner per signature, its in-flight request count, and the feature
     ranges seen in training (None: the version has none; serving/runtime/input_range.py)."""

@@ -1,8 +1,11 @@
 """serving/'s rooms import one way, from the entry down to the leaf types, type-only and lazy imports counted.
 
-A request walks forward through them: app (start-up) -> protocols (the wire APIs and the one router) ->
-dataplane (the protocol-free predict path) -> repository (versions on disk) -> runtime (running a version).
-http/ is the HTTP/1.1 layer under app and protocols; codecs/ (wire formats) and observability/ serve the
+A request walks forward through them: app (start-up) -> protocols (the wire APIs and the one REST router) ->
+dataplane (the protocol-free predict path) -> routing (which version answers) -> runtime (running a version).
+routing/ and repository/ (versions on disk: scan, check, load, unload) sit on one level and never import each
+other: the repository pushes its versions to the router through a protocol of its own (VersionWatcher), and
+the predict path and the app are the only rooms that know both. http/ is the HTTP/1.1 layer under app and
+protocols; codecs/ (wire formats) and observability/ serve the
 rooms above them, protos/ (descriptor sets) the codecs; the top-level leaf types (errors.py, signatures.py,
 requests.py) sit below everything. A module may import its own room and rooms below it, never one above or
 beside it.
@@ -25,6 +28,7 @@ LEVELS = {
     "http": 3,
     "dataplane": 3,
     "repository": 4,
+    "routing": 4,
     "runtime": 5,
     "codecs": 6,
     "observability": 6,
@@ -77,6 +81,9 @@ def test_rooms_import_only_rooms_below_them() -> None:
         ),
         ("dataplane/x.py", "from serving.http.messages import require_method\n", True),
         ("protocols/x.py", "from serving.dataplane.validation import parse_version\n", False),
+        ("routing/x.py", "from serving.repository.manager import ModelManager\n", True),
+        ("repository/x.py", "from serving.routing.router import Router\n", True),
+        ("dataplane/x.py", "from serving.routing.router import Router\n", False),
         ("errors.py", "def f():\n    from serving.codecs import tensors\n", True),
     ],
 )
@@ -84,7 +91,10 @@ def test_backward_import_check(tmp_path: Path, importer: str, text: str, backwar
     for module in ("app/x.py", "protocols/router.py", "http/messages.py", "dataplane/validation.py"):
         (tmp_path / "serving" / module).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "serving" / module).write_text("")
-    for folder in ("app", "protocols", "http", "dataplane", "runtime", "codecs"):
+    for module in ("repository/manager.py", "routing/router.py"):
+        (tmp_path / "serving" / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "serving" / module).write_text("")
+    for folder in ("app", "protocols", "http", "dataplane", "runtime", "codecs", "repository", "routing"):
         (tmp_path / "serving" / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / "serving" / folder / "__init__.py").write_text("")
     (tmp_path / "serving" / "__init__.py").write_text("")

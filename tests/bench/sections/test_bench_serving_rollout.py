@@ -10,8 +10,8 @@ import pytest
 
 from bench.harness import procs
 from bench.sections import serving_rollout
+from ctr_contract.traffic import parse_traffic
 from serving.repository.model_config import parse_model_config
-from serving.repository.traffic import parse_traffic
 from tests.serving.model_repo import make_weights, write_version
 
 

@@ -93,7 +93,7 @@ def test_a_table_too_crowded_for_its_slots_grows_until_every_entry_has_one() -> 
 def test_scanned_rest_rows_arrive_with_the_keys_of_their_categoricals() -> None:
     import orjson
 
-    from serving.codecs.raw_body import decode_raw_body
+    from serving.codecs.rest_codec import decode_raw_body
 
     rows = [{"I1": i, "C1": "68fd1e64", "C2": None, "C26": "abcdefgh"} for i in range(12)] + [{}]
     found = decode_raw_body(orjson.dumps({"instances": rows}))

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from ctr_contract.traffic import parse_traffic
 from pipelines.rollout.config_file import Target, render
 from pipelines.rollout.controller import Controller
 from pipelines.rollout.journal import Store
 from pipelines.rollout.policy import Policy, PolicyError, judge, load_policy
 from serving.repository.model_config import parse_model_config
-from serving.repository.traffic import parse_traffic
 from tests.pipelines.rollout_env import add_version, corrupt, decisions, fig, write_config, write_snapshot
 
 POLICY = Policy(min_rows=1000, auc_margin=0.01, confidence=0.95, calibration_bound=0.1)

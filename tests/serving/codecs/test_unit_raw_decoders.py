@@ -19,9 +19,9 @@ from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
 from serving.codecs import raw_body
-from serving.codecs.raw_body import client_columns, client_rows, decode_raw_body
+from serving.codecs.raw_body import client_columns, client_rows
 from serving.codecs.raw_codec import MAX_COUNT
-from serving.codecs.rest_codec import decode_predict, parse_body, to_request
+from serving.codecs.rest_codec import decode_predict, decode_raw_body, parse_body, to_request
 from serving.errors import InvalidArgument
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE, Signature
@@ -175,7 +175,7 @@ def test_bodies_the_fast_path_declines_get_the_exact_paths_answer(body: bytes) -
 @pytest.mark.parametrize("body", [*DECLINED[:8], orjson.dumps({"instances": [ROW] * 20})], ids=range(9))
 def test_without_the_scan_the_exact_path_serves_alone(body: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
     want = exact_answer(body, lambda b: decode_predict(b, SIG)[1])
-    monkeypatch.setattr(raw_body, "_scan", None)
+    monkeypatch.setattr(raw_body, "scan", None)
     assert decode_raw_body(body) is None
     assert_answered_alike(exact_answer(body, lambda b: decode_predict(b, SIG)[1]), want)
 

@@ -21,8 +21,8 @@ from ctr_features.parity import build_raw_rows
 from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
 from serving.codecs import raw_body
-from serving.codecs.raw_body import client_columns, client_rows, decode_raw_body
-from serving.codecs.rest_codec import decode_predict, parse_body, to_request
+from serving.codecs.raw_body import client_columns, client_rows
+from serving.codecs.rest_codec import decode_predict, decode_raw_body, parse_body, to_request
 from serving.errors import InvalidArgument
 from tests.serving.codecs import test_unit_raw_decoders as body_tests
 from tests.serving.codecs.test_unit_raw_decoders import ROW, SIG, old_path
@@ -48,8 +48,8 @@ def assert_same_batch(got: RawBatch | None, want: RawBatch) -> None:
 
 def scan(body: bytes) -> Any:
     """The extension's own answer: (n, counts, keys) or None."""
-    assert raw_body._scan is not None
-    return raw_body._scan(body, 1, raw_body.MAX_SCAN_ROWS)
+    assert raw_body.scan is not None
+    return raw_body.scan(body, 1, raw_body.MAX_SCAN_ROWS)
 
 
 def scanned(body: bytes) -> RawBatch:
@@ -386,9 +386,9 @@ def test_columnar_bodies_outside_the_subset_are_declined_and_answered_as_before(
 
 
 def test_the_scan_declines_more_rows_than_its_bound() -> None:
-    assert raw_body._scan is not None
+    assert raw_body.scan is not None
     rows = b'{"instances": [' + b",".join([BASE] * 11) + b"]}"
     columns = b'{"inputs": {"I1": [' + b",".join([b"1"] * 11) + b"]}}"
     for body in (rows, columns):
-        assert raw_body._scan(body, 1, 11) is not None
-        assert raw_body._scan(body, 1, 10) is None
+        assert raw_body.scan(body, 1, 11) is not None
+        assert raw_body.scan(body, 1, 10) is None

@@ -16,7 +16,7 @@ from ctr_features.compiled import few_rows
 from serving.codecs import raw_body
 
 pytestmark = pytest.mark.skipif(
-    few_rows._native_table is None or raw_body._scan is None, reason="the native extensions are not built"
+    few_rows._native_table is None or raw_body.scan is None, reason="the native extensions are not built"
 )
 WIDTH = 128
 
@@ -39,10 +39,10 @@ def rows(*args: Any) -> Any:
 
 def test_an_empty_column_copies_nothing_and_is_declined() -> None:
     """Finding 1: `{"inputs":{"I1":[]}}` called memcpy(dst, NULL, 0); now no copy, and the exact path's body."""
-    assert raw_body._scan is not None
+    assert raw_body.scan is not None
     for body in (b'{"inputs":{"I1":[]}}', b'{"inputs":{"I1":[],"C1":[]}}', b'{"inputs":{"C26":[]}}'):
-        assert raw_body._scan(body, 1, raw_body.MAX_SCAN_ROWS) is None
-        assert raw_body._scan(body, 0, raw_body.MAX_SCAN_ROWS) is None  # no rows: never taken
+        assert raw_body.scan(body, 1, raw_body.MAX_SCAN_ROWS) is None
+        assert raw_body.scan(body, 0, raw_body.MAX_SCAN_ROWS) is None  # no rows: never taken
 
 
 @pytest.mark.parametrize(

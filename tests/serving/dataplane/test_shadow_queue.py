@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ctr_contract.repository import ONNX_MODEL, RAW_ONNX_MODEL
+from ctr_contract.traffic import TrafficSplit
 from serving.codecs.raw_codec import decode_rest
 from serving.dataplane.predictor import Predictor
 from serving.dataplane.shadow import BUSY_INFLIGHT, QUEUE_JOBS
@@ -23,8 +24,8 @@ from serving.observability.metrics import SHADOW_DROP_REASONS, ServingMetrics
 from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.repository.policy import VersionPolicy
-from serving.repository.traffic import TrafficSplit
 from serving.requests import DecodedRequest
+from serving.routing.router import Router
 from serving.runtime.servable import BatchingOptions, build_runners
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
 from tests.serving.dataplane.test_unit_predictor import write_raw_onnx
@@ -62,28 +63,39 @@ def raw_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
-def run(base: Path, test: Callable[[Predictor], Awaitable[None]], batching: BatchingOptions | None) -> None:
-    """Versions 1 (stable) and 2 (shadow, 100% of the unlabelled requests) behind one Predictor."""
+def run(
+    base: Path,
+    test: Callable[[Predictor], Awaitable[None]],
+    batching: BatchingOptions | None,
+    logs: Path | None = None,
+) -> None:
+    """Versions 1 (stable) and 2 (shadow, 100% of the unlabelled requests) behind one Predictor; `logs`: its
+    request log's folder (every request logged; None: no request log)."""
 
     async def main() -> None:
         metrics = ServingMetrics()
         metrics.start_at_zero("ctr")
         with ThreadPoolExecutor(1) as disk, ThreadPoolExecutor(1) as inference:
+            router = Router("ctr", {"stable": 1, "shadow": 2}, metrics, TrafficSplit(shadow_percent=100))
             manager = ModelManager(
                 "ctr",
                 base,
                 "onnx",
                 1,
                 VersionPolicy("all"),
-                {"stable": 1, "shadow": 2},
                 metrics,
                 disk,
+                router,
                 make_runners=lambda backend: build_runners(backend, batching, inference, metrics, "ctr"),
-                traffic=TrafficSplit(shadow_percent=100),
             )
             await manager.poll_once()
             assert sorted(manager.loaded) == [1, 2]
-            predictor = Predictor(manager, Limits(max_instances=64, allow_nonfinite=False), metrics)
+            request_log = None
+            if logs is not None:
+                request_log = RequestLog(logs, 1.0, 1 << 20, on_drop=lambda n: None)
+                request_log.start()
+            limits = Limits(max_instances=64, allow_nonfinite=False)
+            predictor = Predictor(manager, router, limits, metrics, request_log=request_log)
             try:
                 await test(predictor)
             finally:
@@ -165,7 +177,9 @@ def test_a_busy_model_drops_shadow_work_first(base: Path) -> None:
 
 def test_a_shadow_label_without_a_loaded_version_is_skipped_and_counted(base: Path) -> None:
     async def test(p: Predictor) -> None:
-        p.manager.labels = {"stable": 1, "shadow": 7}  # version 7 is not loaded (not on disk here)
+        p.router.configure(
+            {"stable": 1, "shadow": 7}, p.router.traffic
+        )  # version 7 is not loaded (not on disk)
         for i in range(4):
             prediction = await p.predict("ctr", None, None, decode, "REST", f"gone-{i}")
             assert prediction.servable.version == 1
@@ -182,8 +196,6 @@ def test_raw_requests_queued_together_are_scored_in_one_call_and_logged_each_as_
     logs = tmp_path / "requests"
 
     async def test(p: Predictor) -> None:
-        p.request_log = RequestLog(logs, 1.0, 1 << 20, on_drop=lambda n: None)
-        p.request_log.start()
         counts = {f"raw-{i}": [float(i), float(-i)] for i in range(6)}
         for request_id, values in counts.items():
 
@@ -198,6 +210,7 @@ def test_raw_requests_queued_together_are_scored_in_one_call_and_logged_each_as_
         # One model call a client request, and one for the six shadow jobs together.
         calls = sum(sum(buckets) for buckets, _ in p.metrics.runtime_latency.series.values())
         assert calls == len(counts) + 1
+        assert p.request_log is not None
         p.request_log.stop()
         lines = [json.loads(line) for f in logs.glob("*.jsonl") for line in f.read_text().splitlines()]
         shadows = {line["request_id"]: line for line in lines if line["shadow"]}
@@ -207,7 +220,7 @@ def test_raw_requests_queued_together_are_scored_in_one_call_and_logged_each_as_
             np.testing.assert_allclose(np.ravel(shadows[request_id]["outputs"]), expected, rtol=1e-5)
             assert shadows[request_id]["model"]["version"] == 2
 
-    run(raw_base, test, None)
+    run(raw_base, test, None, logs)
 
 
 def test_more_rows_than_run_inline_go_through_the_shadow_versions_runner(base: Path, tmp_path: Path) -> None:
@@ -215,8 +228,6 @@ def test_more_rows_than_run_inline_go_through_the_shadow_versions_runner(base: P
     logs = tmp_path / "requests"
 
     async def test(p: Predictor) -> None:
-        p.request_log = RequestLog(logs, 1.0, 1 << 20, on_drop=lambda n: None)
-        p.request_log.start()
         for i, x in enumerate(rows):
 
             async def decode(sig: Signature, x: np.ndarray = x) -> DecodedRequest:
@@ -228,13 +239,14 @@ def test_more_rows_than_run_inline_go_through_the_shadow_versions_runner(base: P
                 break
             await asyncio.sleep(0.01)
         assert p.metrics.shadow_scored.values == {("ctr", "2"): 3.0}
+        assert p.request_log is not None
         p.request_log.stop()
         lines = [json.loads(line) for f in logs.glob("*.jsonl") for line in f.read_text().splitlines()]
         shadows = {line["request_id"]: line["outputs"] for line in lines if line["shadow"]}
         for i, x in enumerate(rows):
             np.testing.assert_allclose(shadows[f"big-{i}"], reference_predict(WEIGHTS[2], x), rtol=1e-5)
 
-    run(base, test, None)
+    run(base, test, None, logs)
 
 
 def test_a_shadow_version_scoring_nan_is_counted_and_never_logged(tmp_path: Path) -> None:
@@ -253,16 +265,15 @@ def test_a_shadow_version_scoring_nan_is_counted_and_never_logged(tmp_path: Path
         return DecodedRequest(DEFAULT_SIGNATURE, x)
 
     async def test(p: Predictor) -> None:
-        p.request_log = RequestLog(logs, 1.0, 1 << 20, on_drop=lambda n: None)
-        p.request_log.start()
         for i in range(5):
             prediction = await p.predict("ctr", None, None, decode, "REST", f"nan-{i}")
             np.testing.assert_allclose(prediction.scores, reference_predict(WEIGHTS[1], x), rtol=1e-5)
         await settle(p)
         assert dropped(p)["non_finite"] == 5
         assert p.metrics.shadow_scored.values == {("ctr", "2"): 0.0}
+        assert p.request_log is not None
         p.request_log.stop()
         lines = [json.loads(line) for f in logs.glob("*.jsonl") for line in f.read_text().splitlines()]
         assert len(lines) == 5 and not any(line["shadow"] for line in lines)
 
-    run(base, test, None)
+    run(base, test, None, logs)

@@ -23,10 +23,12 @@ from serving.codecs.raw_codec import decode_rest
 from serving.dataplane.predictor import Predictor
 from serving.dataplane.validation import Limits
 from serving.errors import InvalidArgument, NotFound, ServingError, Unavailable
+from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
 from serving.repository.manager import ModelManager
 from serving.repository.policy import VersionPolicy
 from serving.requests import DecodedRequest
+from serving.routing.router import Router
 from serving.runtime.batcher import DynamicBatcher
 from serving.runtime.servable import BatchingOptions, DirectRunner, build_runners
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
@@ -82,26 +84,32 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_with_predictor(
-    base: Path, test: Callable[[Predictor], Awaitable[T]], batching: BatchingOptions | None = None
+    base: Path,
+    test: Callable[[Predictor], Awaitable[T]],
+    batching: BatchingOptions | None = None,
+    drift: DriftMonitor | None = None,
 ) -> T:
-    """Load `base` into a ModelManager (ONNX Runtime backend) and run `test` against a Predictor over it."""
+    """Load `base` into a ModelManager (ONNX Runtime backend) and run `test` against a Predictor over it;
+    `drift`: what watches its answers."""
 
     async def main() -> T:
         metrics = ServingMetrics()
         with ThreadPoolExecutor(1) as disk, ThreadPoolExecutor(1) as inference:
+            router = Router("ctr", {"stable": 1}, metrics)
             manager = ModelManager(
                 "ctr",
                 base,
                 "onnx",
                 1,
                 VersionPolicy("latest"),
-                {"stable": 1},
                 metrics,
                 disk,
+                router,
                 make_runners=lambda backend: build_runners(backend, batching, inference, metrics, "ctr"),
             )
             await manager.poll_once()
-            predictor = Predictor(manager, Limits(max_instances=64, allow_nonfinite=False), metrics)
+            limits = Limits(max_instances=64, allow_nonfinite=False)
+            predictor = Predictor(manager, router, limits, metrics, drift)
             try:
                 return await test(predictor)
             finally:
@@ -270,7 +278,6 @@ def test_a_two_output_version_answers_both_and_drift_watches_ctr_alone(tmp_path:
     batching = BatchingOptions(max_batch_size=64, batch_timeout_s=0.05, max_enqueued_batches=4, timeout_s=5)
 
     async def test(p: Predictor) -> None:
-        p.drift = drift  # type: ignore[assignment]
         answers = await asyncio.gather(*(p.predict("ctr", None, None, features_of(x), "REST") for x in rows))
         assert p.manager.loaded[1].backend.signature.output_names == ("ctr", "raw_score")
         for x, answer in zip(rows, answers, strict=True):
@@ -281,7 +288,7 @@ def test_a_two_output_version_answers_both_and_drift_watches_ctr_alone(tmp_path:
         counts, total = p.metrics.batch_size.series[("ctr",)]
         assert (sum(counts), total) == (1, [6.0])  # one model call of the three requests' 6 rows
 
-    run_with_predictor(base, test, batching)
+    run_with_predictor(base, test, batching, drift)  # type: ignore[arg-type]
     assert [s.shape for s in drift.scores] == [(1, 1), (3, 1), (2, 1)]
     for x, scores in zip(rows, drift.scores, strict=True):
         np.testing.assert_allclose(scores, reference_outputs(WEIGHTS, x)["ctr"], atol=1e-6)

@@ -1,4 +1,5 @@
-"""serving/dataplane/validation.py without a server: the one check every decoded request passes, exact messages."""
+"""serving/dataplane/validation.py's limits and the predictor's `check_request` without a server: the one check
+every decoded request passes, exact messages."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 
 from ctr_contract.signatures import DEFAULT_WIDTH
 from serving.codecs.raw_codec import decode_rest
-from serving.dataplane.validation import Limits, check_request
+from serving.dataplane.predictor import check_request
+from serving.dataplane.validation import Limits
 from serving.errors import InvalidArgument
 from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature

@@ -30,6 +30,7 @@ from serving.repository.manager import ModelManager
 from serving.repository.policy import VersionPolicy
 from serving.repository.states import VersionState, VersionStates
 from serving.repository.warmup import read_tfrecords
+from serving.routing.router import Router
 from tests.serving.model_repo import reference_predict, write_manifest, write_version
 from tests.serving.server_process import ServerProcess, http, wait_polls
 
@@ -285,7 +286,9 @@ def test_state_history_of_deleted_failed_versions_is_bounded(tmp_path: Path) -> 
         (base / str(v) / "model.onnx").write_bytes(b"not a model %d" % v)
         write_manifest(base / str(v), v)
     with ThreadPoolExecutor(1) as disk:
-        manager = ModelManager("ctr", base, "onnx", 1, VersionPolicy("all"), {}, ServingMetrics(), disk)
+        metrics = ServingMetrics()
+        router = Router("ctr", {}, metrics)
+        manager = ModelManager("ctr", base, "onnx", 1, VersionPolicy("all"), metrics, disk, router)
         asyncio.run(manager.poll_once())
         assert [(s.version, s.state) for s in manager.status("ctr")] == [(v, "END") for v in range(41, 0, -1)]
         for v in range(1, 41):

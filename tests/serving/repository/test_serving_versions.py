@@ -123,7 +123,7 @@ def test_latest_two_policy_serves_both_versions(start_server, writable_base: Pat
     ):
         expected = float(reference_predict(weights[version], ROW)[0, 0])
         assert _predict(server, path) == pytest.approx(expected, abs=1e-6)
-    # An unlabelled request goes to the `stable` label's version, not the latest (serving/repository/traffic.py).
+    # An unlabelled request goes to the `stable` label's version, not the latest (serving/routing/router.py).
     assert _predict(server) == pytest.approx(float(reference_predict(weights[1], ROW)[0, 0]), abs=1e-6)
 
 

@@ -34,17 +34,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from serving.errors import (
-    DeadlineExceeded,
-    NonFiniteOutput,
-    ServingError,
-    Unavailable,
-)
+from serving.errors import DeadlineExceeded, DeadlinePassed, NonFiniteOutput, ServingError, Unavailable
 from serving.observability.metrics import ServingMetrics
-from serving.repository.manager import ModelManager
+from serving.routing.route import Route
 from serving.runtime.servable import LoadedVersion
 
 log = logging.getLogger(__name__)
@@ -86,22 +82,6 @@ class FallbackOptions:
         return self.error_rate > 0
 
 
-class DeadlinePassed(DeadlineExceeded):
-    """The request's deadline passed before the work started: nothing ran, no version is blamed."""
-
-
-def check_deadline(deadline: float | None, when: str) -> None:
-    """Raise DeadlinePassed when `deadline` (time.monotonic() seconds; None: none) has passed; `when`: what
-    was about to start, for the message."""
-    if deadline is not None:
-        late = time.monotonic() - deadline
-        if late >= 0:
-            raise DeadlinePassed(
-                f"the request's deadline passed {late * 1e3:.0f} ms before {when}, so it was not run "
-                "(gRPC deadline or x-request-timeout-ms); retry with a longer deadline"
-            )
-
-
 def failure_reason(exc: BaseException) -> str | None:
     """The breaker's reason for a failed run of a version; None when the version is not at fault."""
     if isinstance(exc, DeadlinePassed):
@@ -117,166 +97,115 @@ def failure_reason(exc: BaseException) -> str | None:
     return "errors" if isinstance(exc, Exception) else None  # a backend exception; cancellation is not
 
 
-class Breaker:
-    """One version's rolling window of outcomes and its state: "closed", "open" or "half_open"."""
+class Breaker(Protocol):
+    """What the fallback reads and feeds of one version's breaker (serving/routing/router.py's `Breaker`)."""
 
-    def __init__(self, options: FallbackOptions) -> None:
-        self.options = options
-        self.state = "closed"
-        self.reason = ""  # why it opened: the most frequent failure reason in the window then
-        self.opened_at = 0.0
-        self._width = options.window_s / BUCKETS
-        self._epochs = [-1] * BUCKETS  # the bucket number each slot holds now
-        self._totals = [0] * BUCKETS
-        self._failures: list[Counter[str]] = [Counter() for _ in range(BUCKETS)]
-        self._ticks = 0  # routed requests seen while half-open
-        self._probe_successes = 0
-
-    def _slot(self, now: float) -> int:
-        epoch = int(now / self._width)
-        slot = epoch % BUCKETS
-        if self._epochs[slot] != epoch:
-            self._epochs[slot], self._totals[slot] = epoch, 0
-            self._failures[slot].clear()
-        return slot
-
-    def _reset(self) -> None:
-        self._epochs = [-1] * BUCKETS
-
-    def window(self, now: float) -> tuple[int, Counter[str]]:
-        """(outcomes, failures by reason) over the last --fallback_window_s."""
-        current, total, failures = int(now / self._width), 0, Counter[str]()
-        for slot in range(BUCKETS):
-            if current - BUCKETS < self._epochs[slot] <= current:
-                total += self._totals[slot]
-                failures.update(self._failures[slot])
-        return total, failures
+    state: str  # "closed", "open" or "half_open"
+    reason: str  # why it opened
 
     def record(self, now: float, reason: str | None) -> bool:
         """Count one outcome (`reason` None: a success); True when this outcome opened the breaker."""
-        slot = self._slot(now)
-        self._totals[slot] += 1
-        if reason is None:
-            if self.state == "half_open":
-                self._probe_successes += 1
-                if self._probe_successes >= PROBE_SUCCESSES:
-                    self.state, self.reason = "closed", ""
-                    self._reset()
-            return False
-        self._failures[slot][reason] += 1
-        if self.state == "half_open":  # a failed probe: another cool-down
-            self._open(now, reason)
-            return True
-        if self.state == "open":
-            return False
-        total, failures = self.window(now)
-        failed = sum(failures.values())
-        if total >= self.options.min_requests and failed >= self.options.error_rate * total:
-            self._open(now, max(failures, key=lambda r: (failures[r], r == reason)))
-            return True
-        return False
-
-    def _open(self, now: float, reason: str) -> None:
-        self.state, self.reason, self.opened_at = "open", reason, now
-        self._probe_successes = self._ticks = 0
-        self._reset()
 
     def admits(self, now: float) -> bool:
-        """Whether a routed request may run on this version now (half-open: one in --fallback_probe_every)."""
-        if self.state == "closed":
-            return True
-        if self.state == "open":
-            if now - self.opened_at < self.options.cooldown_s:
-                return False
-            self.state, self._ticks, self._probe_successes = "half_open", 0, 0
-        self._ticks += 1
-        return self._ticks % self.options.probe_every == 1 % self.options.probe_every
+        """Whether a routed request may run on this version now."""
+
+
+class Routes(Protocol):
+    """What the breakers judge by, and where they are kept (serving/routing/router.py's Router)."""
+
+    name: str
+    loaded: dict[int, LoadedVersion]  # the versions that serve now
+    labels: dict[str, int]
+
+    @property
+    def breakers(self) -> Mapping[int, Breaker]:
+        """The breakers by version, each made at its version's first outcome (`breaker`)."""
+
+    def breaker(self, version: int) -> Breaker:
+        """`version`'s breaker, made now if it has none."""
+
+    def refresh(self) -> None:
+        """Remake the routes: a breaker closed or opened."""
 
 
 class Fallback:
-    """One model's breakers (by version) and its choice of the last good version."""
+    """One model's judging of its breakers' outcomes and its choice of the last good version.
 
-    def __init__(self, manager: ModelManager, options: FallbackOptions, metrics: ServingMetrics) -> None:
-        self.manager, self.options, self.metrics = manager, options, metrics
-        self.breakers: dict[int, Breaker] = {}
+    The router (serving/routing/router.py) owns it and keeps the breakers: the loaded versions and labels are
+    the router's, a closed breaker's success is counted there, and a breaker that closes or opens makes the
+    router remake its routes (`Router.refresh`).
+    """
 
-    def breaker(self, version: int) -> Breaker:
-        breaker = self.breakers.get(version)
-        if breaker is None:
-            # A version number reused after an unload starts afresh: forget versions no longer loaded.
-            for gone in [v for v in self.breakers if v not in self.manager.loaded]:
-                del self.breakers[gone]
-            breaker = self.breakers[version] = Breaker(self.options)
-        return breaker
+    def __init__(self, router: Routes, options: FallbackOptions, metrics: ServingMetrics) -> None:
+        self.router, self.options, self.metrics = router, options, metrics
+        self.name = router.name
 
-    def _closed(self, version: int) -> bool:
-        breaker = self.breakers.get(version)
+    def closed(self, version: int) -> bool:
+        breaker = self.router.breakers.get(version)
         return breaker is None or breaker.state == "closed"
 
     def fallback_for(self, broken: int) -> LoadedVersion | None:
         """The last good version: the stable label's when loaded, not `broken` and closed, else the newest
         other loaded version whose breaker is closed; None when there is none."""
-        loaded = self.manager.loaded
-        stable = self.manager.labels.get("stable")
-        if stable is not None and stable != broken and stable in loaded and self._closed(stable):
+        loaded = self.router.loaded
+        stable = self.router.labels.get("stable")
+        if stable is not None and stable != broken and stable in loaded and self.closed(stable):
             return loaded[stable]
         for version in sorted(loaded, reverse=True):
-            if version != broken and self._closed(version):
+            if version != broken and self.closed(version):
                 return loaded[version]
         return None
 
-    def route(self, servable: LoadedVersion) -> tuple[LoadedVersion, str | None]:
-        """The version a routed request runs on, and the fallback reason (None: `servable` itself)."""
-        breaker = self.breakers.get(servable.version)
+    def redirect(self, route: Route) -> Route:
+        """`route` when its version's breaker admits it (closed, or half-open and its turn to probe), else the
+        route to the last good version, with the breaker's reason (`route` when there is none)."""
+        breaker = self.router.breakers.get(route.primary.version)
         if breaker is None or breaker.state == "closed" or breaker.admits(time.monotonic()):
-            return servable, None
-        target = self.fallback_for(servable.version)
+            return route
+        target = self.fallback_for(route.primary.version)
         if target is None:
-            return servable, None
-        self.metrics.fallbacks.inc(self.manager.name, str(servable.version), breaker.reason)
-        return target, breaker.reason
+            return route
+        self.metrics.fallbacks.inc(self.name, str(route.primary.version), breaker.reason)
+        return Route(target, self.fallback_for(target.version), route.shadow, route.why, breaker.reason)
 
     def succeeded(self, version: int, deadline: float | None) -> None:
-        """A run of `version` answered; past `deadline` it counts as a deadline miss."""
+        """A run of `version` answered; past `deadline` it counts as a deadline miss. (`Router.succeeded` counts
+        a closed breaker's success in time itself.)"""
         now = time.monotonic()
         self._record(version, now, "deadline" if deadline is not None and now > deadline else None)
 
-    def failed(self, version: int, exc: BaseException, deadline: float | None) -> str | None:
-        """Count a failed run of `version`; returns the failure's reason (None: not the version's fault).
-        A cancelled run (gRPC) whose deadline has passed is a deadline miss."""
-        now = time.monotonic()
+    def failed(self, route: Route, exc: BaseException, deadline: float | None) -> Route | None:
+        """Count a failed run of `route`'s version; returns the route of the run once more (None: the error
+        is answered). Only a route with a `retry` runs again, for a reason in RETRIED, before its deadline, on
+        the last good version now. A cancelled run (gRPC) whose deadline has passed is a deadline miss."""
+        version, now = route.primary.version, time.monotonic()
         reason = failure_reason(exc)
         if reason is None and not isinstance(exc, Exception) and deadline is not None and now >= deadline:
             reason = "deadline"
         if reason is not None:
             self._record(version, now, reason)
-        return reason
-
-    def retry(self, version: int, reason: str | None, deadline: float | None) -> LoadedVersion | None:
-        """The version a routed request that failed on `version` for `reason` runs on once more; None: none
-        (the error is answered)."""
-        if reason not in RETRIED or (deadline is not None and time.monotonic() >= deadline):
+        if route.retry is None or reason not in RETRIED or (deadline is not None and now >= deadline):
             return None
         target = self.fallback_for(version)
-        if target is not None:
-            self.metrics.fallbacks.inc(self.manager.name, str(version), reason)
-        return target
-
-    def forget(self, version: int) -> None:
-        """`version` was unloaded: its breaker goes with it."""
-        self.breakers.pop(version, None)
+        if target is None:
+            return None
+        self.metrics.fallbacks.inc(self.name, str(version), reason)
+        return Route(target, None, route.shadow, route.why, reason)
 
     def _record(self, version: int, now: float, reason: str | None) -> None:
-        if version not in self.manager.loaded:  # retired, its last requests answering: judged no more
+        if version not in self.router.loaded:  # retired, its last requests answering: judged no more
             return
-        breaker = self.breaker(version)
+        breaker = self.router.breaker(version)
         was = breaker.state
-        if breaker.record(now, reason) and was != "half_open":
+        opened = breaker.record(now, reason)
+        if (was == "closed") != (breaker.state == "closed"):  # the routes and last good versions change
+            self.router.refresh()
+        if opened and was != "half_open":
             target = self.fallback_for(version)
             log.warning(
                 "%s version %d: circuit open (%s); routed requests go to the last good version (%s) for %gs, "
                 "then 1 in %d to this one",
-                self.manager.name,
+                self.name,
                 version,
                 breaker.reason,
                 "none" if target is None else target.version,
@@ -286,7 +215,7 @@ class Fallback:
         elif was == "half_open" and breaker.state == "open":
             log.info(
                 "%s version %d: a probe failed (%s); open for another %gs",
-                self.manager.name,
+                self.name,
                 version,
                 reason,
                 self.options.cooldown_s,
@@ -294,7 +223,7 @@ class Fallback:
         elif was == "half_open" and breaker.state == "closed":
             log.info(
                 "%s version %d: circuit closed after %d good probes",
-                self.manager.name,
+                self.name,
                 version,
                 PROBE_SUCCESSES,
             )

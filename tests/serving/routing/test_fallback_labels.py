@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from tests.serving.dataplane.test_fallback import (
+from tests.serving.fallback_repo import rows as make_rows
+from tests.serving.fallback_repo import write_broken_version, write_good_version
+from tests.serving.model_repo import make_weights
+from tests.serving.routing.test_fallback import (
     BREAKER_FLAGS,
     CLEAN,
     POISON_NAN,
@@ -24,9 +27,6 @@ from tests.serving.dataplane.test_fallback import (
     answered_by,
     predict,
 )
-from tests.serving.fallback_repo import rows as make_rows
-from tests.serving.fallback_repo import write_broken_version, write_good_version
-from tests.serving.model_repo import make_weights
 from tests.serving.server_process import ServerProcess
 
 WEIGHTS_3 = make_weights(3)

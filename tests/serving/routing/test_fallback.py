@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving.dataplane.fallback import PROBE_SUCCESSES
+from serving.routing.fallback import PROBE_SUCCESSES
 from tests.serving.fallback_repo import ERROR_AT, write_broken_version, write_good_version
 from tests.serving.fallback_repo import rows as make_rows
 from tests.serving.model_repo import make_weights, reference_predict

@@ -1,4 +1,7 @@
-"""Traffic split by version label: the `# ctr-traffic:` line of `--model_config_file`, and the split rule.
+"""Traffic split by version label: the `# ctr-traffic:` line of a model config file, and the split rule.
+
+The server (serving/routing/router.py) and the rollout controller (pipelines/rollout/config_file.py) must
+agree on both, so they live here, in the contract, and neither imports the other's code for them.
 
 The labels `stable`, `canary` and `shadow` are ordinary TF Serving `version_labels`. A predict that names no
 version and no label goes to the `stable` label's version when the model has one and it is loaded, else to the
@@ -20,7 +23,7 @@ when `mix32(zlib.crc32(b"canary:" + id)) < p / 100 * 2**32`, shadowed when `mix3
 is, so a retried request gets the same version, on every replica. `mix32` is MurmurHash3's 32-bit finaliser:
 crc32 alone is linear, so ids that count up (`req-1`, `req-2`, ...) fall into a 10 % bucket unevenly (6.5 % to
 13.3 % by thousand), and the finaliser spreads them as random ids are. A request without a client id (the
-server made its id, serving/observability/request_log.py) gets a random choice.
+caller passes None; the server passes None for an id it made itself) gets a random choice.
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ import random
 import re
 import zlib
 from dataclasses import dataclass
-
-from serving.observability.request_log import server_made
 
 DIRECTIVE = "ctr-traffic:"
 SHARES = ("canary_percent", "shadow_percent")
@@ -51,11 +52,6 @@ def check_percent(name: str, value: float) -> float:
     return float(value)
 
 
-def in_share(salt: bytes, request_id: str | None, percent: float) -> bool:
-    """Whether a request falls in `percent` % by `salt`: a hash of a client's id, a random draw without one."""
-    return _drawn(zlib.crc32(salt), request_id, percent)
-
-
 def mix32(h: int) -> int:
     """MurmurHash3's fmix32: every input bit moves every output bit (crc32 alone keeps near ids near)."""
     h ^= h >> 16
@@ -71,7 +67,7 @@ def _drawn(seed: int, request_id: str | None, percent: float) -> bool:
         return False
     if percent >= 100:
         return True
-    if request_id is None or server_made(request_id):
+    if request_id is None:
         return random.random() * 100 < percent
     return mix32(zlib.crc32(request_id.encode(), seed)) < percent * _UNIT
 
@@ -93,7 +89,8 @@ class TrafficSplit:
         return self.canary_percent > 0 or self.shadow_percent > 0
 
     def canary(self, request_id: str | None) -> bool:
-        """Whether this unlabelled request goes to the `canary` label's version."""
+        """Whether this unlabelled request goes to the `canary` label's version (`request_id` None: the client
+        sent none, a random choice)."""
         return _drawn(_CANARY, request_id, self.canary_percent)
 
     def shadow(self, request_id: str | None) -> bool:

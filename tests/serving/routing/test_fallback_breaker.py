@@ -1,11 +1,11 @@
-"""The breaker of one version (serving/dataplane/fallback.py) on explicit clocks: window, threshold, half-open."""
+"""The breaker of one version (serving/routing/router.py, the rules in fallback.py) on explicit clocks: window,
+threshold, half-open."""
 
 from __future__ import annotations
 
 import pytest
 
 from serving.app.config import parse_config
-from serving.dataplane.fallback import PROBE_SUCCESSES, Breaker, FallbackOptions, failure_reason
 from serving.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -14,6 +14,8 @@ from serving.errors import (
     ServingError,
     Unavailable,
 )
+from serving.routing.fallback import PROBE_SUCCESSES, FallbackOptions, failure_reason
+from serving.routing.router import Breaker
 
 OPTIONS = FallbackOptions(error_rate=0.5, min_requests=4, window_s=10.0, cooldown_s=30.0, probe_every=10)
 

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from tests.serving.dataplane.test_fallback import fallbacks, grpc_request, predict
 from tests.serving.fallback_repo import rows, write_good_version
 from tests.serving.model_repo import make_weights
+from tests.serving.routing.test_fallback import fallbacks, grpc_request, predict
 from tests.serving.server_process import ServerProcess
 
 WINDOW_US = 500_000

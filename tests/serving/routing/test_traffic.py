@@ -16,10 +16,10 @@ import grpc
 import numpy as np
 import pytest
 
+from ctr_contract.traffic import format_traffic, with_traffic
 from serving import protos
 from serving.codecs.tensors import from_ndarray
 from serving.http.messages import answer_headers
-from serving.repository.traffic import format_traffic, with_traffic
 from tests.serving.model_repo import make_weights, reference_predict, write_version
 from tests.serving.server_process import CONFIG_POLLS, ServerProcess, wait_polls
 
@@ -177,7 +177,7 @@ def test_v2_and_grpc_answers_name_the_version_of_the_split(served: tuple[ServerP
 
 
 def test_the_fallback_header_names_the_reason() -> None:
-    # Prediction.fallback (serving/dataplane/fallback.py sets it) becomes this header line of the answer.
+    # Prediction.fallback (serving/routing/fallback.py sets it) becomes this header line of the answer.
     assert answer_headers(3, None) == b"\r\nx-model-version: 3"
     assert answer_headers(3, "errors") == b"\r\nx-model-version: 3\r\nx-ctr-fallback: errors"
 
