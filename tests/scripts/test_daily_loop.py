@@ -54,7 +54,9 @@ class Traffic:
         """Wait until `n` more predicts have been answered than when called."""
         target, deadline = self.ok + n, time.monotonic() + timeout_s
         while self.ok < target:
-            assert time.monotonic() < deadline, f"fewer than {n} answers in {timeout_s}s: {self.failures[-3:]}"
+            assert time.monotonic() < deadline, (
+                f"fewer than {n} answers in {timeout_s}s: {self.failures[-3:]}"
+            )
             time.sleep(0.02)
 
     def _run(self) -> None:
