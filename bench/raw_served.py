@@ -2,24 +2,31 @@
 checkout of the project (the code before a change), all interleaved in the same rounds.
 
     python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT] [--rounds 3] [--seconds 3]
+    python -m bench.raw_served MODEL_BASE_PATH --profile [--before CHECKOUT] [--seconds 10]
 
 Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
 connections (rows/s, p99): the points of issue 19's goals, with the server process's CPU time per request (the
 median of the rounds), which noise moves less than QPS. One worker, `--intra_op_threads=1`; wrk
 bodies from `write_lua` and `write_raw_lua` (the serving section's). Each point is the median of `--rounds`
 runs.
+
+`--profile`: instead, where each server's CPU goes under single raw rows at 64 connections, by module
+(bench/harness/profile.py: py-spy for user space, perf for the kernel's share).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from bench.harness import procs
+from bench.harness import profile as pyspy
 from bench.harness.inputs import PROJECT_ROOT
-from bench.harness.servers import base_path_of, measure, our_server, write_lua
+from bench.harness.servers import Server, base_path_of, measure, our_server, wrk_point, write_lua
 from bench.sections.serving_load import RANKING_INSTANCES, write_raw_lua
 
 
@@ -58,12 +65,32 @@ def cpu(row: dict[str, Any], rows_per_request: int = 1) -> str:
     return f"{row['cpu_us'] / rows_per_request:.1f}" if "cpu_us" in row else "-"
 
 
+def profile(servers: list[Server], script: Path, seconds: int, work: Path, commands: list[str]) -> str:
+    """Each server under single raw rows at 64 connections: its CPU per request from a plain wrk run, then,
+    under the same load, perf (the kernel's share) and py-spy (the rest, by module) one after the other."""
+    out = []
+    for server in servers:
+        assert server.proc is not None
+        cpu_us = wrk_point(server, 64, script, seconds, commands)["cpu_us"]
+        load = ["wrk", "-t1", "-c64", f"-d{2 * seconds + 4}s", "-s", str(script), server.url]
+        wrk = subprocess.Popen(load, stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(1)
+            kernel = pyspy.perf_kernel_share(server.proc.pid, seconds, work / "perf.data")
+            stacks = pyspy.record(server.proc.pid, seconds, work / f"{len(out)}.txt")
+        finally:
+            wrk.wait(timeout=2 * seconds + 60)
+        out += [f"### {server.name}", "", pyspy.table(pyspy.group(stacks), kernel, cpu_us), ""]
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_base_path", type=Path, help="e.g. artifacts/models/ctr")
     parser.add_argument("--before", type=Path, help="another checkout of the project, served alongside")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="where each server's CPU goes, by module")
     args = parser.parse_args()
     base = base_path_of(args.model_base_path.resolve())
     checkouts = {"": PROJECT_ROOT} | ({"before, ": args.before.resolve()} if args.before else {})
@@ -85,6 +112,9 @@ def main() -> None:
         try:
             for server in servers:
                 server.start(work, commands)
+            if args.profile:
+                print(profile(servers, raw1, args.seconds, work, commands))
+                return
             rows = measure(servers, plan, args.rounds, args.seconds, commands)
         finally:
             procs.stop_all()
