@@ -1,8 +1,9 @@
 """Raw Criteo rows vs 128-float vectors through our server, batching off and on, optionally against another
 checkout of the project (the code before a change), all interleaved in the same rounds.
 
-    python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT] [--rounds 3] [--seconds 3]
+    python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT [--before_model PATH]] [--rounds 3] [--seconds 3]
     python -m bench.raw_served MODEL_BASE_PATH --profile [--before CHECKOUT] [--seconds 10]
+    python -m bench.raw_served MODEL_BASE_PATH --features [--rounds 6] [--seconds 3]
 
 Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
 connections (rows/s, p99): the points of issue 19's goals, with the server process's CPU time per request (the
@@ -11,7 +12,8 @@ bodies from `write_lua` and `write_raw_lua` (the serving section's). Each point 
 runs.
 
 `--profile`: instead, where each server's CPU goes under single raw rows at 64 connections, by module
-(bench/harness/profile.py: py-spy for user space, perf for the kernel's share).
+(bench/harness/profile.py: py-spy for user space, perf for the kernel's share). `--features`: instead, what
+each optional feature costs a single raw row, off against on at its defaults (bench/harness/feature_cost.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import procs
+from bench.harness import feature_cost, procs
 from bench.harness import profile as pyspy
 from bench.harness.inputs import PROJECT_ROOT
-from bench.harness.servers import Server, base_path_of, measure, our_server, wrk_point, write_lua
+from bench.harness.servers import Server, base_path_of, measure, our_server, write_lua, wrk_point
 from bench.sections.serving_load import RANKING_INSTANCES, write_raw_lua
 
 
@@ -68,7 +70,7 @@ def cpu(row: dict[str, Any], rows_per_request: int = 1) -> str:
 def profile(servers: list[Server], script: Path, seconds: int, work: Path, commands: list[str]) -> str:
     """Each server under single raw rows at 64 connections: its CPU per request from a plain wrk run, then,
     under the same load, perf (the kernel's share) and py-spy (the rest, by module) one after the other."""
-    out = []
+    out: list[str] = []
     for server in servers:
         assert server.proc is not None
         cpu_us = wrk_point(server, 64, script, seconds, commands)["cpu_us"]
@@ -88,15 +90,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_base_path", type=Path, help="e.g. artifacts/models/ctr")
     parser.add_argument("--before", type=Path, help="another checkout of the project, served alongside")
+    parser.add_argument(
+        "--before_model",
+        type=Path,
+        help="the model the --before checkout serves, when it needs its own export (default: the same)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="where each server's CPU goes, by module")
+    parser.add_argument("--features", action="store_true", help="each feature off vs on at its defaults")
     args = parser.parse_args()
     base = base_path_of(args.model_base_path.resolve())
-    checkouts = {"": PROJECT_ROOT} | ({"before, ": args.before.resolve()} if args.before else {})
+    if args.features:
+        procs.install_cleanup()
+        with tempfile.TemporaryDirectory() as tmp:
+            print(feature_cost.run(base, Path(tmp), args.rounds, args.seconds, []))
+        return
+    before_base = base_path_of(args.before_model.resolve()) if args.before_model else base
+    checkouts = {"": (PROJECT_ROOT, base)} | (
+        {"before, ": (args.before.resolve(), before_base)} if args.before else {}
+    )
     servers = [
-        our_server(f"{tag}batching {'on' if on else 'off'}", base, on, checkout=path)
-        for tag, path in checkouts.items()
+        our_server(f"{tag}batching {'on' if on else 'off'}", model, on, checkout=path)
+        for tag, (path, model) in checkouts.items()
         for on in (False, True)
     ]
     procs.install_cleanup()

@@ -130,8 +130,9 @@ def our_server(
 ) -> Server:
     """Our server on `base` (REST on a free port of 127.0.0.1): one worker, one intra-op thread, warnings only.
 
-    `flags`: more of the server's flags. `checkout`: another copy of the project to run it from (its code on
-    PYTHONPATH, e.g. the code before a change). `env`: the environment (default: this process's).
+    `flags`: more of the server's flags. `checkout`: another copy of the project to run it from (its code first
+    on PYTHONPATH, e.g. the code before a change; the environment's PYTHONPATH, e.g. packages only that
+    checkout needs, after it). `env`: the environment (default: this process's).
     `config_file`: serve the models of this `--model_config_file` instead of `base` alone.
     """
     port = free_port()
@@ -153,8 +154,10 @@ def our_server(
         *flags,
     ]
     environment = dict(os.environ if env is None else env)
-    if checkout is not None:
-        environment["PYTHONPATH"] = str(checkout)
+    if checkout is not None:  # first on the path; what the environment adds (an old checkout's deps) after it
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, (str(checkout), environment.get("PYTHONPATH")))
+        )
     return Server(name, cmd, port, cwd=checkout or PROJECT_ROOT, env=environment)
 
 

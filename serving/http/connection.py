@@ -44,6 +44,8 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self.pending_bytes, self.busy = 0, False
         self.deadline, self.write_deadline, self._phase = NEVER, NEVER, "header"
         self._task: asyncio.Task[None] | None = None  # held so the running task is not garbage-collected
+        # Taken once, at connect: asyncio.get_running_loop() makes a getpid() system call every time.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._in_message = False
         self._header_left: int | None = self.limits.max_header_bytes  # None once the headers are complete
         self._tail = b""  # last bytes of the previous chunk, to find a header end split across chunks
@@ -72,6 +74,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         assert self.transport is not None
+        self._loop = asyncio.get_running_loop()
         if not self.budget.admit(self):
             # Refused at once, never queued: the client can retry elsewhere (another worker or replica).
             message = f"too many open connections (--max_connections={self.limits.max_connections})"
@@ -254,13 +257,15 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
     def _serve_soon(self) -> None:
         if not self.busy:
             self.busy = True
-            self._task = asyncio.get_running_loop().create_task(self._serve_pending())
+            assert self._loop is not None  # requests arrive only after connection_made
+            self._task = self._loop.create_task(self._serve_pending())
 
     async def _serve_pending(self) -> None:
         try:
             while self.pending and self.transport is not None:
                 if self._write_paused:
-                    self._writable = asyncio.get_running_loop().create_future()
+                    assert self._loop is not None
+                    self._writable = self._loop.create_future()
                     await self._writable
                     continue
                 request = self.pending.popleft()
@@ -271,8 +276,12 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                     return
                 head_only = request.method == "HEAD"
                 method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
-                TRACEPARENT.set(request.traceparent)  # the router's span (tracing on) continues its trace
-                TIMEOUT.set(request.timeout)  # x-request-timeout-ms, from when the request was read
+                # Set only when sent, or to clear a previous request's on this task: most requests send
+                # neither header, and a set copies the task's context.
+                if request.traceparent or TRACEPARENT.get():
+                    TRACEPARENT.set(request.traceparent)  # the router's span (tracing on) continues its trace
+                if request.timeout is not None or TIMEOUT.get() is not None:
+                    TIMEOUT.set(request.timeout)  # x-request-timeout-ms, from when the request was read
                 status, body, content_type = await self.app.handle(
                     method, request.path, request.body, request.request_id or None, request.header_length
                 )

@@ -9,6 +9,7 @@ which version answered a predict.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from functools import lru_cache
 from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
@@ -23,6 +24,9 @@ TRACEPARENT: ContextVar[bytes] = ContextVar("traceparent", default=b"")
 # set likewise; the predict routes turn it into the predictor's deadline (`request_deadline`).
 TIMEOUT: ContextVar[tuple[bytes, float] | None] = ContextVar("timeout", default=None)
 MAX_TIMEOUT_MS = 24 * 3600 * 1000  # a day: a longer x-request-timeout-ms is a mistake, not a deadline
+# Parsed paths kept (a server sees few distinct ones; each key is at most MAX_URL_BYTES, so the cache stays
+# within a few MB whatever clients send).
+PATHS_CACHED = 256
 
 
 class PendingRequest:
@@ -110,6 +114,12 @@ def _decode_segment(raw: str) -> str:
     return unquote_to_bytes(raw.encode("latin-1")).decode("utf-8", "replace")
 
 
+@lru_cache(maxsize=PATHS_CACHED)
+def path_segments(raw: str) -> tuple[str, ...]:
+    """A raw path split at `/`, then each segment decoded (cached: the same few paths come again and again)."""
+    return tuple(_decode_segment(s) for s in raw.split("/")[1:]) if raw.startswith("/") else ()
+
+
 class RequestPath:
     """A request path: `raw` as sent (without the query), `segments` split at `/` first, then each decoded.
 
@@ -121,7 +131,7 @@ class RequestPath:
     def __init__(self, raw: str) -> None:
         """`raw`: the path's bytes decoded as latin-1 (one char a byte), percent-escapes untouched."""
         self.raw = raw
-        self.segments = tuple(_decode_segment(s) for s in raw.split("/")[1:]) if raw.startswith("/") else ()
+        self.segments = path_segments(raw)
 
     def __str__(self) -> str:
         return self.raw

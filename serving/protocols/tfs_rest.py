@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import time
+from functools import lru_cache
 
 from serving.codecs.rest_codec import decode_predict, encode_predictions
 from serving.dataplane.model_set import ServedModels
 from serving.dataplane.validation import parse_version
 from serving.errors import JSON, NotFound, Unavailable, Unimplemented
 from serving.http.messages import (
+    PATHS_CACHED,
     RequestPath,
     answer_headers,
     model_route,
@@ -38,6 +40,14 @@ V1_ACTIONS: dict[tuple[tuple[str, ...], str | None], str | None] = {
 }
 
 
+@lru_cache(maxsize=PATHS_CACHED)
+def v1_target(raw: str) -> tuple[tuple[str, str | None, str | None, tuple[str, ...]] | None, str | None]:
+    """A raw /v1 path's (name, version, label, rest) (None: not a model's path) and its `:verb`; cached, as a
+    server sees few distinct paths. Split at `/` on the raw path, each segment decoded: `%2F` is in a name."""
+    segments, verb = RequestPath(raw).split_verb()
+    return model_route(segments, ("v1", "models"), labels=True), verb
+
+
 class TfsRestApp:
     """The /v1/models handlers over the served models (serving/dataplane/model_set.py)."""
 
@@ -53,8 +63,7 @@ class TfsRestApp:
 
         `request_id`: the id the HTTP layer returns in `x-request-id`; a sampled predict logs it.
         """
-        segments, verb = path.split_verb()  # split at `/` on the raw path, each decoded: `%2F` is in a name
-        route = model_route(segments, ("v1", "models"), labels=True)
+        route, verb = v1_target(path.raw)
         if route is None or (route[3], verb) not in V1_ACTIONS:
             raise NotFound(f"Malformed request: {method} {path}")
         name, version_text, label, rest = route

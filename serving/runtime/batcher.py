@@ -78,6 +78,8 @@ class DynamicBatcher:
         self._waiter: asyncio.Future[None] | None = None
         self._wake_at_rows = 1  # 1 while idle; max_batch_size while holding a batch open
         self._task: asyncio.Task[None] | None = None
+        # The loop, taken at the first request: asyncio.get_running_loop() makes a getpid() system call.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._traced: list[Any] = []  # the sampled requests' spans of the batch being taken (tracing on)
 
     async def run(self, batch: Any) -> np.ndarray:
@@ -108,7 +110,9 @@ class DynamicBatcher:
                 f"batching queue is full ({self.queued_rows} rows queued, limit {self.max_queued_rows}); "
                 "retry later"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = loop.create_task(self._drain_forever())
         now = time.perf_counter()
@@ -134,7 +138,8 @@ class DynamicBatcher:
         self.queued_rows = 0
 
     async def _wait(self, wake_at_rows: int, delay_s: float | None) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert loop is not None  # the batching task is started by the first request
         self._wake_at_rows, self._waiter = wake_at_rows, loop.create_future()
         timer = None if delay_s is None else loop.call_later(delay_s, _resolve, self._waiter)
         await self._waiter
@@ -198,7 +203,8 @@ class DynamicBatcher:
                 # A few rows on the loop cost less than a thread hop; requests keep queueing meanwhile anyway.
                 scores = self._run(features)
             else:
-                scores = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, features)
+                assert self._loop is not None
+                scores = await self._loop.run_in_executor(self._executor, self._run, features)
         except Exception as exc:  # the runtime failed: every request of the batch gets the error
             log.exception("batch of %d rows failed", len(features))
             for item in batch:

@@ -1,0 +1,118 @@
+"""What each optional feature costs a single raw row: every feature off against each one at its defaults, and
+against all of them together, paired round by round in one run (`python -m bench.raw_served --features`).
+
+One worker, batching on, `--intra_op_threads=1`, 64 connections. The setups:
+    all off         one version, --drift_window=0, --fallback_error_rate=0, no tracing, no request log
+    drift           --drift_window at its default (10,000 rows)
+    fallback        the circuit breakers at their defaults (--fallback_error_rate=0.5)
+    tracing 1%      --tracing_config with sample_ratio 0.01, spans exported to a local OTLP sink
+    canary 10%      versions 1 and 2, `stable` = 1, `canary` = 2, `# ctr-traffic: canary_percent=10`
+    request log 1%  --request_log_dir with --request_log_sample_rate=0.01
+    all on          every one of the above together
+    all off, gzip offered   the client sends `Accept-Encoding: gzip` (a one-row answer is below the compression
+                    threshold, so what is paid is the header's handling)
+Triton's statistics have no switch: every setup keeps them (their cost is in the profile,
+bench/harness/profile.py). The goal: "all on" loses at most 5% QPS against "all off".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from bench.harness import procs
+from bench.harness.servers import Server, median_row, our_server, wrk_point
+from bench.sections.serving_load import write_raw_lua
+from bench.sections.serving_rollout import model_config, two_versions
+from bench.sections.serving_tracing import SpanSink, paired
+
+CONNECTIONS = 64
+ALL_OFF, ALL_ON, GZIP = "all off", "all on", "gzip offered"
+OFF_FLAGS = ("--drift_window=0", "--fallback_error_rate=0")
+# setup -> the flags it turns back to their defaults (or on)
+FEATURES = {
+    "drift": ("--drift_window=10000",),
+    "fallback": ("--fallback_error_rate=0.5",),
+    "tracing 1%": ("TRACING",),
+    "canary 10%": ("CANARY",),
+    "request log 1%": ("REQUEST_LOG",),
+}
+
+
+def servers(base: Path, workdir: Path, sink_port: int) -> list[Server]:
+    """The setups' servers (not started): all off, each feature alone, all on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
+    tracing = workdir / "tracing_1.json"
+    tracing.write_text(
+        json.dumps({"endpoint": f"http://127.0.0.1:{sink_port}", "protocol": "grpc", "sample_ratio": 0.01})
+    )
+    canary = workdir / "canary.config"
+    canary.write_text(model_config(two_versions(base, workdir / "repo"), "canary", 10.0, 0.0))
+
+    def server(name: str, turned_on: tuple[str, ...]) -> Server:
+        flags = [f for f in OFF_FLAGS if not any(t.split("=")[0] == f.split("=")[0] for t in turned_on)]
+        config = None
+        for item in turned_on:
+            if item == "TRACING":
+                flags.append(f"--tracing_config={tracing}")
+            elif item == "REQUEST_LOG":
+                flags += [f"--request_log_dir={workdir / 'log' / name.replace(' ', '_')}"]
+                flags += ["--request_log_sample_rate=0.01"]
+            elif item == "CANARY":
+                config = canary
+            else:
+                flags.append(item)
+        return our_server(name, base, batching=True, flags=flags, env=env, config_file=config)
+
+    every = tuple(f for fs in FEATURES.values() for f in fs)
+    return [
+        server(ALL_OFF, ()),
+        *(server(name, flags) for name, flags in FEATURES.items()),
+        server(ALL_ON, every),
+    ]
+
+
+def run(base: Path, workdir: Path, rounds: int, seconds: int, commands: list[str]) -> str:
+    """Measure every setup in alternating interleaved rounds; returns the markdown table."""
+    sink = SpanSink()
+    plain = write_raw_lua(workdir / "raw1.lua", 1)
+    gzip = write_raw_lua(workdir / "raw1_gzip.lua", 1)
+    gzip.write_text(gzip.read_text() + 'wrk.headers["Accept-Encoding"] = "gzip"\n')
+    setups = servers(base, workdir, sink.port)
+    # (setup name, server, script): every setup on plain requests, then "all off" with gzip offered.
+    plan = [(server.name, server, plain) for server in setups] + [(f"{ALL_OFF}, {GZIP}", setups[0], gzip)]
+    runs: dict[str, list[dict[str, float]]] = {}
+    try:
+        for server in setups:
+            server.start(workdir, commands)
+        for round_ in range(rounds):  # the order reversed every other round (bench.sections.serving_tracing)
+            for name, server, script in plan if round_ % 2 == 0 else plan[::-1]:
+                runs.setdefault(name, []).append(wrk_point(server, CONNECTIONS, script, seconds, commands))
+    finally:
+        procs.stop_all()
+        sink.stop()
+    return table(runs)
+
+
+def table(runs: dict[str, list[dict[str, float]]]) -> str:
+    """Each setup's median QPS and CPU a request, and its paired change against "all off" (median, min, max
+    of the rounds)."""
+    off = runs[ALL_OFF]
+    lines = [
+        "| setup | QPS | server CPU µs a request | QPS vs all off: median (min, max) | CPU vs all off |",
+        "|---|---|---|---|---|",
+    ]
+    for name, these in runs.items():
+        row = median_row(name, CONNECTIONS, these)
+        qps, cpu = paired(these, off, "qps"), paired(these, off, "cpu_us")
+        lines.append(
+            f"| {name} | {row['qps']:,.0f} | {row.get('cpu_us', float('nan')):.1f} "
+            f"| {_pct(qps)} | {_pct(cpu)} |"
+        )
+    return "\n".join(lines)
+
+
+def _pct(p: dict[str, Any]) -> str:
+    return f"{p['median']:+.1%} ({p['min']:+.1%}, {p['max']:+.1%})"
