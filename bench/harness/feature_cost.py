@@ -1,12 +1,13 @@
 """What each optional feature costs a single raw row: every feature off against each one at its defaults, and
 against all of them together, paired round by round in one run (`python -m bench.raw_served --features`).
 
-One worker, batching on, `--intra_op_threads=1`, 64 connections. The setups:
+One worker, batching on, `--intra_op_threads=1`, 64 connections; every server on the same repository (the
+model's latest version copied as versions 1 and 2; without the split, the latest is served). The setups:
     all off         one version, --drift_window=0, --fallback_error_rate=0, no tracing, no request log
     drift           --drift_window at its default (10,000 rows)
     fallback        the circuit breakers at their defaults (--fallback_error_rate=0.5)
     tracing 1%      --tracing_config with sample_ratio 0.01, spans exported to a local OTLP sink
-    canary 10%      versions 1 and 2, `stable` = 1, `canary` = 2, `# ctr-traffic: canary_percent=10`
+    canary 10%      --model_version_policy=specific:1,2, --version_labels=stable=1,canary=2, --canary_percent=10
     request log 1%  --request_log_dir with --request_log_sample_rate=0.01
     all on          every one of the above together
     all off, gzip offered   the client sends `Accept-Encoding: gzip` (a one-row answer is below the compression
@@ -25,52 +26,54 @@ from typing import Any
 from bench.harness import procs
 from bench.harness.servers import Server, median_row, our_server, wrk_point
 from bench.sections.serving_load import write_raw_lua
-from bench.sections.serving_rollout import model_config, two_versions
+from bench.sections.serving_rollout import two_versions
 from bench.sections.serving_tracing import SpanSink, paired
 
 CONNECTIONS = 64
 ALL_OFF, ALL_ON, GZIP = "all off", "all on", "gzip offered"
 OFF_FLAGS = ("--drift_window=0", "--fallback_error_rate=0")
-# setup -> the flags it turns back to their defaults (or on)
-FEATURES = {
-    "drift": ("--drift_window=10000",),
-    "fallback": ("--fallback_error_rate=0.5",),
-    "tracing 1%": ("TRACING",),
-    "canary 10%": ("CANARY",),
-    "request log 1%": ("REQUEST_LOG",),
-}
+CANARY_FLAGS = (
+    "--model_version_policy=specific:1,2",
+    "--version_labels=stable=1,canary=2",
+    "--canary_percent=10",
+)
+
+
+def feature_flags(tracing: Path, logs: Path) -> dict[str, tuple[str, ...]]:
+    """Each feature's flags at its defaults (on where it is off by default); `tracing`: the tracing config
+    file; `logs`: the request log's folder."""
+    return {
+        "drift": ("--drift_window=10000",),
+        "fallback": ("--fallback_error_rate=0.5",),
+        "tracing 1%": (f"--tracing_config={tracing}",),
+        "canary 10%": CANARY_FLAGS,
+        "request log 1%": (f"--request_log_dir={logs}", "--request_log_sample_rate=0.01"),
+    }
 
 
 def servers(base: Path, workdir: Path, sink_port: int) -> list[Server]:
     """The setups' servers (not started): all off, each feature alone, all on."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
+    workdir.mkdir(parents=True, exist_ok=True)
     tracing = workdir / "tracing_1.json"
     tracing.write_text(
         json.dumps({"endpoint": f"http://127.0.0.1:{sink_port}", "protocol": "grpc", "sample_ratio": 0.01})
     )
-    canary = workdir / "canary.config"
-    canary.write_text(model_config(two_versions(base, workdir / "repo"), "canary", 10.0, 0.0))
+    repo = two_versions(base, workdir / "repo")
 
     def server(name: str, turned_on: tuple[str, ...]) -> Server:
-        flags = [f for f in OFF_FLAGS if not any(t.split("=")[0] == f.split("=")[0] for t in turned_on)]
-        config = None
-        for item in turned_on:
-            if item == "TRACING":
-                flags.append(f"--tracing_config={tracing}")
-            elif item == "REQUEST_LOG":
-                flags += [f"--request_log_dir={workdir / 'log' / name.replace(' ', '_')}"]
-                flags += ["--request_log_sample_rate=0.01"]
-            elif item == "CANARY":
-                config = canary
-            else:
-                flags.append(item)
-        return our_server(name, base, batching=True, flags=flags, env=env, config_file=config)
+        """`turned_on` replaces the off flag of the same name."""
+        names = {flag.split("=")[0] for flag in turned_on}
+        flags = [f for f in OFF_FLAGS if f.split("=")[0] not in names] + list(turned_on)
+        return our_server(name, repo, batching=True, flags=flags, env=env)
 
-    every = tuple(f for fs in FEATURES.values() for f in fs)
+    logs = workdir / "request_logs"
+    alone = feature_flags(tracing, logs / "alone")
+    together = tuple(f for fs in feature_flags(tracing, logs / "together").values() for f in fs)
     return [
         server(ALL_OFF, ()),
-        *(server(name, flags) for name, flags in FEATURES.items()),
-        server(ALL_ON, every),
+        *(server(name, flags) for name, flags in alone.items()),
+        server(ALL_ON, together),
     ]
 
 

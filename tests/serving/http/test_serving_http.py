@@ -85,3 +85,14 @@ def test_overlong_url_is_414_and_closes(shared_server: ServerProcess) -> None:
     out = _exchange(shared_server, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 414 Request-URI Too Long\r\n")
     assert out.endswith(b'{"error": "request URL is over 8192 bytes"}')
+
+
+def test_pipelined_request_without_a_timeout_header_has_no_deadline_of_the_one_before(
+    shared_server: ServerProcess,
+) -> None:
+    # Both answered by one task of the connection: the second must not inherit the first's header.
+    timed = _post().replace(b"Host: x\r\n", b"Host: x\r\nx-request-timeout-ms: 0\r\n")
+    out = _exchange(shared_server, timed + _post(connection="close"))
+    answers = out.split(b"HTTP/1.1 ")[1:]
+    assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"400 Bad Request", b"200 OK"]
+    assert b"x-request-timeout-ms must be a whole number of milliseconds from 1 to" in answers[0]

@@ -180,3 +180,13 @@ def test_v2_with_trailing_slash_is_server_metadata(shared_server: ServerProcess)
     assert slashed[2] == plain[2]
     assert json.loads(slashed[2])["name"]
     assert request(shared_server, "DELETE", "/v2/")[0] == 405
+
+
+def test_parsed_paths_are_cached_within_a_bound() -> None:
+    from serving.http.messages import PATHS_CACHED, path_segments
+
+    for i in range(2 * PATHS_CACHED):
+        assert path_segments(f"/v1/models/m{i}%2Fx") == ("v1", "models", f"m{i}/x")
+    assert path_segments.cache_info().currsize == PATHS_CACHED
+    assert path_segments("/v2/models/ctr%2Fready") == ("v2", "models", "ctr/ready")
+    assert path_segments("no-slash") == ()

@@ -127,3 +127,25 @@ def test_wrong_method_and_unknown_route(shared_server: ServerProcess) -> None:
         404,
         {"error": "Malformed request: GET /v2/models"},
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "target"),
+    [
+        ("/v1/models/ctr:predict", (("ctr", None, None, ()), "predict")),
+        ("/v1/models/ctr/labels/stable:predict", (("ctr", None, "stable", ()), "predict")),
+        ("/v1/models/ctr/versions/2/metadata", (("ctr", "2", None, ("metadata",)), None)),
+        (
+            "/v1/models/ctr%3Apredict",
+            (("ctr:predict", None, None, ()), None),
+        ),  # an encoded `:` is in the name
+        ("/v1/other/ctr:predict", (None, "predict")),
+    ],
+)
+def test_v1_target_splits_name_version_label_and_verb_the_same_when_cached(
+    path: str, target: tuple[object, object]
+) -> None:
+    from serving.protocols.tfs_rest import v1_target
+
+    assert v1_target(path) == target
+    assert v1_target(path) == target  # the second answer is the cache's
