@@ -62,6 +62,58 @@ def report(rows: dict[tuple[str, int, str], dict[str, Any]], names: list[str]) -
     return "\n".join(lines)
 
 
+# (goal, connections, script, what is compared, the target's test, the target in words)
+GOALS = (
+    (
+        "single raw row QPS, 64 connections",
+        64,
+        "raw1.lua",
+        "qps",
+        lambda ratio, _: ratio >= 1.25,
+        "≥ 1.25× before",
+    ),
+    (
+        f"raw ranking rows/s ({RANKING_INSTANCES} rows a request, 8 connections)",
+        8,
+        "raw100.lua",
+        "rows",
+        lambda _, ours: ours >= 300_000,
+        "≥ 300,000 rows/s",
+    ),
+    ("single raw row p99 ms, 8 connections", 8, "raw1.lua", "p99", lambda _, ours: ours <= 1.0, "≤ 1 ms"),
+)
+
+
+def goals(rows: dict[tuple[str, int, str], dict[str, Any]], ours: str, before: str) -> str:
+    """Issue 45's goals, `ours` against `before` (batching on): each one's median (min to max) over the rounds,
+    and ours over before round by round (the two measured back to back)."""
+    lines = [
+        "| goal | ours: median (min to max) | before | ours / before, round by round: median (min, max) "
+        "| target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for goal, connections, script, what, met, target in GOALS:
+        a, b = rows[(ours, connections, script)], rows[(before, connections, script)]
+        key, scale = (
+            ("p99_runs", 1) if what == "p99" else ("qps_runs", RANKING_INSTANCES if what == "rows" else 1)
+        )
+        ours_runs, before_runs = [v * scale for v in a[key]], [v * scale for v in b[key]]
+        ratios = sorted(x / y for x, y in zip(ours_runs, before_runs, strict=True))
+        median = sorted(ours_runs)[len(ours_runs) // 2]
+        ratio = ratios[len(ratios) // 2]
+        lines.append(
+            f"| {goal} | {_spread(ours_runs)} | {_spread(before_runs)} "
+            f"| {ratio:.2f} ({ratios[0]:.2f}, {ratios[-1]:.2f}) | {target} | {'yes' if met(ratio, median) else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def _spread(runs: list[float]) -> str:
+    ranked = sorted(runs)
+    digits = 2 if ranked[-1] < 100 else 0
+    return f"{ranked[len(ranked) // 2]:,.{digits}f} ({ranked[0]:,.{digits}f} to {ranked[-1]:,.{digits}f})"
+
+
 def cpu(row: dict[str, Any], rows_per_request: int = 1) -> str:
     """The point's median server CPU time per request (per row for ranking), µs; "-" where unmeasured."""
     return f"{row['cpu_us'] / rows_per_request:.1f}" if "cpu_us" in row else "-"
@@ -135,6 +187,9 @@ def main() -> None:
         finally:
             procs.stop_all()
     print(report(rows, [s.name for s in servers]))
+    if args.before:
+        print("\nBatching on, ours against the --before checkout:\n")
+        print(goals(rows, "batching on", "before, batching on"))
 
 
 if __name__ == "__main__":

@@ -193,13 +193,15 @@ def wrk_point(
 
 
 def median_row(server: str, connections: int, runs: list[dict[str, float]]) -> dict[str, Any]:
-    """The run with the median QPS stands for the point; every run's QPS is kept in `qps_runs`."""
+    """The run with the median QPS stands for the point; every run's QPS and p99, in round order, are kept in
+    `qps_runs` and `p99_runs`."""
     ranked = sorted(runs, key=lambda r: r["qps"])
     row = {
         "server": server,
         "connections": connections,
         **ranked[len(ranked) // 2],
         "qps_runs": [r["qps"] for r in runs],
+        "p99_runs": [r["p99_ms"] for r in runs],
     }
     cpu = sorted(r["cpu_us"] for r in runs if "cpu_us" in r)
     if cpu:  # its own median: the median-QPS run's CPU is one sample
