@@ -106,8 +106,9 @@ class Reference:
             [bins[j][1] if j in bins else {} for j in range(len(CATEGORICAL_FIELDS))], -1
         )
         self._other = np.array([len(s) - 2 for _, _, s in self.raw_categorical], np.float32)[:, None]
-        # (a weak reference to the transform, its entries' codes)
-        self._by_entry: tuple[weakref.ref[Any], np.ndarray | None] | None = None
+        # transform -> its entries' codes; weak: a version may unload before this does. One per served version,
+        # so a traffic split's versions, taking turns, do not rebuild each other's table.
+        self._by_entry: weakref.WeakKeyDictionary[Any, np.ndarray | None] = weakref.WeakKeyDictionary()
 
     @property
     def width(self) -> int:
@@ -136,8 +137,8 @@ class Reference:
     def codes_by_entry(self, transform: Any) -> np.ndarray | None:
         """float32 entry -> bin code of the entry's field (-1: "other") for `transform`'s entries (its
         `lookups`: per field value -> entry; entry 0 is a value no table holds), built once per transform."""
-        if self._by_entry is not None and self._by_entry[0]() is transform:
-            return self._by_entry[1]
+        if transform in self._by_entry:
+            return self._by_entry[transform]
         by_entry: np.ndarray | None = np.full(transform.entry_count, -1, np.float32)
         for j, (_, bins, _) in zip(self._categorical_rows, self.raw_categorical, strict=True):
             lookup = transform.lookups[j]
@@ -145,8 +146,12 @@ class Reference:
                 by_entry = None  # a bin of a value the spec never saw: only a lookup of the value finds it
                 break
             by_entry[[lookup[value] for value in bins]] = list(bins.values())  # type: ignore[index]
-        self._by_entry = (weakref.ref(transform), by_entry)  # weak: the version may unload before this does
+        self._by_entry[transform] = by_entry
         return by_entry
+
+
+# One transform's rows waiting for the flush: (counts, entries, scores) arrays, appended per request.
+_Pending = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
 
 
 class DriftMonitor:
@@ -169,12 +174,11 @@ class DriftMonitor:
         # binned by entry; and other raw batches, whose values are looked up at the flush.
         self._features: list[np.ndarray] = []
         self._feature_scores: list[np.ndarray] = []
-        self._entry_owner: object = None  # the transform whose entries these are
-        self._entry_rows: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
-        # Single rows' (the usual requests) counts (13, 1) float64, entries (26, 1) int32 and score (1, 1)
-        # float32, contiguous: joined as bytes at the flush, faster than concatenating many small arrays (the
-        # flush pauses the event loop).
-        self._entry_singles: tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]] = ([], [], [])
+        # Per transform whose entries they are (a traffic split serves two versions at once, taking turns): the
+        # batches' (counts, entries, scores), then single rows' (the usual requests) counts (13, 1) float64,
+        # entries (26, 1) int32 and score (1, 1) float32, contiguous: joined as bytes at the flush, faster than
+        # concatenating many small arrays (the flush pauses the event loop).
+        self._entries: dict[object, tuple[_Pending, _Pending]] = {}
         self._raw: list[tuple[Any, np.ndarray]] = []
         self._pending_rows = self._pending_requests = 0
         self._tick_scheduled = False
@@ -212,21 +216,18 @@ class DriftMonitor:
         """Keep a raw batch's counts and entries when its transform's entries can be binned (the batch itself,
         with its 26 strings a row, is freed with its request, not all at once at the flush), else the batch."""
         found = batch.entries()
-        if found is not None and found[0] is not self._entry_owner:
+        pending = None if found is None else self._entries.get(found[0])
+        if found is not None and pending is None:  # a transform first seen since the flush
             ref = self.reference()
-            if ref is None or not ref.raw_numeric or ref.codes_by_entry(found[0]) is None:
-                found = None
-            elif self._entry_rows[0] or self._entry_singles[0]:
-                self.flush()  # a new version's transform: its entries are another numbering
-            if found is not None:
-                self._entry_owner = found[0]
-        if found is None:
+            if ref is not None and ref.raw_numeric and ref.codes_by_entry(found[0]) is not None:
+                pending = self._entries[found[0]] = (([], [], []), ([], [], []))
+        if found is None or pending is None:
             self._raw.append((batch, scores))
             return
         entries = found[1]
         if isinstance(entries, list):  # one row's, as the one-row transform left them
             entries = np.fromiter(entries, np.int32, len(entries)).reshape(-1, 1)
-        numeric, codes, kept_scores = self._entry_singles if len(batch) == 1 else self._entry_rows
+        numeric, codes, kept_scores = pending[1] if len(batch) == 1 else pending[0]
         numeric.append(batch.numeric)
         codes.append(entries)
         kept_scores.append(scores)
@@ -247,26 +248,22 @@ class DriftMonitor:
                 features, scores = [features[i] for i in kept], [scores[i] for i in kept]
                 block = np.concatenate(features)
             self.features.append(np.hstack([block, np.concatenate(scores)]))
-        numeric, entries, raw_scores = self._entry_rows
-        singles = self._entry_singles
-        owner, self._entry_owner = self._entry_owner, None  # kept only while its rows wait: it may unload
-        if numeric:
-            self._entry_rows = ([], [], [])
-        if singles[0]:
-            self._entry_singles = ([], [], [])
-            numeric = [*numeric, _rows_of(singles[0], np.float64, N_NUMERIC)]
-            entries = [*entries, _rows_of(singles[1], np.int32, N_CATEGORICAL)]
-            raw_scores = [*raw_scores, _rows_of(singles[2], np.float32, 1).T]
-        if not (raw or numeric):
+        # A transform is kept only while its rows wait: its version may unload.
+        by_owner, self._entries = self._entries, {}
+        if not (raw or by_owner):
             return
         ref = self.reference()
         if ref is None or not ref.raw_numeric:
             return
-        if numeric:
-            # One gather for every pending request: looking each one-row request's values up apart paused the
-            # event loop for longer than the requests took. A version swapped in since these rows were kept may
-            # have a bin of a value their transform lacks: they are then left out of the window.
-            codes = ref.entry_codes(owner, _joined(numeric, 1), _joined(entries, 1))
+        for owner, ((numeric, entries, raw_scores), singles) in by_owner.items():
+            if singles[0]:
+                numeric = [*numeric, _rows_of(singles[0], np.float64, N_NUMERIC)]
+                entries = [*entries, _rows_of(singles[1], np.int32, N_CATEGORICAL)]
+                raw_scores = [*raw_scores, _rows_of(singles[2], np.float32, 1).T]
+            # One gather for every pending request of a transform: looking each one-row request's values up
+            # apart paused the event loop for longer than the requests took. A version swapped in since these
+            # rows were kept may have a bin of a value their transform lacks: they are then left out.
+            codes = ref.entry_codes(owner, _joined(numeric, 1), _joined(entries, 1)) if numeric else None
             if codes is not None:
                 self.raw.append(np.hstack([codes, _joined(raw_scores, 0)]))
         if raw:

@@ -145,3 +145,31 @@ def test_a_flush_comes_every_flush_requests_single_rows(spec: FeatureSpec, tmp_p
         assert len(monitor.raw.filled()) == 0  # nothing flushed before the last one
         monitor.observe(DecodedRequest(RAW_SIGNATURE, batch), np.zeros((1, 1), np.float32))
     assert len(monitor.raw.filled()) == FLUSH_REQUESTS
+
+
+def test_two_versions_taking_turns_keep_their_rows_and_tables_until_one_flush(
+    spec: FeatureSpec, tmp_path: Path
+) -> None:
+    """A traffic split's stable and canary transforms alternate request by request: each keeps its own pending
+    rows and entry table (built once), and one flush bins both into the window."""
+    (numeric, categorical), _ = build_raw_rows(spec, MIN_ROWS, None)
+    stable, canary = RawTransform(spec.to_dict()), RawTransform(spec.to_dict())
+    ref = reference_of(*training_rows())
+    monitor = DriftMonitor("ctr", 1_000, lambda: tmp_path)
+    monitor.reference = lambda: ref  # type: ignore[method-assign]
+    flushes = []
+    flush = monitor.flush
+    monitor.flush = lambda: flushes.append(1) or flush()  # type: ignore[method-assign]
+    requests = [RawBatch.from_rows(numeric[i : i + 1], categorical[i : i + 1]) for i in range(6)]
+    for i, batch in enumerate(requests):
+        (canary if i % 2 else stable)(batch)
+        monitor.observe(DecodedRequest(RAW_SIGNATURE, batch), np.full((1, 1), i, np.float32))
+    assert flushes == []  # the turns flush nothing
+    assert ref.codes_by_entry(stable) is ref.codes_by_entry(stable) is not ref.codes_by_entry(canary)
+    monitor.flush()
+    window = monitor.raw.filled()
+    by_score = window[np.argsort(window[:, -1])]
+    want = np.hstack(
+        [np.concatenate([looked_up(ref, b) for b in requests]), np.arange(6, dtype=np.float32)[:, None]]
+    )
+    assert np.array_equal(by_score, want)
