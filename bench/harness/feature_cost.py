@@ -9,6 +9,7 @@ model's latest version copied as versions 1 and 2; without the split, the latest
     tracing 1%      --tracing_config with sample_ratio 0.01, spans exported to a local OTLP sink
     canary 10%      --model_version_policy=specific:1,2, --version_labels=stable=1,canary=2, --canary_percent=10
     request log 1%  --request_log_dir with --request_log_sample_rate=0.01
+    drift and canary 10%   the two together: drift then watches two versions taking turns
     all on          every one of the above together
     all off, gzip offered   the client sends `Accept-Encoding: gzip` (a one-row answer is below the compression
                     threshold, so what is paid is the header's handling)
@@ -31,6 +32,7 @@ from bench.sections.serving_tracing import SpanSink, paired
 
 CONNECTIONS = 64
 ALL_OFF, ALL_ON, GZIP = "all off", "all on", "gzip offered"
+DRIFT_AND_CANARY = "drift and canary 10%"
 OFF_FLAGS = ("--drift_window=0", "--fallback_error_rate=0")
 CANARY_FLAGS = (
     "--model_version_policy=specific:1,2",
@@ -70,9 +72,11 @@ def servers(base: Path, workdir: Path, sink_port: int) -> list[Server]:
     logs = workdir / "request_logs"
     alone = feature_flags(tracing, logs / "alone")
     together = tuple(f for fs in feature_flags(tracing, logs / "together").values() for f in fs)
+    pair = alone["drift"] + alone["canary 10%"]  # drift watches a split's two versions taking turns
     return [
         server(ALL_OFF, ()),
         *(server(name, flags) for name, flags in alone.items()),
+        server(DRIFT_AND_CANARY, pair),
         server(ALL_ON, together),
     ]
 

@@ -8,14 +8,14 @@ from bench.harness.feature_cost import ALL_OFF, ALL_ON, table
 def test_table_pairs_every_setup_with_all_off_round_by_round() -> None:
     runs = {
         ALL_OFF: [
-            {"qps": 100.0, "cpu_us": 50.0},
-            {"qps": 200.0, "cpu_us": 40.0},
-            {"qps": 150.0, "cpu_us": 45.0},
+            {"qps": 100.0, "p99_ms": 1.0, "cpu_us": 50.0},
+            {"qps": 200.0, "p99_ms": 1.0, "cpu_us": 40.0},
+            {"qps": 150.0, "p99_ms": 1.0, "cpu_us": 45.0},
         ],
         ALL_ON: [
-            {"qps": 95.0, "cpu_us": 55.0},
-            {"qps": 180.0, "cpu_us": 44.0},
-            {"qps": 150.0, "cpu_us": 45.0},
+            {"qps": 95.0, "p99_ms": 1.0, "cpu_us": 55.0},
+            {"qps": 180.0, "p99_ms": 1.0, "cpu_us": 44.0},
+            {"qps": 150.0, "p99_ms": 1.0, "cpu_us": 45.0},
         ],
     }
     assert table(runs).splitlines()[2:] == [
@@ -37,6 +37,7 @@ def test_each_setup_turns_its_feature_back_on_and_all_on_every_one(tmp_path) -> 
         "tracing 1%",
         "canary 10%",
         "request log 1%",
+        "drift and canary 10%",
         ALL_ON,
     ]
     flags = {
