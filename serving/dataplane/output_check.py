@@ -11,15 +11,11 @@ the client sent an absurd input, and the answer is a 400 naming it, not counted 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from serving.errors import NonFiniteOutput
 from serving.observability.metrics import ServingMetrics
 from serving.runtime.input_range import FeatureRanges
-
-FEW_SCORES = 16  # up to this many, Python's isfinite over a list costs less than numpy's per-call overhead
 
 
 def check_outputs(
@@ -36,8 +32,6 @@ def check_outputs(
     all lie far outside those ranges raise InvalidArgument instead (serving/runtime/input_range.py), uncounted:
     the client's input, not the model, is at fault. Neither is looked at while every score is finite.
     """
-    if scores.size <= FEW_SCORES and all(map(math.isfinite, scores.ravel().tolist())):
-        return  # a single row's scores, the usual case
     finite = np.isfinite(scores)
     if finite.all():
         return
