@@ -80,7 +80,8 @@ def measure_rounds(
             order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for figure, connections, script in plan:
                 for side in order:
-                    row = wrk_point(servers[side], connections, script, seconds, commands)
+                    # Round 1 warms each point up (1 s unmeasured); later rounds measure straight away.
+                    row = wrk_point(servers[side], connections, script, seconds, commands, round_ == 0)
                     found.errors[side] = found.errors.get(side, 0.0) + row["errors"]
                     found.add(figure, side, _figure_value(figure, row))
             for side in order:

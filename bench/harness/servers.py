@@ -168,13 +168,14 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 def wrk_point(
-    server: Server, connections: int, script: Path, seconds: int, commands: list[str]
+    server: Server, connections: int, script: Path, seconds: int, commands: list[str], warm_up: bool = True
 ) -> dict[str, float]:
-    """A 1 s unmeasured warm-up (connection setup, lazy initialisation), then one measured wrk run. Adds
-    `cpu_us`: the server process's CPU time per answered request (threads included, child processes not),
-    which the machine's noise moves less than QPS."""
-    warm = ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), server.url]
-    subprocess.run(warm, capture_output=True, check=True, timeout=60)
+    """A 1 s unmeasured warm-up (connection setup, lazy initialisation; `warm_up=False` skips it, for a point
+    already measured once), then one measured wrk run. Adds `cpu_us`: the server process's CPU time per
+    answered request (threads included, child processes not), which the machine's noise moves less than QPS."""
+    if warm_up:
+        warm = ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), server.url]
+        subprocess.run(warm, capture_output=True, check=True, timeout=60)
     wrk = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), server.url]
     if " ".join(wrk) not in commands:
         commands.append(" ".join(wrk))
