@@ -39,7 +39,7 @@ from ctr_contract.repository import RAW_ONNX_MODEL
 # Run by path with .venv-kserve's python (importing it here would need kserve in this venv).
 KSERVE_SCRIPT = PROJECT_ROOT / "bench" / "peers" / "kserve_server.py"
 CONNECTIONS = (1, 8, 64)
-ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 4), "tiny": (1, 2)}  # interleaved rounds, seconds per point
+ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 3), "tiny": (1, 2)}  # interleaved rounds, seconds per point
 # Rounds of the paired comparisons (tracing, traffic split): their differences are small, so the full run takes
 # 6 (3 in each order); the quick run 2 (one in each order), which keeps the section within its bound.
 PAIRED_ROUNDS = {"full": 6, "quick": 2, "tiny": 1}
@@ -127,7 +127,8 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     """Run the serving comparison.
 
     Args:
-        mode: "full" (3 interleaved rounds of 10 s per point), "quick" (1 round of 4 s) or "tiny" (1 of 2 s).
+        mode: "full" (3 interleaved rounds of 10 s per point), "quick" (1 round of 3 s) or "tiny" (1 of 2 s);
+            the tracing and traffic-split comparisons take PAIRED_ROUNDS rounds.
         repo: the model base path (`artifacts/models/ctr`) or the repository holding `ctr/`.
         workdir: scratch space for logs and wrk scripts.
         checkpoint: the training checkpoint for the naive FastAPI + PyTorch server (skipped when None).
