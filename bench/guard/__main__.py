@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    out = args.out or GUARD_DIR / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    # Absolute: each side's commands run in their own tree.
+    out = (args.out or GUARD_DIR / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")).resolve()
     procs.install_cleanup()
     try:
         commit = baseline_commit() if args.baseline is None else args.baseline
