@@ -1,6 +1,6 @@
 """`python -m bench.guard` (`make bench-guard`): HEAD against the commit `bench/baseline` names, or fail.
 
-    python -m bench.guard [--head-tree DIR] [--baseline COMMIT] [--rounds 7] [--seconds 3] [--out DIR]
+    python -m bench.guard [--head-tree DIR] [--baseline COMMIT] [--rounds 6] [--seconds 3] [--out DIR]
 
 Interleaved rounds on both sides (bench/guard/rounds.py), then one table: each figure's median and spread per
 side, the paired ratio and the verdict (bench/guard/verdict.py has the rule). Exit 0 when no figure fails, 1
@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline", help=f"the baseline commit (default: the one {BASELINE_FILE.name} names)"
     )
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
+    parser.add_argument(
+        "--rounds", type=int, default=6, help="interleaved rounds (default 6: 3 in each order)"
+    )
     parser.add_argument("--seconds", type=int, default=3, help="seconds of each measured wrk run (default 3)")
     parser.add_argument(
         "--out",

@@ -4,7 +4,8 @@ Each side's server is our server from its own tree (bench.harness.servers.our_se
 serves two checkouts): one worker, batching on, `--intra_op_threads=1`, the same model, REST on 127.0.0.1,
 driven by wrk (bench.harness.servers.wrk_point: a 1 s unmeasured warm-up, then the measured run). A round
 measures every figure on both sides, one side right after the other, the sides' order reversed every other
-round (the side measured first in a round did better often enough to matter; bench/sections/serving_tracing.py):
+round (the side measured first in a round did better often enough to matter; bench/sections/serving_tracing.py),
+and a point's seconds alternate between the sides in 1 s wrk runs, whose mean is the round's value:
 - a single raw Criteo row at 64 connections: QPS;
 - ranking requests of 100 raw rows at 8 connections: rows/s;
 - a single raw row at 8 connections: p99 latency;
@@ -58,7 +59,7 @@ def measure_rounds(
         data: the training file of the training figure.
         workdir: logs, wrk scripts and the training runs.
         rounds: interleaved rounds.
-        seconds: seconds of each measured wrk run.
+        seconds: measured seconds a side of each point, in alternating 1 s wrk runs (their mean is the round's).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     raw1, raw100 = (
@@ -79,11 +80,17 @@ def measure_rounds(
         for round_ in range(rounds):
             order = list(trees) if round_ % 2 == 0 else list(trees)[::-1]
             for figure, connections, script in plan:
-                for side in order:
-                    # Round 1 warms each point up (1 s unmeasured); later rounds measure straight away.
-                    row = wrk_point(servers[side], connections, script, seconds, commands, round_ == 0)
-                    found.errors[side] = found.errors.get(side, 0.0) + row["errors"]
-                    found.add(figure, side, _figure_value(figure, row))
+                # `seconds` 1 s runs a side, alternating (H B, B H, H B, ...): a burst of the machine's load
+                # lasting a second or two falls on both sides, where one run of `seconds` would give it to one.
+                slices: dict[str, list[float]] = {side: [] for side in order}
+                for second in range(seconds):
+                    for side in order if second % 2 == 0 else order[::-1]:
+                        warm = round_ == 0 and second == 0  # the first round warms each point up (1 s)
+                        row = wrk_point(servers[side], connections, script, 1, commands, warm)
+                        found.errors[side] = found.errors.get(side, 0.0) + row["errors"]
+                        slices[side].append(_figure_value(figure, row))
+                for side, values in slices.items():
+                    found.add(figure, side, sum(values) / len(values))
             for side in order:
                 run = workdir / side / f"run{round_}"
                 found.add(TRAINING, side, training_samples_per_sec(trees[side], data, run, workdir / side))
