@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench-guard] could not measure: {e}", file=sys.stderr)
         return 2
     header.append(
-        f"- {args.rounds} rounds of {args.seconds} s wrk runs; one worker, batching on, --intra_op_threads=1"
+        f"- {args.rounds} rounds, {args.seconds} s a side a point in 1 s wrk runs; one worker, batching on, "
+        "--intra_op_threads=1"
     )
     text, failed = report(found, header)
     text += f"\nwall time {time.monotonic() - started:.0f} s"
