@@ -15,7 +15,7 @@ TUNE   ?= artifacts/tune
 TRIALS ?= 20
 TUNE_ROWS ?= 200000
 
-.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow coverage test-gpu test-containers soak lint fmt bench bench-http bench-compare clean fuzz
+.PHONY: help install flink-venv sysdeps run data train tune day online-demo rollout-demo export serve test test-slow coverage test-gpu test-containers soak lint fmt bench bench-guard bench-http bench-compare clean fuzz
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -121,6 +121,11 @@ test-gpu: $(STAMP) ## Only the GPU tests (single-GPU training, NCCL DDP), then N
 
 bench: $(STAMP) sysdeps ## Framework comparison; BENCH=quick for a ~10 min run
 	$(PY) -m bench --mode $(or $(BENCH),full) $(ARGS)
+
+# The speed guard (docs/perf/bench-guard.md): HEAD against the commit bench/baseline names, in paired rounds on
+# this machine; HEAD_TREE measures another tree as HEAD (e.g. a worktree with a change under test).
+bench-guard: $(STAMP) sysdeps ## Speed guard (~4 min): HEAD vs bench/baseline's commit; fails when >10% worse beyond the rounds' spread
+	$(PY) -m bench.guard $(if $(HEAD_TREE),--head-tree $(HEAD_TREE)) $(ARGS)
 
 bench-http: $(STAMP) sysdeps ## HTTP layer: ours vs uvicorn vs granian under load and attack (needs REPO)
 	$(PY) -m bench.http_layer --model_base_path $(REPO) $(ARGS)

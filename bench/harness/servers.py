@@ -26,6 +26,7 @@ from ctr_contract.repository import version_dirs
 
 # TorchServe starts a JVM, then its Python worker, on a machine the other servers share.
 STARTUP_TIMEOUT_S = 180
+ERROR_GRACE_S = 30  # how long a server that answers predicts with errors has to answer one with 200
 PREDICT_PATH = "/v1/models/ctr:predict"
 _UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -75,7 +76,11 @@ def parse_wrk(out: str) -> dict[str, float]:
 def wait_until_serving(
     url: str, body: bytes, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 120
 ) -> None:
-    """POST a valid predict request until it answers 200."""
+    """POST a valid predict request until it answers 200.
+
+    A server that listens but answers errors (still loading its model, or broken) gets ERROR_GRACE_S from its
+    first error answer, not the whole `timeout_s`: a peer whose every predict fails costs seconds, not minutes.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -85,6 +90,11 @@ def wait_until_serving(
             with urllib.request.urlopen(request, timeout=5) as response:
                 if response.status == 200:
                     return
+        except urllib.error.HTTPError as e:  # listening, but the predict failed
+            deadline = min(deadline, time.monotonic() + ERROR_GRACE_S)
+            answer = f"HTTP {e.code}: {e.read()[:200]!r}"
+            if time.monotonic() + 0.25 >= deadline:
+                raise RuntimeError(f"{url} answers {answer}:\n{procs.log_tail(log)}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass  # not listening yet
         time.sleep(0.25)
@@ -171,13 +181,14 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 def wrk_point(
-    server: Server, connections: int, script: Path, seconds: int, commands: list[str]
+    server: Server, connections: int, script: Path, seconds: int, commands: list[str], warm_up: bool = True
 ) -> dict[str, float]:
-    """A 1 s unmeasured warm-up (connection setup, lazy initialisation), then one measured wrk run. Adds
-    `cpu_us`: the server process's CPU time per answered request (threads included, child processes not),
-    which the machine's noise moves less than QPS."""
-    warm = ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), server.url]
-    subprocess.run(warm, capture_output=True, check=True, timeout=60)
+    """A 1 s unmeasured warm-up (connection setup, lazy initialisation; `warm_up=False` skips it, for a point
+    already measured once), then one measured wrk run. Adds `cpu_us`: the server process's CPU time per
+    answered request (threads included, child processes not), which the machine's noise moves less than QPS."""
+    if warm_up:
+        warm = ["wrk", "-t1", f"-c{connections}", "-d1s", "-s", str(script), server.url]
+        subprocess.run(warm, capture_output=True, check=True, timeout=60)
     wrk = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), server.url]
     if " ".join(wrk) not in commands:
         commands.append(" ".join(wrk))

@@ -39,6 +39,8 @@ class CTRHandler:
                 body = json.loads(body)
             x = torch.tensor(body["instances"], dtype=torch.float32)  # (N, 128)
             with torch.inference_mode():
-                scores = self.model(x)  # (N, 1) click probabilities
-            out.append({"predictions": scores.tolist()})
+                scores = self.model(x)
+            if isinstance(scores, tuple):  # export's model.pt: (ctr, raw_score), each (N, 1)
+                scores = scores[0]
+            out.append({"predictions": scores.tolist()})  # (N, 1) calibrated click probabilities
         return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,27 @@ from ctr_contract.repository import RAW_ONNX_MODEL
 # Run by path with .venv-kserve's python (importing it here would need kserve in this venv).
 KSERVE_SCRIPT = PROJECT_ROOT / "bench" / "peers" / "kserve_server.py"
 CONNECTIONS = (1, 8, 64)
-ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 4), "tiny": (1, 2)}  # interleaved rounds, seconds per point
+ROUNDS_SECONDS = {"full": (3, 10), "quick": (1, 3), "tiny": (1, 2)}  # interleaved rounds, seconds per point
+# Rounds of the paired comparisons (tracing, traffic split): their differences are small, so the full run takes
+# 6 (3 in each order); the quick run 2 (one in each order), which keeps the section within its bound.
+PAIRED_ROUNDS = {"full": 6, "quick": 2, "tiny": 1}
 OURS_OFF, OURS_ON = "ours (batching off)", "ours (batching on)"
 KSERVE, NAIVE = "kserve ModelServer", "naive fastapi+pytorch"
 TORCHSERVE = "torchserve (TorchScript)"
 RANKING_INSTANCES = 100  # one ranking call scores 100 candidate ads
+
+
+class PhaseClock:
+    """Wall seconds of each part of the section, in order (the report shows where the section's time goes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self._last, 1)
+        self._last = now
 
 
 def write_raw_lua(path: Path, instances: int = 1) -> Path:
@@ -110,7 +127,8 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     """Run the serving comparison.
 
     Args:
-        mode: "full" (3 interleaved rounds of 10 s per point), "quick" (1 round of 4 s) or "tiny" (1 of 2 s).
+        mode: "full" (3 interleaved rounds of 10 s per point), "quick" (1 round of 3 s) or "tiny" (1 of 2 s);
+            the tracing and traffic-split comparisons take PAIRED_ROUNDS rounds.
         repo: the model base path (`artifacts/models/ctr`) or the repository holding `ctr/`.
         workdir: scratch space for logs and wrk scripts.
         checkpoint: the training checkpoint for the naive FastAPI + PyTorch server (skipped when None).
@@ -125,6 +143,8 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     """
     workdir.mkdir(parents=True, exist_ok=True)
     rounds, seconds = ROUNDS_SECONDS.get(mode, ROUNDS_SECONDS["quick"])
+    paired_rounds = PAIRED_ROUNDS.get(mode, PAIRED_ROUNDS["quick"])
+    phases = PhaseClock()
     base = base_path_of(repo)
     single = write_lua(workdir / "single.lua", 1)
     ranking = write_lua(workdir / f"ranking{RANKING_INSTANCES}.lua", RANKING_INSTANCES)
@@ -168,6 +188,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
     else:
         notes.append("naive fastapi+pytorch skipped: no checkpoint given")
     try:
+        phases.lap("setup")
         for server in list(servers):
             try:
                 server.start(workdir, commands)
@@ -178,12 +199,15 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
                     f"{server.name} skipped: {e}"
                 )  # a baseline that cannot start is reported, not fatal
                 servers.remove(server)
+        phases.lap("start servers")
         single_rows = measure(servers, [(c, single) for c in CONNECTIONS], rounds, seconds, commands)
+        phases.lap("single rows, every server")
         has_raw = (latest_version_dir(base) / RAW_ONNX_MODEL).is_file()
         raw_ranking = write_raw_lua(workdir / f"raw_ranking{RANKING_INSTANCES}.lua", RANKING_INSTANCES)
         rankings = measure_ranking(
             servers[:2], ranking, raw_ranking if has_raw else None, rounds, seconds, commands
         )
+        phases.lap("ranking")
         # The `raw` signature (Criteo fields in, the FeatureSpec applied by the server) on our server, same
         # run. Each raw point is measured right after the same server's 128-float point, so the ratio
         # compares runs under the same background load.
@@ -193,6 +217,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
             both = measure(servers[:2], plan, rounds, seconds, commands)
             raw_rows = {k: r for k, r in both.items() if k[2] == raw.name}
             paired = {k: r for k, r in both.items() if k[2] == single.name}
+            phases.lap("raw rows")
         else:
             notes.append(
                 f"raw signature not measured: the version has no {RAW_ONNX_MODEL} (exported before it)"
@@ -201,8 +226,10 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         rss_mib = {s.name: procs.group_rss_mib(s.proc.pid) for s in servers if s.proc is not None}
     finally:
         procs.stop_all()
-    tracing = serving_tracing.run(rounds, seconds, base, workdir / "tracing", commands)
-    rollout = serving_rollout.run(rounds, seconds, base, workdir / "rollout", commands)
+    tracing = serving_tracing.run(paired_rounds, seconds, base, workdir / "tracing", commands)
+    phases.lap("tracing")
+    rollout = serving_rollout.run(paired_rounds, seconds, base, workdir / "rollout", commands)
+    phases.lap("traffic split")
     return {
         "rows": list(single_rows.values()),
         **rankings,
@@ -218,6 +245,7 @@ def run(mode: str, repo: Path, workdir: Path, checkpoint: Path | None = None) ->
         },
         "tracing": tracing,
         "rollout": rollout,
+        "phase_seconds": phases.seconds,
         "commands": commands,
         "notes": notes,
     }

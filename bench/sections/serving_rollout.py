@@ -36,7 +36,7 @@ from bench.harness.servers import Server, median_row, our_server, write_lua, wrk
 from bench.sections.serving_tracing import paired
 
 IN_PROCESS_PREDICTS = 4000  # predicts per setup and rep in the in-process measurement
-MIN_ROUNDS = 6  # as the tracing comparison: medians of at least 6 interleaved rounds when points are >= 4 s
+DEFAULT_ROUNDS = 6  # as the tracing comparison: medians of 6 interleaved rounds (3 in each order)
 CANARY_CONNECTIONS, SHADOW_CONNECTIONS = 64, 8
 CANARY_0, CANARY_1, CANARY_10 = "canary 0%", "canary 1%", "canary 10%"
 SHADOW_10 = "shadow 10%"
@@ -184,7 +184,6 @@ def run(rounds: int, seconds: int, base: Path, workdir: Path, commands: list[str
     rounds), "shadow_p99_ratio_at_8" (the paired median, minus 1), "served": {server: served_shares},
     "in_process": in_process_cost}."""
     workdir.mkdir(parents=True, exist_ok=True)
-    rounds = max(rounds, MIN_ROUNDS) if seconds >= 4 else rounds  # tiny mode (2 s points) keeps its budget
     repo_base = two_versions(base, workdir / "repo")
     servers = {name: _server(name, repo_base, workdir) for name in SETUPS}
     script = write_lua(workdir / "single.lua", 1)
@@ -265,7 +264,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", type=Path, help="the model base path (versions inside)")
-    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="interleaved rounds (default: 6)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="interleaved rounds (default: 6)")
     parser.add_argument("--seconds", type=int, default=4, help="seconds of wrk per point (default: 4)")
     parser.add_argument(
         "--workdir",

@@ -23,7 +23,7 @@ from bench.harness.inputs import PROJECT_ROOT
 from bench.harness.servers import Server, median_row, our_server, write_lua, write_wrk_script, wrk_point
 
 CONNECTIONS = 64
-MIN_ROUNDS = 6  # medians of at least 6 interleaved rounds (3 in each order): the differences sought are small
+DEFAULT_ROUNDS = 6  # medians of 6 interleaved rounds (3 in each order): the differences sought are small
 OFF, ONE_PCT, ALL = "tracing off", "tracing 1%", "tracing 100%"
 BEFORE = "before tracing"
 
@@ -92,7 +92,6 @@ def run(
     from serving.app.curl_example import CRITEO_ROW
 
     workdir.mkdir(parents=True, exist_ok=True)
-    rounds = max(rounds, MIN_ROUNDS) if seconds >= 4 else rounds  # tiny mode (2 s points) keeps its budget
     sink = SpanSink()
     configs = {}
     for name, ratio in ((ONE_PCT, 0.01), (ALL, 1.0)):
@@ -145,8 +144,8 @@ def main() -> None:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=MIN_ROUNDS,
-        help="interleaved rounds (default: 6; at least 6 when points are 4 s or longer)",
+        default=DEFAULT_ROUNDS,
+        help="interleaved rounds (default: 6)",
     )
     parser.add_argument("--seconds", type=int, default=4, help="seconds of wrk per point (default: 4)")
     parser.add_argument(

@@ -42,7 +42,7 @@ def test_make_test_containers_runs_the_driver_after_make_test():
     ]
     targets = [words[1] for words in ci if words[:1] == ["make"]]
     assert targets[:2] == ["install", "test"], targets
-    assert {"test-slow", "soak", "test-containers", "fuzz"} <= set(targets), targets
+    assert {"bench-guard", "test-slow", "soak", "test-containers", "fuzz"} <= set(targets), targets
 
 
 def test_override_merges_with_compose_yaml(tmp_path: Path):
