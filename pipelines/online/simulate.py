@@ -10,7 +10,7 @@ CLICKS/clicks-<pid>-<n>.jsonl after a random delay (exponential, mean --click-de
 clicks are sent twice. With --truth-dir, every request's true click probabilities are written there too (the
 oracle of `make online-demo`; a real click stream has none). With --summary, the counts go to that file as JSON
 too: requests sent and failed, the failures by HTTP status or exception, and the answers by the version that
-gave them (the `x-model-version` response header). SIGINT stops the traffic early with the counts so far.
+gave them (the `x-model-version` response header). SIGINT or SIGTERM stops the traffic early with the counts so far.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import heapq
 import http.client
 import itertools
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -214,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sim = Simulator(args)
+    # SIGINT or SIGTERM ends the run early with its counts. Both are set here: a process that a shell started in
+    # the background inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         sim.run()
     except KeyboardInterrupt:  # stopped early: the counts so far

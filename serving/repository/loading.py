@@ -67,6 +67,9 @@ class _LoadThread:
     def _run(self) -> None:
         while (job := self.jobs.get()) is not None:
             job()
+            # The finished job holds its attempt, and so the version it loaded: while this frame waits for the
+            # next job, nothing of a version unloaded since may stay referenced from here.
+            del job
             if self.abandoned:  # a load that outlived its timeout: the next one has another thread
                 return
 
