@@ -146,14 +146,20 @@ def test_header_length_with_optional_whitespace(shared_server: ServerProcess, va
     assert json.loads(body)["outputs"][0]["shape"] == [1, 1]
 
 
-def test_no_request_id_is_made_when_nothing_reads_it(shared_server: ServerProcess) -> None:
-    """No request log: an answer carries the client's x-request-id, and none when the client sent none."""
-    raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    with socket.create_connection(("127.0.0.1", shared_server.rest_port), timeout=10) as sock:
+def exchange(server: ServerProcess, raw: bytes) -> bytes:
+    """Send `raw` bytes on one connection (they end with `Connection: close`); everything the server answered."""
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock:
         sock.sendall(raw)
         out = b""
         while chunk := sock.recv(65536):
             out += chunk
+    return out
+
+
+def test_no_request_id_is_made_when_nothing_reads_it(shared_server: ServerProcess) -> None:
+    """No request log: an answer carries the client's x-request-id, and none when the client sent none."""
+    raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    out = exchange(shared_server, raw)
     assert out.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"x-request-id" not in out.lower()
 
@@ -163,11 +169,7 @@ def test_request_id_and_content_length_are_trimmed(shared_server: ServerProcess)
         b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-Id: \t r-35 \t\r\nContent-Length: 0 \r\n"
         b"Connection: close\r\n\r\n"
     )
-    with socket.create_connection(("127.0.0.1", shared_server.rest_port), timeout=10) as sock:
-        sock.sendall(raw)
-        out = b""
-        while chunk := sock.recv(65536):
-            out += chunk
+    out = exchange(shared_server, raw)
     assert out.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"\r\nx-request-id: r-35\r\n" in out
 
