@@ -83,7 +83,7 @@ run: $(STAMP) $(DATA) ## The whole pipeline on built-in data: data, train, expor
 lint: $(STAMP) ## ruff + mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy ctr_contract ctr_features ctr_model training export serving pipelines bench
+	$(VENV)/bin/mypy ctr_contract ctr_store ctr_features ctr_model training export serving pipelines bench
 
 fmt: $(STAMP) ## Format the code with ruff
 	$(VENV)/bin/ruff format .

@@ -161,3 +161,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(
         key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank))
     )  # stable: the rest keep order
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One SeaweedFS S3 store for the session (tests/object_store.py); a test makes its own bucket with
+    `s3_store.make_bucket(name)`. A test that stops the store starts its own SeaweedS3 instead."""
+    from tests.object_store import SeaweedS3
+
+    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as store:
+        yield store
+
+
+@pytest.fixture
+def s3_env(s3_store, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The session store's endpoint and credentials in this test's environment (and returned)."""
+    env = s3_store.env()
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env

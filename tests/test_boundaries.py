@@ -27,12 +27,13 @@ from tests.helpers import REPO_ROOT
 
 ALLOWED = {
     "ctr_contract": set(),
+    "ctr_store": {"ctr_contract"},
     "ctr_features": {"ctr_contract"},
     "ctr_model": {"ctr_contract", "ctr_features"},
-    "training": {"ctr_contract", "ctr_features", "ctr_model"},
-    "export": {"ctr_contract", "ctr_features", "ctr_model"},
-    "serving": {"ctr_contract", "ctr_features"},
-    "pipelines": {"ctr_contract", "ctr_features", "ctr_model", "training", "export", "serving"},
+    "training": {"ctr_contract", "ctr_store", "ctr_features", "ctr_model"},
+    "export": {"ctr_contract", "ctr_store", "ctr_features", "ctr_model"},
+    "serving": {"ctr_contract", "ctr_store", "ctr_features"},
+    "pipelines": {"ctr_contract", "ctr_store", "ctr_features", "ctr_model", "training", "export", "serving"},
     "bench": {*OURS, "tests"},
 }
 STDLIB_ONLY = ("ctr_contract",)
