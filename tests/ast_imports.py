@@ -14,7 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Our packages, the ones the import rules and the layout rules are about.
-OURS = ("ctr_contract", "ctr_store", "ctr_features", "ctr_model", "training", "export", "serving", "pipelines", "bench")
+OURS = (
+    "ctr_contract",
+    "ctr_store",
+    "ctr_features",
+    "ctr_model",
+    "training",
+    "export",
+    "serving",
+    "pipelines",
+    "bench",
+)
 
 
 @dataclass(frozen=True)
