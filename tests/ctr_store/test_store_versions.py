@@ -129,3 +129,45 @@ def test_an_unreachable_store_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         ObjectStore(config).list_children(BucketPath("models", "ctr"))
     assert err.value.reason == UNREACHABLE
     assert "LIST s3://models/ctr/" in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_large_version_downloads_in_bounded_memory(s3_store, s3_env, tmp_path: Path) -> None:
+    """A 256 MiB model downloads with well under its size in extra memory: each of the parallel downloads
+    streams 1 MiB chunks to disk (the issue: a 1 GiB model must not take 1 GiB of RAM beyond the loaded model)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    size = 256 << 20
+    local = tmp_path / "v"
+    (local / "assets.extra").mkdir(parents=True)
+    with (local / "model.onnx").open("wb") as f:
+        for _ in range(size >> 20):
+            f.write(os.urandom(1 << 20))
+    (local / MANIFEST_PATH).write_text(json.dumps({"version": 1, "files": file_hashes(local)}))
+    base = BucketPath(s3_store.make_bucket("versions-large"), "ctr")
+    store = ObjectStore(StoreConfig.from_env())
+    upload_version(store, base, 1, local)
+    (local / "model.onnx").unlink()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.ctr_store.download_memory",
+            base.bucket,
+            base.prefix,
+            "1",
+            str(tmp_path / "1"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    grew_kib = int(out.stdout.strip())
+    print(f"peak RSS growth over a {size >> 20} MiB download: {grew_kib / 1024:.1f} MiB")
+    assert (tmp_path / "1" / "model.onnx").stat().st_size == size
+    assert grew_kib < 64 << 10, f"the download of {size >> 20} MiB grew the peak RSS by {grew_kib >> 10} MiB"
