@@ -146,6 +146,17 @@ def test_refused_credentials_fail_in_one_line_without_the_secret(
     assert wrong not in line and SECRET not in line
 
 
+def test_an_unreachable_store_fails_in_one_line_naming_the_path(
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # nothing listens on port 1
+    with pytest.raises(DataError) as err:
+        resolve_data("s3://data/criteo/train.txt")
+    message = str(err.value)
+    assert message.startswith("HEAD s3://data/criteo/train.txt: unreachable (") and "\n" not in message
+    assert message.endswith("); check AWS_ENDPOINT_URL and that the store is up")
+
+
 def test_the_filesystem_takes_the_endpoint_region_and_tls_rule_of_the_store_config(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
