@@ -16,6 +16,7 @@ from training.tune.params import load_tuned_params
 
 _EPILOG = """examples:
   python -m training --data artifacts/data/train.txt --out artifacts/run
+  python -m training --data 's3://BUCKET/criteo/day_*.gz' --cache-dir /tmp/ctr-cache   # from a bucket
   python -m training --devices 2 --accelerator cpu                  # 2-process DDP (gloo) on one machine
   torchrun --nnodes 2 --nproc-per-node 4 --node-rank 0 --master-addr HOST --master-port 29500 \\
       -m training --accelerator gpu --devices 4 --num_nodes 2       # then --node-rank 1 on the second node
@@ -33,10 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument(
         "--data",
-        type=Path,
         default=d.data,
-        help="Criteo data: a file, a directory or a quoted glob of Kaggle TSV / CSV-with-header files, "
-        f"or of Parquet files, read as one data set (default {d.data})",
+        help="Criteo data: a file, a directory or a quoted glob of Kaggle TSV / CSV-with-header files "
+        "(plain, .gz, .zst or .bz2), or of Parquet files, read as one data set; on disk or in a bucket "
+        "(s3://BUCKET/KEY, a prefix or a glob of keys, streamed; the store from AWS_ENDPOINT_URL and the AWS "
+        f"credential variables, docs/training-data.md) (default {d.data})",
     )
     g.add_argument("--out", type=Path, default=d.out, help=f"run directory to write (default {d.out})")
     g.add_argument(

@@ -9,6 +9,7 @@ from typing import Any
 from ctr_contract.signatures import DEFAULT_WIDTH
 from ctr_features.data.split import DEFAULT_VAL_FRACTION
 from ctr_features.layout import HASH_START
+from ctr_store.url import is_bucket_path
 from training.errors import ConfigError
 
 LOADERS = ("auto", "stream", "memory")
@@ -19,7 +20,7 @@ _RANGES = {"negative_sample_rate": " (the share of negatives kept: 0 < w <= 1)"}
 class TrainConfig:
     """Settings of one run; `python -m training --help` documents each one."""
 
-    data: Path = Path("artifacts/data/train.txt")
+    data: Path | str = Path("artifacts/data/train.txt")  # str: an s3:// URL (a Path would fold its "//")
     out: Path = Path("artifacts/run")
     cache_dir: Path | None = None
     skip_bad_rows: bool = False
@@ -54,7 +55,8 @@ class TrainConfig:
     sample_audit: bool = False
 
     def __post_init__(self) -> None:
-        self.data, self.out = Path(self.data), Path(self.out)
+        self.data = str(self.data) if is_bucket_path(self.data) else Path(self.data)
+        self.out = Path(self.out)
         self.init_from = Path(self.init_from) if self.init_from is not None else None
         self.cache_dir = Path(self.cache_dir) if self.cache_dir is not None else None
         checks = {

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0],
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("--data", type=Path, default=d.data, help=f"as for training (default: {d.data})")
+    p.add_argument("--data", default=d.data, help=f"as for training, s3:// too (default: {d.data})")
     p.add_argument(
         "--cache-dir",
         type=Path,

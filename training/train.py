@@ -244,7 +244,7 @@ def _final_metrics(
 
 def _oracle(cfg: TrainConfig, val_y: np.ndarray, val_ids: np.ndarray) -> tuple[float | None, float | None]:
     """Ground-truth probabilities scored on this run's validation rows, when the data is one synthetic file."""
-    if not cfg.data.is_file():
+    if not isinstance(cfg.data, Path) or not cfg.data.is_file():
         return None, None
     probs_file, summary_file = oracle_paths(cfg.data)
     if probs_file.is_file():

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, FIELDS, LABEL, N_FIELDS, NUMERIC_FIELDS
-from ctr_features.data.compressed import codec, open_text, truncated_message
+from ctr_features.data.compressed import ObjectFile, codec, open_text, truncated_message
 from ctr_features.errors import DataError, MalformedRowError
 
 # Bytes of text per batch. Arrow's streaming reader reads and parses a number of blocks ahead, so this
@@ -62,7 +62,7 @@ class FileFormat:
     has_header: bool
 
 
-def detect_format(path: Path) -> FileFormat:
+def detect_format(path: Path | ObjectFile) -> FileFormat:
     """Tab without header (Kaggle train.txt) or comma with a `label,I1,...,C26` header."""
     with open_text(path) as f:
         head = f.read(1 << 16)  # a header or a Criteo record is far shorter
@@ -86,15 +86,17 @@ def detect_format(path: Path) -> FileFormat:
 
 
 def read_batches(
-    path: str | Path, skip_bad_rows: bool = False, report: ReadReport | None = None
+    path: str | Path | ObjectFile, skip_bad_rows: bool = False, report: ReadReport | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Yield validated columnar batches of a Criteo file (see module docstring for the schema).
 
+    Args:
+        path: a local file, or an `ObjectFile` (an object in a bucket), read in one or two streamed passes.
     Raises:
         MalformedRowError: on the first bad row, unless `skip_bad_rows`, which counts them into `report`.
     """
-    p = Path(path)
-    if not p.is_file():
+    p = path if isinstance(path, ObjectFile) else Path(path)
+    if isinstance(p, Path) and not p.is_file():
         raise DataError(f"data file not found: {p}")
     report = report if report is not None else ReadReport()
     try:
@@ -105,7 +107,9 @@ def read_batches(
         raise DataError(truncated_message(p, e)) from e
 
 
-def _read(p: Path, fmt: FileFormat, skip_bad_rows: bool, report: ReadReport) -> Iterator[pa.RecordBatch]:
+def _read(
+    p: Path | ObjectFile, fmt: FileFormat, skip_bad_rows: bool, report: ReadReport
+) -> Iterator[pa.RecordBatch]:
     done = 0  # rows already yielded by the fast path; row ids are the same on both paths
     if not skip_bad_rows:
         try:
@@ -128,7 +132,7 @@ class _NeedsValidation(Exception):
     """The fast parse accepted a value the contract rejects (label not 0/1, non-finite count)."""
 
 
-def _typed_batches(path: Path, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
+def _typed_batches(path: Path | ObjectFile, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
     types = {
         LABEL: pa.int8(),
         **{f: pa.float64() for f in NUMERIC_FIELDS},
@@ -158,7 +162,7 @@ def _typed_batches(path: Path, fmt: FileFormat) -> Iterator[pa.RecordBatch]:
 
 
 def _validated_batches(
-    path: Path, fmt: FileFormat, skip: bool, report: ReadReport
+    path: Path | ObjectFile, fmt: FileFormat, skip: bool, report: ReadReport
 ) -> Iterator[pa.RecordBatch]:
     # One string per physical line (the delimiter never occurs), so row index -> exact line number.
     reader = pacsv.open_csv(
@@ -184,7 +188,7 @@ def _validated_batches(
 
 
 def _validate(
-    path: Path,
+    path: Path | ObjectFile,
     fmt: FileFormat,
     lines: pa.Array,
     line_no: np.ndarray,
@@ -237,7 +241,7 @@ def _validate(
 
 
 def _message(
-    path: Path,
+    path: Path | ObjectFile,
     fmt: FileFormat,
     count: int,
     kind: int,

@@ -1,7 +1,8 @@
 """Columnar cache of a Criteo file: parse the text once, train from Parquet every time after.
 
 The cache sits in the cache folder (`training/data/cache_dir.py`: beside the source when it is writable,
-`train.txt` -> `train.txt.cache.parquet`) and records the source's size and mtime; a changed source, a new
+`train.txt` -> `train.txt.cache.parquet`; an object's in `--cache-dir` or the user's cache folder) and records
+the source's size and mtime (an object's Last-Modified: `training/data/objects.py`); a changed source, a new
 reader version, or a stricter read than the cache was built with rebuilds it. It is written to a temporary
 file and renamed, so a killed build never leaves half a cache. Processes that need the same cache build it
 once (`training/data/once.py`: a lock file with a heartbeat); the others wait for it.
@@ -23,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ctr_features.data.criteo import SCHEMA, ReadReport, read_batches
-from training.data.cache_dir import cached_name
+from training.data.cache_dir import cached_name, user_cache_dir
+from training.data.objects import DataPath, as_data_path, is_object, stamp, store_error, text_source
 from training.data.once import build_once
 from training.errors import DataError
 
@@ -31,22 +33,25 @@ CACHE_VERSION = 2
 ROW_GROUP_ROWS = 1 << 17  # ~55 MB decoded: small enough to stream, large enough to read fast
 
 
-def cache_path(data: Path, cache_dir: Path | None = None) -> Path:
+def cache_path(data: DataPath, cache_dir: Path | None = None) -> Path:
     """`FILE.cache.parquet` beside the data, or its name in `cache_dir` (see `training/data/cache_dir.py`)."""
-    folder = cache_dir if cache_dir is not None else data.parent
+    if cache_dir is not None:
+        folder = cache_dir
+    else:
+        folder = data.parent if isinstance(data, Path) else user_cache_dir()
     return folder / (cached_name(data, folder) + ".cache.parquet")
 
 
-def _meta_path(data: Path, cache_dir: Path | None) -> Path:
+def _meta_path(data: DataPath, cache_dir: Path | None) -> Path:
     return cache_path(data, cache_dir).with_suffix(".json")
 
 
-def _source_key(data: Path) -> dict[str, int]:
-    st = data.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "version": CACHE_VERSION}
+def _source_key(data: DataPath) -> dict[str, int]:
+    size, mtime_ns = stamp(data)
+    return {"size": size, "mtime_ns": mtime_ns, "version": CACHE_VERSION}
 
 
-def _valid_meta(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> dict[str, Any] | None:
+def _valid_meta(src: DataPath, skip_bad_rows: bool, cache_dir: Path | None) -> dict[str, Any] | None:
     """The cache's metadata if the cache is usable for this read, else None."""
     meta_file, parquet = _meta_path(src, cache_dir), cache_path(src, cache_dir)
     if not (meta_file.is_file() and parquet.is_file()):
@@ -77,8 +82,8 @@ def ensure_cache(
     Raises:
         DataError: the source changed while it was being parsed.
     """
-    src = Path(data)
-    if not src.is_file():
+    src = as_data_path(data)
+    if isinstance(src, Path) and not src.is_file():
         raise DataError(
             f"data file not found: {src} (generate one with `python -m training.synth --out {src}`)"
         )
@@ -95,7 +100,7 @@ def ensure_cache(
     return cache_path(src, cache_dir), ReadReport(**meta["report"])
 
 
-def _build(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> None:
+def _build(src: DataPath, skip_bad_rows: bool, cache_dir: Path | None) -> None:
     report = ReadReport()
     dst, meta_file = cache_path(src, cache_dir), _meta_path(src, cache_dir)
     tmp, tmp_meta = (p.with_name(f"{p.name}.{os.getpid()}.tmp") for p in (dst, meta_file))
@@ -112,7 +117,7 @@ def _build(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> None:
                     waiting.popleft().result()
 
             pending: list[pa.RecordBatch] = []  # parser blocks, regrouped into full row groups
-            for batch in read_batches(src, skip_bad_rows=skip_bad_rows, report=report):
+            for batch in read_batches(text_source(src), skip_bad_rows=skip_bad_rows, report=report):
                 pending.append(batch)
                 table = pa.Table.from_batches(pending)
                 while len(table) >= ROW_GROUP_ROWS:
@@ -123,14 +128,18 @@ def _build(src: Path, skip_bad_rows: bool, cache_dir: Path | None) -> None:
                 write(pa.Table.from_batches(pending, schema=SCHEMA))
             while waiting:
                 waiting.popleft().result()
-        if _source_key(src) != before:
+        if (after := _source_key(src)) != before:
             raise DataError(
-                f"{src} changed while it was being parsed (size {before['size']} -> {src.stat().st_size} bytes); "
+                f"{src} changed while it was being parsed (size {before['size']} -> {after['size']} bytes); "
                 "re-run once the file is complete"
             )
         tmp_meta.write_text(json.dumps({"source": before, "report": asdict(report)}, indent=2))
         os.replace(tmp, dst)
         os.replace(tmp_meta, meta_file)
+    except OSError as e:
+        if is_object(src) and (err := store_error(e, f"GET {src}")).reason != "error":
+            raise err from e  # the store failed mid-read: one line, with the URL
+        raise
     finally:
         tmp.unlink(missing_ok=True)
         tmp_meta.unlink(missing_ok=True)

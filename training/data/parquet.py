@@ -5,14 +5,14 @@
 row ids are the file's own `row_id` (or row position) plus the ids spanned by the files before it, so a
 single file keeps its ids and the synthetic oracle still lines up. `read` returns one row group's rows of
 one split, with their global ids and their index within the split (file order), typed like the cache.
-A file whose size or mtime changed since `open` is an error, never a silent mix of two versions.
+A file whose size or mtime changed since `open` is an error, never a silent mix of two versions. A file may
+be an object in a bucket (`training/data/objects.py`): its row groups are then read by ranged GETs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from ctr_features.data.split import validation_mask
+from training.data.objects import DataPath, as_data_path, is_object, random_access, stamp
 from training.errors import DataError
 
 Split = Literal["train", "val"]
@@ -58,7 +59,7 @@ class Chunk:
     index: np.ndarray
 
 
-def _check_schema(path: Path, schema: pa.Schema) -> bool:
+def _check_schema(path: DataPath, schema: pa.Schema) -> bool:
     """Raise DataError unless `schema` holds the Criteo columns; returns whether it has `row_id`."""
     kinds: dict[str, tuple[Callable[[pa.DataType], bool], ...]] = {
         LABEL: (pa.types.is_integer, pa.types.is_boolean)
@@ -78,9 +79,9 @@ def _check_schema(path: Path, schema: pa.Schema) -> bool:
     return "row_id" in schema.names
 
 
-def _stamp(path: Path) -> tuple[int, int]:
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns
+def _parquet_file(path: DataPath, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
+    # An object's column chunks are fetched together for each row group (fewer, larger GETs).
+    return pq.ParquetFile(random_access(path), read_dictionary=read_dictionary, pre_buffer=is_object(path))
 
 
 class ParquetData:
@@ -88,7 +89,7 @@ class ParquetData:
 
     def __init__(
         self,
-        files: list[Path],
+        files: list[DataPath],
         stamps: list[tuple[int, int]],
         row_ids: list[bool],
         pieces: list[Piece],
@@ -99,14 +100,14 @@ class ParquetData:
         self._open: dict[tuple[int, bool], pq.ParquetFile] = {}
 
     @classmethod
-    def open(cls, files: list[Path], val_fraction: float, max_rows: int | None = None) -> ParquetData:
+    def open(cls, files: list[DataPath], val_fraction: float, max_rows: int | None = None) -> ParquetData:
         """Check every file and count each row group's training and validation rows."""
         stamps, row_ids, pieces = [], [], []
         offset = train_start = val_start = used = 0
         for i, path in enumerate(files):
-            stamps.append(_stamp(path))
+            stamps.append(stamp(path))
             try:
-                pf = pq.ParquetFile(path)
+                pf = _parquet_file(path)
             except (pa.ArrowException, OSError) as e:
                 raise DataError(f"{path}: not a readable Parquet file ({e})") from e
             has_ids = _check_schema(path, pf.schema_arrow)
@@ -154,15 +155,15 @@ class ParquetData:
         decoded into one string per row): what hash-based counting and lookups want.
         """
         path = self.files[piece.file]
-        if _stamp(path) != self.stamps[piece.file]:
+        if stamp(path) != self.stamps[piece.file]:
             raise DataError(f"{path} changed while training was reading it; re-run once the file is complete")
         names = list(columns or (LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS))
         if LABEL not in names:
             names.insert(0, LABEL)
         pf = self._open.get((piece.file, dictionary))
         if pf is None:
-            pf = self._open[(piece.file, dictionary)] = pq.ParquetFile(
-                path, read_dictionary=list(CATEGORICAL_FIELDS) if dictionary else None
+            pf = self._open[(piece.file, dictionary)] = _parquet_file(
+                path, list(CATEGORICAL_FIELDS) if dictionary else None
             )
         try:
             table = pf.read_row_group(
@@ -206,7 +207,7 @@ class ParquetData:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ParquetData:
         return cls(
-            [Path(f) for f in d["files"]],
+            [as_data_path(f) for f in d["files"]],
             [tuple(s) for s in d["stamps"]],
             d["row_ids"],  # type: ignore[misc]
             [Piece(**p) for p in d["pieces"]],
@@ -214,7 +215,9 @@ class ParquetData:
         )
 
 
-def _read_ids(pf: pq.ParquetFile, path: Path, group: int, has_ids: bool, first: int, rows: int) -> np.ndarray:
+def _read_ids(
+    pf: pq.ParquetFile, path: DataPath, group: int, has_ids: bool, first: int, rows: int
+) -> np.ndarray:
     if not has_ids:
         return np.arange(first, first + rows, dtype=np.int64)
     try:
@@ -226,7 +229,7 @@ def _read_ids(pf: pq.ParquetFile, path: Path, group: int, has_ids: bool, first: 
     return col.to_numpy().astype(np.int64)
 
 
-def _normalise(path: Path, table: pa.Table, dictionary: bool = False) -> pa.Table:
+def _normalise(path: DataPath, table: pa.Table, dictionary: bool = False) -> pa.Table:
     """Cast a Parquet file's Criteo columns to the cache's types (C* may stay dictionaries); check labels are 0/1."""
     label = table.column(LABEL)
     if label.type != pa.int8():

@@ -44,6 +44,7 @@ from training.data.cache import cache_path, ensure_cache
 from training.data.cache_dir import cached_name, choose_cache_dir
 from training.data.category_counts import MAX_VALUES, FieldCounts
 from training.data.feature_cache import write_at
+from training.data.objects import DataPath, stamp
 from training.data.once import build_once
 from training.data.parquet import ParquetData, Piece, Split
 from training.data.rank_group import RankGroup
@@ -181,7 +182,7 @@ def _encode(data: ParquetData, mine: list[Piece], spec: FeatureSpec, tmp: dict[S
 
 
 def _parse(
-    files: list[Path], skip_bad_rows: bool, cache_dir: Path, group: RankGroup, say: Callable[[str], None]
+    files: list[DataPath], skip_bad_rows: bool, cache_dir: Path, group: RankGroup, say: Callable[[str], None]
 ) -> tuple[list[Path], ReadReport, list[int]]:
     """Parquet caches of the text files (this rank parses its share), the merged parse report, and each
     file's rows."""
@@ -205,13 +206,8 @@ def _parse(
     return caches, report, rows
 
 
-def _stat(f: Path) -> tuple[int, int]:
-    st = f.stat()
-    return st.st_size, st.st_mtime_ns
-
-
 def _targets(
-    parquet: list[Path],
+    parquet: list[DataPath],
     cache_dir: Path,
     val_fraction: float,
     width: int,
@@ -226,7 +222,7 @@ def _targets(
             width,
             max_rows,
             frozen.to_dict() if frozen else None,
-            [(str(f.resolve()), *_stat(f)) for f in parquet],
+            [(str(f.resolve()) if isinstance(f, Path) else f, *stamp(f)) for f in parquet],
         ]
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:16]
@@ -237,7 +233,7 @@ def _targets(
 
 
 def _build(
-    parquet: list[Path],
+    parquet: list[DataPath],
     target: Path,
     encoded: dict[Split, Path],
     val_fraction: float,
@@ -319,17 +315,20 @@ def prepare_data(
     """
     group = group or RankGroup()
     files = resolve_data(data)
-    cache = choose_cache_dir(files[0].path.parent, cache_dir)
+    first = files[0].path
+    cache = choose_cache_dir(first.parent if isinstance(first, Path) else None, cache_dir)
     say(f"cache folder: {cache}")
     timings: dict[str, tuple[int, float]] = {}
     t = time.perf_counter()
     if files[0].parquet:
-        parquet, report = [f.path for f in files], ReadReport()
+        parquet: list[DataPath] = [f.path for f in files]
+        report = ReadReport()
     else:
         before = [_mtime(cache_path(f.path, cache)) for f in files]
-        parquet, report, file_rows = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
+        caches, report, file_rows = _parse([f.path for f in files], skip_bad_rows, cache, group, say)
+        parquet = list(caches)
         # Only the files whose cache this run (re)built were parsed; reused caches cost no parsing.
-        parsed = [n for p, old, n in zip(parquet, before, file_rows, strict=True) if _mtime(p) != old]
+        parsed = [n for p, old, n in zip(caches, before, file_rows, strict=True) if _mtime(p) != old]
         if parsed:
             timings["parse"] = (sum(parsed), time.perf_counter() - t)
     target, encoded = _targets(parquet, cache, val_fraction, width, max_rows, frozen)
@@ -356,7 +355,7 @@ def prepare_data(
         group.raise_any(error)
     d = json.loads(target.read_text())
     prepared = ParquetData.from_json(d["data"])
-    if [tuple(s) for s in prepared.stamps] != [_stat(f) for f in parquet]:
+    if [tuple(s) for s in prepared.stamps] != [stamp(f) for f in parquet]:
         raise DataError(
             f"the data changed while it was being prepared ({parquet[0]} ...); re-run once it is complete"
         )
