@@ -21,6 +21,7 @@ from pathlib import Path
 
 KEY, SECRET = "ctr-test-key", "ctr-test-secret-0123456789"
 START_DEADLINE_S = 60.0
+STOP_GRACE_S = 3.0  # weed rarely exits on SIGTERM within 10 s; its data is on disk by then (the restart tests)
 
 
 def weed_binary() -> str:
@@ -140,7 +141,7 @@ class SeaweedS3:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(10)
+            self.proc.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
