@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ctr_contract.repository import MANIFEST_PATH, STAGING_PREFIX, parse_version_dir
-from ctr_store.errors import HASH_MISMATCH, NOT_FOUND, StoreError, classify
+from ctr_store.errors import ERROR, HASH_MISMATCH, NOT_FOUND, StoreError, classify
 from ctr_store.objects import ObjectStore
 from ctr_store.url import BucketPath, is_bucket_path
 from ctr_store.versions import BAD_MANIFEST, VersionIncomplete, download_version, list_versions, read_manifest
@@ -93,9 +93,8 @@ class BucketMirror:
         self.download_timeout_s, self.manifest_wait_s = download_timeout_s, manifest_wait_s
         self._store = store  # made on the mirror's thread at its first poll (boto3 reads its files then)
         self.manifests: dict[int, bytes] = {}  # complete versions: their manifest as the bucket holds it
-        self.waiting: dict[
-            int, tuple[float, float]
-        ] = {}  # prefix -> (first seen, last read) without manifest
+        # Prefixes without a manifest yet: version -> (first seen, last read), monotonic.
+        self.waiting: dict[int, tuple[float, float]] = {}
         self.rejected: dict[int, _Rejection] = {}
         self.validated: set[int] = set()  # cached versions whose manifest equals the bucket's
         self.listed: set[int] = set()  # the last listing that succeeded
@@ -150,7 +149,7 @@ class BucketMirror:
             self.metrics.repository_errors.inc(self.model, report.fault.reason)
             if self.outage is None:
                 log.error(
-                    "%s: the object store fails for s3://%s (%s): %s; the cached versions keep serving, "
+                    "%s: cannot poll s3://%s (%s): %s; the cached versions keep serving, "
                     "retrying every poll",
                     self.model,
                     self.base.bucket,
@@ -177,6 +176,8 @@ class BucketMirror:
             self._apply(wanted, loaded, report)
         except StoreError as exc:
             report.fault = exc
+        except OSError as exc:  # the cache folder: unwritable, full
+            report.fault = StoreError(ERROR, f"the cache folder {self.cache}: {exc}")
         return report
 
     def _cached(self) -> dict[int, Path]:

@@ -15,6 +15,7 @@ from ctr_store.url import BucketPath
 from ctr_store.versions import upload_version
 from tests.object_store import SECRET
 from tests.serving.bucket_repo import (
+    ROWS,
     corrupt_manifest,
     expected,
     metric,
@@ -157,3 +158,22 @@ def test_no_secret_in_the_metrics_or_the_log(served: Served) -> None:
     _, page = http(served.server.url("/metrics"))
     assert SECRET not in str(page) and SECRET not in served.server.log()
     assert f'{REQUESTS}{{model_name="ctr",kind="LIST"}}' in str(page)
+
+
+def test_a_model_config_file_serves_a_bucket_base_path_with_labels(served: Served, tmp_path: Path) -> None:
+    config = tmp_path / "models.config"
+    config.write_text(
+        f'model_config_list {{ config {{ name: "ctr" base_path: "{served.base}" model_platform: "tensorflow" '
+        'version_labels { key: "stable" value: 2 } } }\n'
+    )
+    server = ServerProcess(
+        None, tmp_path / "server.log", f"--model_config_file={config}", f"--model_cache_dir={tmp_path / 'c'}"
+    )
+    try:
+        server.wait_ready()
+        status, body = http(server.url("/v1/models/ctr/labels/stable:predict"), {"instances": ROWS.tolist()})
+        assert status == 200, body
+        assert [row[0] for row in body["predictions"]] == pytest.approx(expected(2), abs=1e-6)
+        assert sorted(p.name for p in (tmp_path / "c" / "ctr").iterdir()) == [".lock", "2"]
+    finally:
+        server.stop()
