@@ -128,12 +128,19 @@ def test_a_version_with_a_bad_sha256_is_never_served(served: Served) -> None:
     assert server.log().count("ctr version 3 rejected (hash_mismatch)") == 1
 
 
-def test_wrong_credentials_stop_the_start_with_one_line_and_exit_2(
-    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store
+@pytest.mark.parametrize("reason", ["denied", "no_credentials"])
+def test_refused_credentials_stop_the_start_with_one_line_and_exit_2(
+    served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_store, reason: str
 ) -> None:  # type: ignore[no-untyped-def]
     secret = "wrong-secret-do-not-log-4711"
     for name, value in s3_store.env(AWS_SECRET_ACCESS_KEY=secret).items():
         monkeypatch.setenv(name, value)
+    if reason == "no_credentials":  # nothing anywhere in boto3's chain
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name)
+        for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+            monkeypatch.setenv(name, str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     server = ServerProcess(
         None,
         tmp_path / "server.log",
@@ -144,7 +151,7 @@ def test_wrong_credentials_stop_the_start_with_one_line_and_exit_2(
     assert server.proc.wait(60) == 2
     lines = server.log().strip().splitlines()
     assert len(lines) == 1, lines
-    assert "cannot start: the object store refuses the credentials (denied)" in lines[0]
+    assert f"cannot start: the object store refuses the credentials ({reason})" in lines[0]
     assert "s3://serving-from-a-bucket/prod/ctr" in lines[0]
     assert secret not in server.log()
     assert not (tmp_path / "cache").exists()
