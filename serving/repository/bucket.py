@@ -149,8 +149,7 @@ class BucketMirror:
             self.metrics.repository_errors.inc(self.model, report.fault.reason)
             if self.outage is None:
                 log.error(
-                    "%s: cannot poll s3://%s (%s): %s; the cached versions keep serving, "
-                    "retrying every poll",
+                    "%s: cannot poll s3://%s (%s): %s; the cached versions keep serving, retrying every poll",
                     self.model,
                     self.base.bucket,
                     report.fault.reason,
