@@ -135,7 +135,7 @@ class BucketMirror:
     # --- on the event loop --------------------------------------------------------------------
     def count_requests(self) -> None:
         """Add the store requests made since the last call to the metric (the manager calls it as each poll
-        ends, beside ctr_serving_repository_polls_total, so a scrape sees both move together)."""
+        ends, in the event loop's step that counts ctr_serving_repository_polls_total: a scrape sees both)."""
         made = (self._store.requests if self._store else Counter()) - self._requests
         self._requests.update(made)
         for kind, n in made.items():

@@ -143,12 +143,17 @@ class ModelManager:
                 await self.poll_once()
             except Exception:
                 limited.log(logging.ERROR, "poll", "polling %s failed", self.base_path, exc_info=True)
-            if self.mirror is not None:
-                self.mirror.count_requests()
             self.metrics.repository_polls.inc(self.name)  # tests and operators see each poll end
 
     async def poll_once(self) -> None:
         """Load what the policy wants (newest first), then retire what it no longer wants."""
+        try:
+            await self._poll()
+        finally:  # no await from here to poll_forever's count: a scrape sees polls and requests together
+            if self.mirror is not None:
+                self.mirror.count_requests()
+
+    async def _poll(self) -> None:
         report = None
         if self.mirror is not None:  # the bucket's half: what the cache folder holds when it returns
             report = await self.mirror.sync(self.policy, set(self.loaded), self.states.failed())
