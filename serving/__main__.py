@@ -7,6 +7,7 @@ import sys
 
 from serving.app.config import parse_config
 from serving.app.server import run_server
+from serving.app.store_access import check_store_access
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,6 +17,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=cfg.log_level.upper(), format=f"%(asctime)s %(levelname)s{process} %(name)s: %(message)s"
     )
+    if cfg.log_level != "debug":  # botocore says where it found credentials, per client: noise at info
+        logging.getLogger("botocore").setLevel(logging.WARNING)
+    code = check_store_access(cfg)  # a base path in a bucket with refused credentials: exit 2
+    if code:
+        sys.exit(code)
     if cfg.num_workers > 1:
         from serving.app.workers import run_workers
 

@@ -102,6 +102,8 @@ class SeaweedS3:
             f"-filer.port={self.filer}",
             "-s3",
             f"-s3.port={self.s3_port}",
+            "-s3.port.iceberg=0",  # off: their fixed default ports (8181, 9101) collide between two stores
+            "-s3.port.lance=0",
             f"-s3.config={self.config_file}",
             "-s3.port.iceberg=0",  # off: their fixed default ports (8181, 9101) collide between two stores
             "-s3.port.lance=0",

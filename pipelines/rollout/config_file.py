@@ -21,9 +21,9 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ctr_contract.repository import version_dirs
 from ctr_contract.traffic import TrafficError, TrafficSplit, format_traffic, parse_traffic
 from pipelines.durable import replace_file
+from pipelines.rollout.versions import Versions
 from serving import protos
 from serving.repository.model_config import ModelConfigError, ModelSpec, labels_off_disk, parse_model_config
 
@@ -134,7 +134,7 @@ def check(text: str, model: str, target: Target, source: str) -> None:
     off_disk = labels_off_disk([spec])  # the server's own check at each re-read
     if off_disk:
         raise ConfigFileError(off_disk)
-    on_disk = set(version_dirs(spec.base_path))
+    on_disk = Versions(spec.base_path).numbers  # a bucket's: one LIST
     missing = sorted(set(target.versions) - on_disk)
     if missing:
         raise ConfigFileError(f"versions {missing} of {model} are not on disk under {spec.base_path}")

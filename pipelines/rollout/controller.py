@@ -34,14 +34,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ctr_contract.repository import MANIFEST_PATH, version_dirs
+from ctr_store.errors import StoreError
 from pipelines.rollout import config_file
 from pipelines.rollout.config_file import ConfigFileError, Target
 from pipelines.rollout.journal import KEEP_REJECTED, State, Store
 from pipelines.rollout.metrics import RolloutMetrics
 from pipelines.rollout.policy import Policy, figure, judge, read_snapshot
 from pipelines.rollout.server import LoadState, ServerProbe
-from serving.repository.manifest_check import VersionNotReady, VersionRejected, stamp, verify
+from pipelines.rollout.versions import Versions
 
 log = logging.getLogger("pipelines.rollout")
 KILL_AT = "CTR_ROLLOUT_KILL_AT"
@@ -51,19 +51,6 @@ MAX_DECISIONS_PER_TICK = 8
 def _kill_point(point: str, seq: int) -> None:
     if os.environ.get(KILL_AT) == f"{point}:{seq}":
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def check_files(version_dir: Path) -> tuple[str, str]:
-    """("ok", ""), ("not_ready", why) while it is being copied, or ("corrupt", why): the manifest check."""
-    try:
-        verify(version_dir, stamp(version_dir))
-    except VersionNotReady as exc:
-        return "not_ready", str(exc)
-    except VersionRejected as exc:
-        return "corrupt", str(exc)
-    except OSError as exc:
-        return "not_ready", f"cannot read it: {exc}"
-    return "ok", ""
 
 
 class Controller:
@@ -117,6 +104,9 @@ class Controller:
             except ConfigFileError as exc:
                 self._say("config", f"{exc}; no decision until the model config file is fixed", logging.ERROR)
                 break
+            except StoreError as exc:  # a base path in a bucket that cannot be read now
+                self._say("store", f"{exc}; no decision until the store answers", logging.ERROR)
+                break
             if record is None:
                 break
             made.append(record)
@@ -134,7 +124,7 @@ class Controller:
             _kill_point("config", record["seq"])
             state = State.from_dict(record["state"])
             self.store.save_state(state)
-        except (ConfigFileError, OSError) as exc:
+        except (ConfigFileError, OSError, StoreError) as exc:
             self._say("config", f"cannot finish decision {record['seq']} yet: {exc}", logging.ERROR)
             return False
         self.state, self.pending = state, None
@@ -151,8 +141,9 @@ class Controller:
     def _decide(self) -> dict[str, Any] | None:
         text = config_file.read_text(self.config_path)
         spec = config_file.model_spec(text, self.model, f"the model config {self.config_path}")
-        on_disk = version_dirs(spec.base_path)
-        complete = sorted(v for v, p in on_disk.items() if (p / MANIFEST_PATH).exists())
+        on_disk = Versions(spec.base_path)
+        # Only versions above the floor can be decided on: a bucket's manifests are read for those alone.
+        complete = [v for v in on_disk if v > self.state.floor and on_disk.complete(v)]
         s = self.state
         if s.stable is None:
             label = spec.labels.get("stable")
@@ -166,17 +157,21 @@ class Controller:
             return self._pick(complete, on_disk)
         return self._advance(on_disk)
 
-    def _base(self, s: State, on_disk: dict[int, Path], *extra: int) -> Target:
+    def _base(self, s: State, on_disk: Versions, *extra: int) -> Target:
         """Stable (and the previous stable, kept) listed and labelled stable, with `extra` listed too."""
         assert s.stable is not None
-        keep = [s.previous] if self.policy.keep_previous and s.previous in on_disk else []
-        versions = tuple(sorted({s.stable, *keep, *extra}))  # type: ignore[arg-type]
+        keep = (
+            [s.previous]
+            if self.policy.keep_previous and s.previous is not None and s.previous in on_disk
+            else []
+        )
+        versions = tuple(sorted({s.stable, *keep, *extra}))
         return Target(versions, {"stable": s.stable})
 
-    def _first(self, complete: list[int], on_disk: dict[int, Path]) -> dict[str, Any] | None:
+    def _first(self, complete: list[int], on_disk: Versions) -> dict[str, Any] | None:
         s = self.state
         for v in reversed([v for v in complete if v > s.floor]):
-            verdict, why = check_files(on_disk[v])
+            verdict, why = on_disk.check(v)
             if verdict == "not_ready":
                 self._say("files", f"version {v} is not complete yet: {why}")
                 return None
@@ -194,14 +189,14 @@ class Controller:
             )
         return None
 
-    def _pick(self, complete: list[int], on_disk: dict[int, Path]) -> dict[str, Any] | None:
+    def _pick(self, complete: list[int], on_disk: Versions) -> dict[str, Any] | None:
         s = self.state
         assert s.stable is not None
         newer = [v for v in complete if v > max(s.floor, s.stable)]
         if not newer:
             return None
         v = newer[-1]
-        verdict, why = check_files(on_disk[v])
+        verdict, why = on_disk.check(v)
         if verdict == "not_ready":
             self._say("files", f"version {v} is not complete yet: {why}")
             return None
@@ -217,7 +212,7 @@ class Controller:
             "load", v, f"new version: listed for the server to load{note}", new, self._base(new, on_disk, v)
         )
 
-    def _advance(self, on_disk: dict[int, Path]) -> dict[str, Any] | None:
+    def _advance(self, on_disk: Versions) -> dict[str, Any] | None:
         s = self.state
         v = s.candidate
         assert v is not None and s.step is not None and s.step_since is not None
@@ -247,7 +242,7 @@ class Controller:
         return None
 
     def _loaded(
-        self, on_disk: dict[int, Path], status: dict[int, LoadState] | None, load: LoadState | None
+        self, on_disk: Versions, status: dict[int, LoadState] | None, load: LoadState | None
     ) -> dict[str, Any] | None:
         s = self.state
         assert s.step_since is not None
@@ -265,9 +260,7 @@ class Controller:
         self._say("wait", f"version {s.candidate} loading ({load.state if load else 'not reported yet'})")
         return None
 
-    def _next(
-        self, on_disk: dict[int, Path], reason: str, figures: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    def _next(self, on_disk: Versions, reason: str, figures: dict[str, Any] | None = None) -> dict[str, Any]:
         s = self.state
         v = s.candidate
         assert v is not None and s.step is not None
@@ -282,7 +275,7 @@ class Controller:
         return self._commit(step, v, reason, new, target, figures)
 
     def _rollback(
-        self, on_disk: dict[int, Path], reason: str, figures: dict[str, Any] | None = None
+        self, on_disk: Versions, reason: str, figures: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         s = self.state
         assert s.candidate is not None

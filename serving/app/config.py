@@ -10,10 +10,20 @@ from pathlib import Path
 from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import quiet_tensorflow_log
 from serving.app.cpu_plan import cpu_plan
-from serving.app.flags import add_http_flags, add_traffic_flags, bool_flag, labels_flag, policy_flag
+from serving.app.flags import (
+    DEFAULT_CACHE_DIR,
+    add_http_flags,
+    add_store_flags,
+    add_traffic_flags,
+    base_path_flag,
+    bool_flag,
+    labels_flag,
+    policy_flag,
+)
 from serving.app.tls import load_tls_config
 from serving.http.shared import COMPRESS_MIN_BYTES
 from serving.observability.tracing import read_config as read_tracing_config
+from serving.repository.bucket import BasePath
 from serving.repository.model_config import read_model_config
 from serving.repository.policy import VersionPolicy
 from serving.routing.fallback import FallbackOptions
@@ -28,7 +38,7 @@ class ServerConfig:
     rest_api_port: int
     host: str
     model_name: str
-    model_base_path: Path | None  # None: the models come from --model_config_file
+    model_base_path: BasePath | None  # None: the models come from --model_config_file
     backend: str
     enable_batching: bool
     max_batch_size: int
@@ -59,6 +69,9 @@ class ServerConfig:
     # Version folders (serving/repository/manager.py)
     manifest_wait_timeout_seconds: float = 600.0
     model_load_timeout_seconds: float = 600.0
+    # Base paths in a bucket (serving/repository/bucket.py): where their versions are cached
+    model_cache_dir: Path = DEFAULT_CACHE_DIR
+    model_download_timeout_seconds: float = 600.0
     # Drift metrics (serving/observability/drift.py) and sampled request logs (serving/observability/request_log.py)
     drift_window: int = 10_000
     request_log_dir: Path | None = None
@@ -153,6 +166,7 @@ _NOT_NEGATIVE = (
     "grace_period_seconds",
     "manifest_wait_timeout_seconds",
     "model_load_timeout_seconds",
+    "model_download_timeout_seconds",
     "response_compression_min_bytes",
 )
 
@@ -169,9 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument("--model_name", default="default", help="name in /v1/models/NAME and ModelSpec.name")
     tf.add_argument(
         "--model_base_path",
-        type=Path,
+        type=base_path_flag,
         default=None,
-        help="folder holding numeric version folders (default: none; give it or --model_config_file)",
+        help="folder holding numeric version folders, or s3://BUCKET/PREFIX holding them (cached in "
+        "--model_cache_dir) (default: none; give it or --model_config_file)",
     )
     tf.add_argument(
         "--model_config_file",
@@ -257,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="a version whose check, load and warm-up take longer fails alone; 0 = no limit",
     )
+    add_store_flags(ours)
     ours.add_argument("--grace_period_seconds", type=float, default=10.0, help="SIGTERM drain time")
     ours.add_argument(
         "--intra_op_threads",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from serving.app.config import ServerConfig
 from serving.repository.warmup import warmup_batches
@@ -53,7 +54,7 @@ CRITEO_ROW: dict[str, int | str] = {
 }
 
 
-def curl_example(cfg: ServerConfig, servable: LoadedVersion) -> str:
+def curl_example(cfg: ServerConfig, version_dir: Path, servable: LoadedVersion) -> str:
     """A curl command predicting one instance: a raw Criteo row when the version serves `raw`, else the first
     warm-up row of engineered features (or zeros)."""
     sig = servable.backend.signature
@@ -61,8 +62,7 @@ def curl_example(cfg: ServerConfig, servable: LoadedVersion) -> str:
     if sig.has_raw:
         row = CRITEO_ROW
     else:
-        assert cfg.model_base_path is not None  # printed by single-model servers only
-        batches = warmup_batches(cfg.model_base_path / str(servable.version), sig.input_name)
+        batches = warmup_batches(version_dir, sig.input_name)
         row = [round(float(v), 4) for v in batches[0][0]] if batches else [0.0] * sig.width
     host = "localhost" if cfg.host in ("0.0.0.0", "::") else cfg.host
     body = json.dumps({"instances": [row]}, separators=(",", ":"))

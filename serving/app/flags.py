@@ -4,11 +4,16 @@ version labels, version policies, shares), the REST connection limits and the tr
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 from ctr_contract.repository import parse_version_dir
 from ctr_contract.traffic import TrafficError, check_percent
 from serving.http.shared import COMPRESS_MIN_BYTES
+from serving.repository.bucket import BasePath, parse_base_path
 from serving.repository.policy import VersionPolicy
+
+DEFAULT_CACHE_DIR = Path(tempfile.gettempdir()) / "ctr-model-cache"
 
 
 def bool_flag(text: str) -> bool:
@@ -31,6 +36,32 @@ def labels_flag(text: str) -> dict[str, int]:
             raise argparse.ArgumentTypeError(f"expected LABEL=VERSION pairs such as stable=1, got {pair!r}")
         labels[name] = number
     return labels
+
+
+def base_path_flag(text: str) -> BasePath:
+    """A folder, or `s3://BUCKET/PREFIX` (serving/repository/bucket.py)."""
+    try:
+        return parse_base_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_store_flags(group: argparse._ArgumentGroup) -> None:
+    """Base paths in a bucket: the cache of their versions, and a version's download deadline."""
+    group.add_argument(
+        "--model_cache_dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="where versions of an s3:// base path are downloaded, in <dir>/<model name>/<version>/; kept "
+        "across restarts, holding the versions the policy serves; workers share it",
+    )
+    group.add_argument(
+        "--model_download_timeout_seconds",
+        type=float,
+        default=600.0,
+        help="a version of an s3:// base path not downloaded within this fails the poll, retried at the "
+        "next; 0 = no limit",
+    )
 
 
 def policy_flag(text: str) -> VersionPolicy:

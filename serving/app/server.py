@@ -194,6 +194,8 @@ def model_builder(
             make_runners=_runner_factory(cfg, metrics, run_executor, spec.name),
             manifest_wait_s=cfg.manifest_wait_timeout_seconds,
             load_timeout_s=cfg.model_load_timeout_seconds,
+            cache_root=cfg.model_cache_dir,
+            download_timeout_s=cfg.model_download_timeout_seconds,
         )
         drift, request_log = watch(manager)
         return Predictor(manager, router, limits, metrics, drift, request_log)
@@ -241,7 +243,8 @@ async def serve(cfg: ServerConfig, worker: WorkerRole | None = None) -> None:
         chores = asyncio.create_task(_worker_chores(worker, metrics, stop))
     latest = models.lookup(cfg.model_name).manager.latest if not isinstance(models, ModelSet) else None
     if cfg.print_curl_example and latest is not None and (worker is None or worker.index == 0):
-        print(curl_example(cfg, latest), flush=True)
+        base = models.lookup(cfg.model_name).manager.base_path  # a bucket's: its cache folder
+        print(curl_example(cfg, base / str(latest.version), latest), flush=True)
     del latest  # this frame lives as long as the server: it must not keep the first version after its unload
     health_task = asyncio.create_task(health.run())
     pollers = _start_polling(cfg, models, metrics)
@@ -339,9 +342,8 @@ def _watch_traffic(
     if cfg.drift_window:
 
         def newest_dir() -> Path | None:
-            latest = manager.latest
-            assert cfg.model_base_path is not None  # drift is watched on single-model servers only
-            return None if latest is None else cfg.model_base_path / str(latest.version)
+            latest = manager.latest  # the folder it was loaded from (a bucket's: in the cache)
+            return None if latest is None else manager.base_path / str(latest.version)
 
         shared = worker.metrics_dir if worker is not None else None
         drift = DriftMonitor(cfg.model_name, cfg.drift_window, newest_dir, shared, cfg.num_workers)

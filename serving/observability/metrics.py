@@ -17,6 +17,7 @@ import numpy as np
 from serving.observability.model_stats import ModelStatistics, v2_names
 from serving.observability.model_stats import note_batching as note_batching  # the batcher's import
 from serving.observability.process import rss_bytes
+from serving.observability.store_metrics import store_counters
 
 # TF Serving's request/runtime latency buckets, in microseconds: ExponentialBuckets(10, 1.8, 33).
 LATENCY_BUCKETS_US = tuple(float(f"{10.0 * 1.8**i:.6g}") for i in range(33))
@@ -227,6 +228,8 @@ class ServingMetrics:
             "Reads of --model_config_file finished (--model_config_file_poll_wait_seconds); flat: the poller is stuck.",
             (),
         )
+        # A base path in a bucket: its store's faults and requests (serving/observability/store_metrics.py).
+        self.repository_errors, self.repository_store_requests = store_counters(self._counter)
         self.versions_rejected = self._counter(
             "ctr_serving_versions_rejected_total",
             f"Model versions not loaded, by reason: {', '.join(REJECT_REASONS)}.",

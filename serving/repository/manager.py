@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Protocol
 
 from ctr_contract.ratelog import RateLimitedLog
+from ctr_store.versions import BAD_MANIFEST
 from serving.errors import NotFound
 from serving.observability.metrics import ServingMetrics
+from serving.repository.bucket import BasePath, BucketMirror, SyncReport
 from serving.repository.loading import Loader
 from serving.repository.manifest_check import check_outputs
 from serving.repository.policy import VersionPolicy
@@ -62,7 +64,7 @@ class ModelManager:
     def __init__(
         self,
         name: str,
-        base_path: Path,
+        base_path: BasePath,
         backend_kind: str,
         intra_op_threads: int,
         policy: VersionPolicy,
@@ -72,9 +74,25 @@ class ModelManager:
         make_runners: Callable[[Backend], dict[str, Runner]] | None = None,
         manifest_wait_s: float = 600.0,
         load_timeout_s: float = 600.0,
+        cache_root: Path | None = None,
+        download_timeout_s: float = 600.0,
     ) -> None:
-        """`watcher`: told of each version loaded, retired and unloaded (the model's router)."""
-        self.name, self.base_path, self.backend_kind = name, base_path, backend_kind
+        """`watcher`: told of each version loaded, retired and unloaded (the model's router). A base path in
+        a bucket is mirrored into `cache_root/<name>/` (serving/repository/bucket.py), which is then scanned."""
+        self.name, self.source, self.backend_kind = name, base_path, backend_kind
+        self.mirror: BucketMirror | None = None
+        if isinstance(base_path, Path):
+            self.base_path = base_path
+        else:
+            if cache_root is None:
+                raise ValueError(
+                    f"model {name}: a base path in a bucket ({base_path}) needs --model_cache_dir"
+                )
+            folder = name if name.strip(".") else name.replace(".", "%2E")  # never `..`
+            self.mirror = BucketMirror(
+                name, base_path, cache_root / folder, metrics, download_timeout_s, manifest_wait_s
+            )
+            self.base_path = self.mirror.cache
         self.intra_op_threads, self.policy = intra_op_threads, policy
         self.metrics, self._disk_executor, self._watcher = metrics, disk_executor, watcher
         # A loaded version's runner per signature (serving/runtime/servable.py); None: each request runs
@@ -129,6 +147,17 @@ class ModelManager:
 
     async def poll_once(self) -> None:
         """Load what the policy wants (newest first), then retire what it no longer wants."""
+        try:
+            await self._poll()
+        finally:  # no await from here to poll_forever's count: a scrape sees polls and requests together
+            if self.mirror is not None:
+                self.mirror.count_requests()
+
+    async def _poll(self) -> None:
+        report = None
+        if self.mirror is not None:  # the bucket's half: what the cache folder holds when it returns
+            report = await self.mirror.sync(self.policy, set(self.loaded), self.states.failed())
+            self._report_bucket(report)
         scan = await asyncio.get_running_loop().run_in_executor(
             self._disk_executor,
             scan_base,
@@ -136,6 +165,8 @@ class ModelManager:
             self.states.failed(),
             self.states.due_for_content_check(),
         )
+        if report is not None and report.listed is not None:  # deleted from the bucket: deleted here
+            scan.versions = {v: p for v, p in scan.versions.items() if v in report.listed}
         self._report_scan(scan)
         if scan.base_error or not scan.versions:
             return  # keep what is loaded: a missing or unreadable base path is more often transient
@@ -151,7 +182,21 @@ class ModelManager:
                 skip.add(to_load[0])
         for v in sorted(set(self.loaded) - set(aspired)):
             self._retire(self.loaded[v], reason="deleted" if v not in scan.versions else "superseded")
-        self.states.forget_gone(set(scan.versions) | set(scan.entry_errors) | set(self.loaded))
+        listed = self.mirror.listed if self.mirror is not None else set()
+        self.states.forget_gone(set(scan.versions) | set(scan.entry_errors) | set(self.loaded) | listed)
+
+    def _report_bucket(self, report: SyncReport) -> None:
+        """The bucket's versions that wait for their manifest, or were rejected, in the status table."""
+        failed = self.states.failed()
+        for version, why in report.waiting.items():
+            if version not in failed:  # past --manifest_wait_timeout_seconds it fails, as a local folder does
+                state = self.states.setdefault(version, VersionState(version))
+                self.states.not_ready(state, why, "in the bucket")
+        for version, error in report.rejected.items():
+            state = self.states.setdefault(version, VersionState(version))
+            code = "FAILED_PRECONDITION" if error.reason == BAD_MANIFEST else "DATA_LOSS"
+            reason = BAD_MANIFEST if error.reason == BAD_MANIFEST else "hash_mismatch"
+            self.states.fail(state, reason, code, str(error), f"in the bucket: {error}")
 
     def _report_scan(self, scan: Scan) -> None:
         """Log base-path problems when they change (not every poll), odd names once, entry errors once."""
@@ -242,6 +287,8 @@ class ModelManager:
         for servable in list(self.loaded.values()):
             self._retire(servable, reason)
         self._loader.close()
+        if self.mirror is not None:
+            self.mirror.close()
 
     def _retire(self, servable: LoadedVersion, reason: str) -> None:
         log.info(

@@ -28,6 +28,7 @@ again at each poll and applies once the version it names is on disk.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,7 +38,11 @@ from google.protobuf import text_format
 
 from ctr_contract.repository import parse_version_dir
 from ctr_contract.traffic import TrafficError, TrafficSplit, parse_traffic
+from ctr_store.errors import StoreError
+from ctr_store.objects import ObjectStore
+from ctr_store.versions import list_versions
 from serving import protos
+from serving.repository.bucket import BasePath, parse_base_path
 from serving.repository.policy import VersionPolicy
 from serving.repository.scan import scan_base
 
@@ -54,7 +59,7 @@ class ModelSpec:
     """One `config { ... }` entry: what `--model_name`, `--model_base_path`, the policy and labels set alone."""
 
     name: str
-    base_path: Path
+    base_path: BasePath  # a folder, or s3://BUCKET/PREFIX (serving/repository/bucket.py)
     policy: VersionPolicy
     labels: dict[str, int]
     traffic: TrafficSplit | None = None  # its `# ctr-traffic:` line; None: the server's --canary_percent etc.
@@ -118,9 +123,11 @@ def parse_model_config(text: str, source: str = "--model_config_file") -> list[M
                 f"{where}: version_labels {unlisted} name versions the specific policy {list(policy.versions)} "
                 "does not serve"
             )
-        specs[config.name] = ModelSpec(
-            config.name, Path(config.base_path), policy, labels, traffic.get(config.name)
-        )
+        try:
+            base_path = parse_base_path(config.base_path)
+        except ValueError as exc:
+            raise ModelConfigError(f"{where}: base_path {exc}") from None
+        specs[config.name] = ModelSpec(config.name, base_path, policy, labels, traffic.get(config.name))
     unknown = sorted(set(traffic) - set(specs))
     if unknown:
         raise ModelConfigError(
@@ -130,19 +137,35 @@ def parse_model_config(text: str, source: str = "--model_config_file") -> list[M
 
 
 def labels_off_disk(specs: list[ModelSpec]) -> str:
-    """What is wrong when a label names a version with no folder under its model's base path ("" if none)."""
+    """What is wrong when a label names a version with no folder under its model's base path ("" if none);
+    a base path in a bucket is listed (one LIST), so this blocks: call it off the event loop."""
     problems = []
     for spec in specs:
         if not spec.labels:
             continue
-        scan = scan_base(spec.base_path, set())
-        missing = {k: v for k, v in sorted(spec.labels.items()) if v not in scan.versions}
+        versions, error = listed_versions(spec.base_path)
+        missing = {k: v for k, v in sorted(spec.labels.items()) if v not in versions}
         if missing:
-            where = f"no such version under {spec.base_path}" + (
-                f" ({scan.base_error})" if scan.base_error else ""
-            )
+            where = f"no such version under {spec.base_path}" + (f" ({error})" if error else "")
             problems.append(f"model {spec.name}: version_labels {missing} name versions with {where}")
     return "; ".join(problems)
+
+
+def listed_versions(base_path: BasePath) -> tuple[set[int], str | None]:
+    """The versions under a base path (folders, or prefixes in a bucket), and what prevented the listing."""
+    if isinstance(base_path, Path):
+        scan = scan_base(base_path, set())
+        return set(scan.versions), scan.base_error
+    try:
+        return list_versions(shared_store(), base_path), None
+    except StoreError as exc:
+        return set(), str(exc)
+
+
+@functools.cache
+def shared_store() -> ObjectStore:
+    """One store client for the config file's checks (made at the first bucket base path, then kept)."""
+    return ObjectStore()
 
 
 def read_model_config(path: Path) -> list[ModelSpec]:
@@ -178,7 +201,7 @@ class ModelConfigPoller:
         except ModelConfigError as exc:
             self._report(str(exc))
             return
-        missing = labels_off_disk(specs)
+        missing = await asyncio.to_thread(labels_off_disk, specs)  # a bucket's listing blocks
         if missing:
             self._report(f"--model_config_file {self.path}: {missing}")
             return
