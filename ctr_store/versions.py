@@ -48,6 +48,11 @@ def read_manifest(store: ObjectStore, base: BucketPath, version: int) -> tuple[b
         raise
     except ValueError as exc:
         raise StoreError(BAD_MANIFEST, str(exc)) from None
+    return raw, manifest_files(raw, f"s3://{base.bucket}/{key}")
+
+
+def manifest_files(raw: bytes, where: str) -> dict[str, str]:
+    """The checked `files` map of a manifest's bytes; StoreError("bad_manifest") naming `where` if malformed."""
     try:
         files = json.loads(raw)[FILES_KEY]
         ok = isinstance(files, dict) and all(is_listed_path(k) and is_sha256_hex(v) for k, v in files.items())
@@ -56,9 +61,9 @@ def read_manifest(store: ObjectStore, base: BucketPath, version: int) -> tuple[b
     if not ok:
         raise StoreError(
             BAD_MANIFEST,
-            f"s3://{base.bucket}/{key} is not a manifest: it needs a `files` object of relative paths to sha256 hex",
+            f"{where} is not a manifest: it needs a `files` object of relative paths to sha256 hex",
         )
-    return raw, files
+    return files
 
 
 def download_version(
@@ -68,14 +73,22 @@ def download_version(
     dest: Path,
     workers: int = 8,
     deadline_s: float = 600.0,
+    manifest: bytes | None = None,
 ) -> bytes:
     """Download version `version` into the folder `dest` (which must not exist), checked; returns the manifest.
 
     Objects download in parallel into a hidden staging folder beside `dest`, each hashed as it streams; a
     mismatch (the object changed or was replaced mid-download), a vanished object, a fault or the deadline
-    removes the staging folder and raises StoreError. Memory: one 1 MiB chunk per download thread.
+    removes the staging folder and raises StoreError. Memory: one 1 MiB chunk per download thread. `manifest`:
+    its bytes when the caller has read them already.
     """
-    raw, files = read_manifest(store, base, version)
+    if manifest is None:
+        raw, files = read_manifest(store, base, version)
+    else:  # read by the caller already: one GET less (an object changed since fails its sha256 below)
+        raw, files = (
+            manifest,
+            manifest_files(manifest, f"s3://{base.bucket}/{base.key(str(version), MANIFEST_PATH)}"),
+        )
     staging = dest.parent / f"{STAGING_PREFIX}{version}-{secrets.token_hex(4)}-{os.getpid()}"
     stop = threading.Event()
 

@@ -296,6 +296,7 @@ class BucketMirror:
                 self.cache / str(v),
                 DOWNLOAD_THREADS,
                 self.download_timeout_s or threading.TIMEOUT_MAX,  # 0: no limit
+                self.manifests.get(v),  # read by _wanted this poll: no second GET
             )
         except VersionIncomplete:
             self.manifests.pop(v, None)  # its manifest was deleted since: no longer a version
