@@ -19,7 +19,7 @@ STORE_WAIT_S="${STORE_WAIT_S:-120}"
 # version without its manifest is an upload still running, or one a failed export left: not a version).
 LATEST_IN_BUCKET='
 import sys, time
-from ctr_store.errors import NO_BUCKET, TIMEOUT, UNREACHABLE, StoreError
+from ctr_store.errors import NO_BUCKET, NOT_FOUND, TIMEOUT, UNREACHABLE, StoreError
 from ctr_store.objects import ObjectStore
 from ctr_store.url import BucketPath
 from ctr_store.versions import VersionIncomplete, list_versions, read_manifest
@@ -33,7 +33,8 @@ while True:
         versions = sorted(list_versions(store, base), reverse=True)
         break
     except StoreError as exc:
-        if exc.reason not in (NO_BUCKET, UNREACHABLE, TIMEOUT) or time.monotonic() > deadline:
+        # A bucket not made yet: HEAD answers 404 with no body (not_found), a listing NoSuchBucket (no_bucket).
+        if exc.reason not in (NO_BUCKET, NOT_FOUND, UNREACHABLE, TIMEOUT) or time.monotonic() > deadline:
             sys.exit(f"bootstrap: {base}: {exc} (waited up to {wait_s:.0f} s, STORE_WAIT_S)")
         time.sleep(1)
 for version in versions:

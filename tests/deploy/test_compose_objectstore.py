@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,9 @@ def test_bootstrap_into_a_bucket_trains_until_a_complete_version_is_there(s3_sto
 
 def test_bootstrap_names_the_bucket_it_waited_for(s3_store, tmp_path):
     env = s3_store.env()
+    start = time.monotonic()
     proc, calls = _bootstrap_s3(tmp_path / "none", env, "s3://no-such-bucket-here/ctr")
     assert proc.returncode != 0 and calls == []
+    assert time.monotonic() - start >= 2.0, "it gave up before STORE_WAIT_S (2 s): a bucket still being made"
     assert "bootstrap: s3://no-such-bucket-here/ctr:" in proc.stderr and "STORE_WAIT_S" in proc.stderr
     assert env["AWS_SECRET_ACCESS_KEY"] not in proc.stderr + proc.stdout
