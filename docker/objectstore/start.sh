@@ -28,8 +28,9 @@ json.dump({"identities": [identity]}, sys.stdout)
 ' > "$CONFIG"
 umask 022
 
+# S3 only: the gateway's Iceberg catalog and Lance listeners are off (port 0).
 weed server -dir="$DATA" -ip=127.0.0.1 -ip.bind=0.0.0.0 -volume.max=100 -master.volumeSizeLimitMB=1024 \
-    -s3 -s3.port=8333 -s3.config="$CONFIG" &
+    -s3 -s3.port=8333 -s3.config="$CONFIG" -s3.port.iceberg=0 -s3.port.lance=0 &
 pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null || true' TERM INT
 
