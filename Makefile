@@ -109,7 +109,7 @@ coverage: $(STAMP) sysdeps $(FLINK_STAMP) ## Line and branch coverage over test 
 	COVERAGE_FILE=$(abspath $(COV_DIR))/.coverage $(PY) -m coverage report > $(COV_DIR)/report.txt
 	$(PY) scripts/coverage_table.py $(COV_DIR)/.coverage | tee $(COV_DIR)/table.md
 
-test-containers: $(STAMP) ## The images on a real engine: podman and docker-compose from Debian, `docker compose up serving` end to end, the k8s Jobs' commands (root)
+test-containers: $(STAMP) ## The images on a real engine: podman and docker-compose from Debian, `docker compose up serving` end to end, the objectstore profile (export into a bucket, serving from it), the k8s Jobs' commands (root)
 	$(PY) tests/deploy/containers/run.py
 
 soak: $(STAMP) ## Soak under churn (~5 min, not in test or test-slow): 2 workers, load on 4 routes, a publish every 15 s, a worker SIGKILLed every 30 s, malformed bursts; fails on a lost request, a 5xx or RSS growth

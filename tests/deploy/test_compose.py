@@ -17,7 +17,16 @@ from tests.helpers import REPO_ROOT
 COMPOSE = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]
 ROLLOUT_OVERRIDE = yaml.safe_load((REPO_ROOT / "compose.rollout.yaml").read_text())["services"]
-LONG_RUNNING = ("serving", "tfserving", "prometheus", "grafana", "live-eval", "rollout")
+LONG_RUNNING = (
+    "serving",
+    "tfserving",
+    "prometheus",
+    "grafana",
+    "live-eval",
+    "rollout",
+    "objectstore",
+    "serving-s3",
+)
 ALL_PROFILES = [
     "--profile",
     "monitoring",
@@ -27,6 +36,8 @@ ALL_PROFILES = [
     "live",
     "--profile",
     "rollout",
+    "--profile",
+    "objectstore",
 ]
 
 
@@ -83,6 +94,8 @@ def test_optional_services_sit_in_their_profiles():
     assert SERVICES["tfserving"]["profiles"] == ["tfserving"]
     assert SERVICES["live-eval"]["profiles"] == ["live"]
     assert SERVICES["rollout"]["profiles"] == SERVICES["model-config"]["profiles"] == ["rollout"]
+    for name in ("objectstore", "model-s3", "serving-s3"):
+        assert SERVICES[name]["profiles"] == ["objectstore"], name
     # `docker compose up serving` starts the model service and the server only.
     assert {name for name, service in SERVICES.items() if "profiles" not in service} == {"model", "serving"}
     assert "models:/models:ro" in SERVICES["tfserving"]["volumes"]
@@ -128,11 +141,20 @@ def test_model_service_has_room_in_dev_shm_for_nccl():
 
 def test_built_services_name_dockerfiles_that_exist():
     built = {name: s["build"] for name, s in SERVICES.items() if "build" in s}
-    assert sorted(built) == ["live-eval", "model", "model-config", "rollout", "serving"]
+    assert sorted(built) == [
+        "live-eval",
+        "model",
+        "model-config",
+        "model-s3",
+        "objectstore",
+        "rollout",
+        "serving",
+        "serving-s3",
+    ]
     for build in built.values():
         assert (REPO_ROOT / build["context"] / build["dockerfile"]).is_file()
-    # Two images: each service builds the one its image names, as `model` and `serving` do.
-    images = {SERVICES[name]["image"]: built[name] for name in ("model", "serving")}
+    # Three images: each service builds the one its image names, as `model`, `serving` and `objectstore` do.
+    images = {SERVICES[name]["image"]: built[name] for name in ("model", "serving", "objectstore")}
     for name, build in built.items():
         assert images[SERVICES[name]["image"]] == build, name
 

@@ -52,7 +52,7 @@ def test_override_merges_with_compose_yaml(tmp_path: Path):
     override = tmp_path / "override.yaml"
     override.write_text(json.dumps(compose_run.override(ARGS)))
     proc = compose_run.subprocess.run(
-        [*cli, "-f", "compose.yaml", "-f", str(override), "--profile", "k8s", "config"],
+        [*cli, "-f", "compose.yaml", "-f", str(override), *compose_run.PROFILES, "config"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -61,17 +61,28 @@ def test_override_merges_with_compose_yaml(tmp_path: Path):
             **compose_run.os.environ,
             "CTR_REST_PORT": "127.0.0.1:18501",
             "CTR_GRPC_PORT": "127.0.0.1:18500",
+            "CTR_S3_REST_PORT": "127.0.0.1:18521",
+            "CTR_S3_GRPC_PORT": "127.0.0.1:18520",
+            "CTR_S3_PORT": "127.0.0.1:18333",
         },
     )
     assert proc.returncode == 0, proc.stderr
     services = yaml.safe_load(proc.stdout)["services"]
-    for name in ("model", "serving"):
+    for name in ("model", "serving", "objectstore"):
         assert services[name]["build"]["network"] == "host"
         assert ARGS.items() <= services[name]["build"]["args"].items()
     ports = {_port(p) for p in services["serving"]["ports"]}
     assert ports == {("127.0.0.1", "18500", 8500), ("127.0.0.1", "18501", 8501)}  # only the free ones
     assert "--request_log_sample_rate=1" in services["serving"]["command"]
     assert services["model"]["environment"]["ROWS"] == str(compose_run.ROWS)
+    # The objectstore profile: the same tiny model, into the bucket; free ports on the loopback only.
+    tiny = {k: services["model"]["environment"][k] for k in ("ROWS", "TRAIN_ARGS")}
+    assert tiny.items() <= services["model-s3"]["environment"].items()
+    assert {_port(p) for p in services["serving-s3"]["ports"]} == {
+        ("127.0.0.1", "18520", 8500),
+        ("127.0.0.1", "18521", 8501),
+    }
+    assert {_port(p) for p in services["objectstore"]["ports"]} == {("127.0.0.1", "18333", 8333)}
     train = services["k8s-train"]
     assert train["entrypoint"] == ["torchrun"]
     assert "--nnodes=1" in train["command"] and train["command"][-3:-1] == ["--num_nodes=1", "--devices=1"]

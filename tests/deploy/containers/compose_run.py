@@ -1,10 +1,11 @@
 """The compose project of `make test-containers`: the project's compose.yaml plus an override file for the test.
 
-The override gives both builds the base image, torch's index, pip's index and the host network; the `model`
-service a small data set and one epoch; the server a request-log sample rate of 1; and three extra services
-(profile `k8s`) running the rendered Kubernetes data Job, PyTorchJob and export Job commands in the trainer
-image on volumes of their own. Host ports are free ones on 127.0.0.1 (compose.yaml's CTR_REST_PORT and
-CTR_GRPC_PORT). `down -v` removes the containers, networks and every volume.
+The override gives the builds the base image, torch's index, pip's index and the host network; the `model` and
+`model-s3` services a small data set and one epoch; the server a request-log sample rate of 1; and three extra
+services (profile `k8s`) running the rendered Kubernetes data Job, PyTorchJob and export Job commands in the
+trainer image on volumes of their own. Host ports are free ones on 127.0.0.1 (compose.yaml's CTR_REST_PORT,
+CTR_GRPC_PORT, CTR_S3_PORT, ...); the objectstore profile's key pair is new for each project. `down -v` removes
+the containers, networks and every volume.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ K8S_ROWS = 20000  # ~1,900 validation rows: enough for the calibrator's fit (at 
 # Appended to the export Job's flags: a tiny one-epoch model's calibration ratio on 20,000 rows is noisy.
 LOOSE_CALIBRATION_GATE = ["--max-calibration-gap=0.1"]
 TINY = ["--max-epochs=1"]
+# The profiles whose services a run starts: `down` names them all, so it removes their containers and volumes.
+PROFILES = ("--profile", "k8s", "--profile", "objectstore")
 
 
 class Failure(AssertionError):
@@ -113,13 +116,13 @@ def override(build_args: dict[str, str]) -> dict[str, Any]:
         for a in COMPOSE["services"]["serving"]["command"]
     ]
     build = {"network": "host", "args": build_args}
+    tiny_model = {"ROWS": str(ROWS), "TRAIN_ARGS": " ".join([model_env["TRAIN_ARGS"], *TINY])}
     return {
         "services": {
-            "model": {
-                "build": build,
-                "environment": {"ROWS": str(ROWS), "TRAIN_ARGS": " ".join([model_env["TRAIN_ARGS"], *TINY])},
-            },
+            "model": {"build": build, "environment": tiny_model},
             "serving": {"build": build, "command": serving_command},
+            "objectstore": {"build": build},
+            "model-s3": {"environment": tiny_model},
             **k8s_services(),
         },
         "volumes": {"k8s-data": {}, "k8s-runs": {}, "k8s-models": {}},
@@ -137,12 +140,16 @@ class Project:
         self.override = state / f"{self.name}.yaml"
         self.override.write_text(json.dumps(override(build_args), indent=1))
         self.ports = ports
+        # The objectstore profile's key pair, new for each project (no log may show the secret: objectstore.py).
+        self.s3_secret = uuid.uuid4().hex
         self.env = {
             **os.environ,
             "DOCKER_HOST": docker_host,
             "COMPOSE_PROJECT_NAME": self.name,
-            "CTR_REST_PORT": f"127.0.0.1:{ports['rest']}",
-            "CTR_GRPC_PORT": f"127.0.0.1:{ports['grpc']}",
+            # Each port as compose.yaml's variable: rest -> CTR_REST_PORT, s3_rest -> CTR_S3_REST_PORT, ...
+            **{f"CTR_{key.upper()}_PORT": f"127.0.0.1:{port}" for key, port in ports.items()},
+            "CTR_S3_ACCESS_KEY": self.name,
+            "CTR_S3_SECRET_KEY": self.s3_secret,
             "COMPOSE_HTTP_TIMEOUT": "900",
         }
         self.cli = [
@@ -189,9 +196,7 @@ class Project:
         return self.run("exec", "-T", service, *argv, timeout=timeout, check_rc=False)
 
     def down(self) -> str:
-        proc = self.run(
-            "--profile", "k8s", "down", "-v", "--remove-orphans", "-t", "5", timeout=300, check_rc=False
-        )
+        proc = self.run(*PROFILES, "down", "-v", "--remove-orphans", "-t", "5", timeout=300, check_rc=False)
         return "" if proc.returncode == 0 else _tail(proc.stdout + proc.stderr)
 
 

@@ -7,7 +7,7 @@ and stopped at the end. Podman and docker-compose are installed from Debian when
 compose project (new volumes) through an override file (compose_run.py):
 
 1. the base image (pulled, or a Debian stand-in) and torch's wheel served from 127.0.0.1 (sources.py);
-2. both images built; what is in each (no torch/TF/training code in serving, no serving code in the trainer);
+2. the images built (and the objectstore's); what is in each (no torch/TF/training code in serving, no serving code in the trainer);
 3. `up serving`: the `model` service trains and exports version 1 and exits 0; the server passes its own
    healthcheck command; the README's raw row and a 128-float vector answer over REST and gRPC; the metrics
    route answers and a request log is written; the root filesystem is read-only;
@@ -15,6 +15,8 @@ compose project (new volumes) through an override file (compose_run.py):
    SIGKILLed before its version is AVAILABLE, then `up` again, serves version 1 without a second training;
 5. on a second fresh project, the `model` service SIGKILLed during its export: nothing is published, and `up`
    again exports the finished run (no second training) and serves version 1 (jobs.py, as the rest below);
+   then its objectstore profile (objectstore.py): SeaweedFS makes the bucket, `model-s3` exports version 1 into
+   it, `serving-s3` serves it from its cache (model status, x-model-version), and `down -v` leaves nothing;
 6. the Kubernetes data Job, PyTorchJob (one node, --devices 1) and export Job commands in the trainer image;
 7. the stock tensorflow_model_server on the same repository, when an image or binary for it can be had;
 8. builds from an unreachable TORCH_INDEX_URL, PIP_INDEX_URL and PYTHON_IMAGE: one line naming the argument.
@@ -40,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checks
 import jobs
+import objectstore
 from compose_run import REPO_ROOT, Failure, Project, build_failure, timed
 from engine import Engine, EngineError, PrivatePodman, explain_start_failure, prune_stale_images
 from sources import (
@@ -122,20 +125,31 @@ def main() -> int:
         projects.append(project)
         say(f"compose project {project.name}, REST 127.0.0.1:{ports['rest']}, gRPC 127.0.0.1:{ports['grpc']}")
         with timed(times, "build_s"):
-            proc = project.run("build", "model", "serving", timeout=3600, log="build.log", check_rc=False)
+            proc = project.run(
+                "--profile",
+                "objectstore",
+                "build",
+                "model",
+                "serving",
+                "objectstore",
+                timeout=3600,
+                log="build.log",
+                check_rc=False,
+            )
         if proc.returncode != 0:
             raise Failure(f"build: {build_failure(proc.stdout + proc.stderr)} (log: {LOGS / 'build.log'})")
         build_output = proc.stdout + proc.stderr
-        say(f"both images built in {times['build_s']:.0f} s")
+        say(f"the images built in {times['build_s']:.0f} s")
         checks.image_contents(project, engine, times)
         checks.bootstrap_and_serve(project, engine, times)
         checks.stop_drains(project, engine, times)
         checks.second_up_and_kill_mid_load(project, engine, times)
         fresh_ports = {"rest": free_port(), "grpc": free_port()}
+        fresh_ports.update(s3=free_port(), s3_rest=free_port(), s3_grpc=free_port())
         fresh = Project(host, state, LOGS, build_args(python_image, torch_index), fresh_ports)
         projects.append(fresh)
         jobs.kill_model_mid_export(fresh, engine, times)
-        fresh.run("down", "-v", "-t", "5", timeout=300)
+        objectstore.publish_and_serve(fresh, engine, times)  # ends with `down -v`, every profile's
         jobs.kubernetes_commands(project, times)
         jobs.stock_server(project, engine)
         with timed(times, "bad_sources_s"):
