@@ -26,6 +26,7 @@ EXPECTED_ALERTS = {
     "CtrServingRequestLogDropping",
     "CtrServingNonFiniteOutputs",
     "CtrServingMemoryGrowsAcrossReloads",
+    "CtrServingModelStoreFailing",
 }
 
 
