@@ -102,6 +102,9 @@ class SeaweedS3:
             "-s3",
             f"-s3.port={self.s3_port}",
             f"-s3.config={self.config_file}",
+            # Off: the Iceberg catalog and Lance listeners take fixed ports (8181, 9101), so a second store fails.
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
         ]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
