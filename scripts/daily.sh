@@ -34,8 +34,9 @@ if [[ "$REPO" == s3://* ]]; then
     # A bucket (AWS_* variables, docs/export.md): its newest published version, downloaded and checked.
     base=$("$PY" -m pipelines.online.published --repo "$REPO" --into "$WORK/versions")
 else
-    newest=$(find "$REPO" -mindepth 1 -maxdepth 1 -type d -regex '.*/[1-9][0-9]*' -printf '%f\n' 2>/dev/null \
-        | sort -n | tail -n 1)
+    # `|| true`: a REPO that does not exist yet is an empty one (under pipefail, find's failure would end the day)
+    newest=$({ find "$REPO" -mindepth 1 -maxdepth 1 -type d -regex '.*/[1-9][0-9]*' -printf '%f\n' 2>/dev/null \
+        || true; } | sort -n | tail -n 1)
     base="${newest:+$REPO/$newest}"
 fi
 if [ -n "$base" ]; then
