@@ -204,6 +204,30 @@ def test_wrong_credentials_fail_in_one_line_before_any_slow_step(
     assert list(s3_store.client().list_objects_v2(Bucket=bucket).get("Contents", [])) == []
 
 
+def test_a_requested_version_is_claimed_once_and_then_refused_with_the_fix(
+    s3_store: SeaweedS3, s3_env: dict[str, str]
+) -> None:
+    url = f"s3://{s3_store.make_bucket('export-requested')}/ctr"
+    repo = BucketRepository(url)
+    try:
+        assert repo.claim(7, repo.choose_version(7)) == 7
+        with pytest.raises(PublishError) as early:
+            repo.choose_version(7)
+        assert str(early.value) == (
+            f"version 7 already exists or is claimed in {url}; versions are never overwritten (omit --version "
+            "to publish 8)"
+        )
+        with pytest.raises(PublishError) as late:  # another export claimed it after this one chose it
+            repo.claim(7, 7)
+        assert str(late.value) == (
+            f"version 7 was claimed in {url} by another export meanwhile; not overwriting it (omit --version to "
+            "publish the next number)"
+        )
+        assert repo.claim(None, repo.choose_version(None)) == 8
+    finally:
+        repo.close()
+
+
 def test_an_s3_repo_without_a_prefix_is_refused_with_the_fix(run_export: RunModule, tmp_path: Path) -> None:
     proc = run_export("--run", make_run(tmp_path / "run"), "--repo", "s3://models")
     assert proc.returncode == 1
