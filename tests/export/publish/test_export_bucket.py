@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 
 from ctr_contract.repository import MANIFEST_PATH, TRITON_CONFIG
 from ctr_contract.signatures import OUTPUT_NAMES
+from ctr_store.errors import StoreError
 from ctr_store.objects import ObjectStore
 from ctr_store.url import BucketPath
 from ctr_store.versions import VersionIncomplete, list_versions, read_manifest
@@ -37,6 +39,19 @@ def _objects(store: ObjectStore, base: BucketPath) -> dict[str, bytes]:
     for key, _ in store.list_objects(base):
         out[key.removeprefix(base.prefix + "/")] = store.get_bytes(base.bucket, key, 1 << 24)
     return out
+
+
+def _wait_readable(store: ObjectStore, bucket: str, key: str, deadline_s: float = 60.0) -> None:
+    """Until a restarted store serves `key` (its gateway answers before its volume server does)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            store.get_bytes(bucket, key, 1 << 16)
+            return
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _checked(store: ObjectStore, base: BucketPath, version: int) -> dict[str, object]:
@@ -153,6 +168,7 @@ def test_an_object_the_store_refuses_fails_the_upload_and_leaves_no_object_and_n
         again.close()
 
 
+@pytest.mark.slow  # ~40 s: a private store started twice and stopped twice (weed takes its 10 s SIGTERM grace)
 def test_a_store_stopped_after_the_claim_fails_the_publish_and_the_number_is_never_reused(
     published: Callable[..., Published], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,6 +191,7 @@ def test_a_store_stopped_after_the_claim_fails_the_publish_and_the_number_is_nev
         assert "cannot reach the store" in str(caught.value)
         s3.start()
         store, base = ObjectStore(), BucketPath.parse(url)
+        _wait_readable(store, bucket, base.key(".claims", "1"))  # the volume server answers a little later
         assert sorted(_objects(store, base)) == [".claims/1"]
         assert list_versions(store, base) == set()
         again = BucketRepository(url)
