@@ -69,7 +69,7 @@ online-demo: $(STAMP) ## Online learning for ~5 min: server + simulator + online
 rollout-demo: $(STAMP) ## Safe rollout for ~2 min: server, simulator, live evaluation, controller; a good version promoted, a bad one rolled back; report in OUT (artifacts/rollout-demo)
 	$(PY) -m pipelines.rollout.demo --out $(or $(OUT),artifacts/rollout-demo) $(ARGS)
 
-export: $(STAMP) ## Export the best checkpoint into the versioned model repository
+export: $(STAMP) ## Export the best checkpoint into the versioned model repository (REPO: a folder, or s3://BUCKET/PREFIX)
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)
 
 serve: $(STAMP) ## Serve the model repository (REST :8501, gRPC :8500)

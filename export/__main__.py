@@ -12,9 +12,11 @@ from ctr_contract import run_dir, stage_trace
 from ctr_contract.cli_help import DefaultsHelpFormatter
 from ctr_contract.tf_log import quiet_tensorflow_import
 from ctr_model.calibration import METHODS
+from ctr_store.errors import StoreError
 from export.errors import ExportError, InputError
 from export.gates.parity import MIN_ROWS
 from export.onnx.targets import DEFAULT_PROFILE, PROFILES, resolve_target
+from export.publish.bucket import repo_location
 from export.request import ExportRequest, request_defaults
 
 
@@ -59,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     dst = p.add_argument_group("destination")
     dst.add_argument(
         "--repo",
-        type=Path,
+        type=repo_location,
         default=d["repo"],
-        help="model base path (default: %(default)s)",
+        help="model base path: a folder, or s3://BUCKET/PREFIX (credentials and endpoint from the AWS_* "
+        "variables, docs/export.md) (default: %(default)s)",
     )
     dst.add_argument(
         "--version", type=int, help="version number to publish (default: highest + 1); never overwrites"
@@ -306,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             "export"
         ):  # a span per stage with the OTEL_* variables (ctr_contract/stage_trace.py)
             result = export_version(req)
-    except (ExportError, OSError) as e:  # OSError: e.g. the disk filled up while writing the version
+    # OSError: e.g. the disk filled up while writing the version; StoreError: a bucket's fault not caught nearer
+    except (ExportError, StoreError, OSError) as e:
         print(f"export: error: {e}", file=sys.stderr)
         return 1
     print(f"published version {result.version} at {result.path} in {result.seconds:.1f} s")

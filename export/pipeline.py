@@ -57,6 +57,7 @@ from export.gates.runtimes import (
 )
 from export.onnx.onnx_export import BATCH_DIM, INPUT_NAME, check_target_ops, export_onnx
 from export.onnx.patches import apply_patches
+from export.publish.bucket import BucketRepository, open_repository
 from export.publish.drift_reference import write_reference
 from export.publish.feature_ranges import write_ranges
 from export.publish.manifest import build_manifest, read_metrics, write_manifest
@@ -72,7 +73,7 @@ class ExportResult:
     """Where the version went and what the gate measured."""
 
     version: int
-    path: Path
+    path: Path | str  # the version folder, or its s3:// URL
     seconds: float
     parity: dict[str, Any]
     removed_versions: list[int]
@@ -150,6 +151,15 @@ def raw_io(raw_proto: onnx.ModelProto) -> dict[str, Any]:
 def export_version(req: ExportRequest) -> ExportResult:
     """Run the whole export; on any error nothing is published and the staging folder is removed."""
     started = time.perf_counter()
+    repo = open_repository(req.repo)
+    try:
+        repo.prepare()  # first: a wrong path or wrong credentials fail before any slow step
+        return _export(req, repo, started)
+    finally:
+        repo.close()
+
+
+def _export(req: ExportRequest, repo: ModelRepository | BucketRepository, started: float) -> ExportResult:
     with trace_stage("prepare"):
         net, ckpt, width, val = load_inputs(req)
     if val is None:  # before the slow steps: every version carries its drift reference
@@ -181,9 +191,8 @@ def export_version(req: ExportRequest) -> ExportResult:
                 e,
             )
     with trace_stage("quality_gate"):
-        quality = gate_export(req, net, metrics, calibrator)  # before the slow steps: a refusal costs seconds
-    repo = ModelRepository(req.repo)
-    repo.prepare()
+        # Before the slow steps: a refusal costs seconds.
+        quality = gate_export(req, net, metrics, calibrator, served_dir=repo.newest_local())
     version = repo.choose_version(req.version)
     with repo.staging(version) as stage:
         patched, applied = apply_patches(net, req.target.ops)
@@ -252,6 +261,7 @@ def export_version(req: ExportRequest) -> ExportResult:
             RAW_SIGNATURE: raw_io(raw_proto),
         }
         files = file_hashes(stage)
+        version = repo.claim(req.version, version)  # a bucket's number is taken only now, after the gates
         manifest = build_manifest(
             version=version,
             checkpoint=req.checkpoint,

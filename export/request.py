@@ -20,7 +20,9 @@ class ExportRequest:
 
     checkpoint: Path
     feature_spec: Path
-    repo: Path = DEFAULT_REPO
+    repo: Path | str = (
+        DEFAULT_REPO  # a local base path, or an s3://BUCKET/PREFIX URL (export/publish/bucket.py)
+    )
     target: Target = DEFAULT_TARGET
     val_features: Path | None = None
     metrics: Path | None = None

@@ -11,7 +11,7 @@ set -euo pipefail
 
 N="${1:?usage: scripts/daily.sh DAY   (DAY = 0, 1, 2, ...)}"
 PY="${PY:-.venv/bin/python}"              # [.venv/bin/python]
-REPO="${REPO:-artifacts/models/ctr}"      # the model base path the servers poll
+REPO="${REPO:-artifacts/models/ctr}"      # the model base path the servers poll (a folder or s3://BUCKET/PREFIX)
 WORK="${WORK:-artifacts/daily}"           # data and run directories, one per day
 ROWS="${ROWS:-500000}"                    # rows generated per day (~500k new log rows a day)
 EPOCHS="${EPOCHS:-1}"                     # warm-start epochs
@@ -30,12 +30,19 @@ if [ -z "$DATA" ] && [ ! -f "$data" ]; then
     "$PY" -m training.synth --day "$N" --rows "$ROWS" --out "$data"
 fi
 
-newest=$(find "$REPO" -mindepth 1 -maxdepth 1 -type d -regex '.*/[1-9][0-9]*' -printf '%f\n' 2>/dev/null \
-    | sort -n | tail -n 1)
-if [ -n "$newest" ]; then
-    echo "day $N: warm start from $REPO/$newest ($EPOCHS epoch(s), feature spec frozen)"
+if [[ "$REPO" == s3://* ]]; then
+    # A bucket (AWS_* variables, docs/export.md): its newest published version, downloaded and checked.
+    base=$("$PY" -m pipelines.online.published --repo "$REPO" --into "$WORK/versions")
+else
+    # `|| true`: a REPO that does not exist yet is an empty one (under pipefail, find's failure would end the day)
+    newest=$({ find "$REPO" -mindepth 1 -maxdepth 1 -type d -regex '.*/[1-9][0-9]*' -printf '%f\n' 2>/dev/null \
+        || true; } | sort -n | tail -n 1)
+    base="${newest:+$REPO/$newest}"
+fi
+if [ -n "$base" ]; then
+    echo "day $N: warm start from $base ($EPOCHS epoch(s), feature spec frozen)"
     # shellcheck disable=SC2086  # TRAIN_ARGS is split into flags on purpose
-    "$PY" -m training --data "$data" --out "$run" --init-from "$REPO/$newest" --max-epochs "$EPOCHS" \
+    "$PY" -m training --data "$data" --out "$run" --init-from "$base" --max-epochs "$EPOCHS" \
         --no-progress-bar $TRAIN_ARGS
 else
     echo "day $N: $REPO holds no version yet: training from scratch"

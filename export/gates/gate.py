@@ -307,16 +307,16 @@ def gate_export(
     net: torch.nn.Module,
     metrics: dict[str, Any] | None,
     calibrator: Calibrator = NO_CALIBRATION,
+    *,
+    served_dir: Path | None,
 ) -> dict[str, Any]:
     """Run the gate for one export request: the candidate `net` with its `calibrator` against the newest
-    published version.
+    published version, `served_dir` (its local folder, named by its number; None before the first publish).
 
     Without held-out rows that both models can score (no --eval-data, and a run without val_labels.npy or
     data file) the gate fails closed: with a version served it raises InputError, unless `--force`, which
     publishes with a warning and the manifest's quality_gate says why. The first version has nothing to beat.
     """
-    versions = repository.version_dirs(req.repo) if req.repo.is_dir() else {}
-    served_dir = versions[max(versions)] if versions else None
     rows, why_not = _eval_rows(req, metrics, served_dir)
     if rows is None:
         if served_dir is not None and not req.force:

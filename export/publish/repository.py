@@ -78,6 +78,21 @@ class ModelRepository:
             )
         return requested
 
+    def location(self, version: int) -> Path:
+        return self.base / str(version)
+
+    def close(self) -> None:
+        """Nothing to release (BucketRepository removes its local work folder)."""
+
+    def claim(self, requested: int | None, chosen: int) -> int:
+        """The version `chosen` stays: a local publish is one rename, which refuses a taken number itself."""
+        return chosen
+
+    def newest_local(self) -> Path | None:
+        """The newest published version's folder (the quality gate's served version), or None."""
+        versions = version_dirs(self.base) if self.base.is_dir() else {}
+        return versions[max(versions)] if versions else None
+
     def prepare(self) -> None:
         """Create the base path and prove it is writable; drop staging folders of dead exports."""
         try:
@@ -143,17 +158,26 @@ class ModelRepository:
         return doomed
 
     def write_triton_config(self, width: int, input_name: str, output_names: Sequence[str]) -> Path:
-        """Write `<base>/config.pbtxt` for Triton's onnxruntime backend (atomically): one input, and one
-        output entry per name (ctr, raw_score)."""
-        outputs = ",\n".join(
-            f"""  {{
+        """Write `<base>/config.pbtxt` for Triton's onnxruntime backend (atomically)."""
+        path = self.base / TRITON_CONFIG
+        tmp = path.with_name(f"{STAGING_PREFIX}config-{os.getpid()}")
+        tmp.write_text(triton_config_text(self.name, width, input_name, output_names))
+        os.replace(tmp, path)
+        return path
+
+
+def triton_config_text(model: str, width: int, input_name: str, output_names: Sequence[str]) -> str:
+    """Triton's config.pbtxt for the onnxruntime backend: one input, and one output entry per name (ctr,
+    raw_score)."""
+    outputs = ",\n".join(
+        f"""  {{
     name: "{name}"
     data_type: TYPE_FP32
     dims: [ 1 ]
   }}"""
-            for name in output_names
-        )
-        text = f"""name: "{self.name}"
+        for name in output_names
+    )
+    return f"""name: "{model}"
 platform: "onnxruntime_onnx"
 default_model_filename: "{ONNX_MODEL}"
 max_batch_size: {TRITON_MAX_BATCH}
@@ -173,8 +197,3 @@ dynamic_batching {{
 }}
 version_policy: {{ latest {{ num_versions: 1 }} }}
 """
-        path = self.base / TRITON_CONFIG
-        tmp = path.with_name(f"{STAGING_PREFIX}config-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-        return path

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 from ctr_model.calibration import METHODS
+from ctr_store.errors import StoreError
+from ctr_store.url import BucketPath, is_bucket_path
+from export.publish.bucket import repo_location
 from pipelines.clicks.events import parse_time
 from pipelines.online.loop import Trainer, first_interval
 from pipelines.online.metrics import TrainerMetrics
@@ -33,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--clicks", type=Path, required=True, help="click events folder (JSON lines)")
     p.add_argument(
-        "--repo", type=Path, default=Path("artifacts/models/ctr"), help="model base path to publish to"
+        "--repo",
+        type=repo_location,
+        default=Path("artifacts/models/ctr"),
+        help="model base path to publish to and warm-start from: a folder or s3://BUCKET/PREFIX (docs/export.md)",
     )
     p.add_argument("--work", type=Path, default=Path("artifacts/online"), help="state, joined data and runs")
     p.add_argument(
@@ -134,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         if flink_python() is None:
             print("online: error: --engine flink needs the Flink venv: run make flink-venv", file=sys.stderr)
             return 2
+    if is_bucket_path(args.repo):
+        try:
+            BucketPath.parse(str(args.repo))
+        except ValueError as e:
+            print(f"online: error: --repo: {e}", file=sys.stderr)
+            return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
     metrics = TrainerMetrics()
     try:
@@ -141,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics.serve(args.metrics_port)
         warm_imports()
         trainer.run(args.until, time.sleep)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, StoreError) as e:
         print(f"online: error: {e}", file=sys.stderr)
         return 1
     return 0

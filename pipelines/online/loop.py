@@ -16,9 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ctr_contract.ratelog import RateLimitedLog
+from ctr_store.errors import StoreError
 from pipelines.online import state as st
 from pipelines.online.metrics import TrainerMetrics
-from pipelines.online.step import Settings, join, newest_version, train_and_publish
+from pipelines.online.published import is_published, newest_version, next_version
+from pipelines.online.step import Settings, join, train_and_publish
 
 log = logging.getLogger("pipelines.online")
 GRACE_S = 2.0  # the request log writer and the click tracker may lag this much behind the clock
@@ -67,6 +69,11 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             outcome = self._interval(j)
+        except (
+            StoreError
+        ) as e:  # the bucket's listing or a download: the export's own faults are `failed` too
+            outcome = {"interval": j, "outcome": "failed", "why": f"{e}"}
+            log.error("interval %d failed: %s", j, e)
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
                 raise
@@ -88,7 +95,7 @@ class Trainer:
         base = {"interval": j, "rows": report.rows, "positives": report.positives, "counts": report.counts}
         if report.rows - report.holdout_rows <= 0:
             return {**base, "outcome": "empty", "why": "no rows to train on: nothing trained"}
-        version = (newest_version(self.s.repo) or 0) + 1
+        version = next_version(self.s.repo)
         self.state.pending = {"interval": j, "version": version}
         st.save(
             self.s.work, self.state
@@ -105,7 +112,7 @@ class Trainer:
         p = self.state.pending
         if p is None:
             return
-        if (self.s.repo / str(p["version"])).is_dir():
+        if is_published(self.s.repo, p["version"]):
             log.info(
                 "interval %d was published as version %d before a restart: finished",
                 p["interval"],
@@ -140,7 +147,11 @@ class Trainer:
                 self.ratelog.count(kind, n, "counted and dropped by the join")
 
     def _update_freshness(self) -> None:
-        v = newest_version(self.s.repo)
+        try:
+            v = newest_version(self.s.repo)
+        except StoreError as e:
+            self.ratelog.count("store faults", 1, f"left the freshness gauge as it was (the last: {e})")
+            return
         self.metrics.served_row_time(None if v is None else self.state.newest_row_time.get(str(v)))
 
 

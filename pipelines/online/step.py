@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ctr_contract.repository import version_dirs
 from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from ctr_model.calibration import MIN_CALIBRATION_ROWS
 from pipelines.clicks.join import JoinReport, join_interval, partition_name, partition_rows
+from pipelines.online.published import local_version, newest_version
 
 log = logging.getLogger("pipelines.online")
 
@@ -33,7 +33,7 @@ class Settings:
 
     logs: Path
     clicks: Path
-    repo: Path
+    repo: Path | str  # a local base path, or s3://BUCKET/PREFIX (pipelines/online/published.py)
     work: Path
     interval_s: float
     window_s: float
@@ -53,12 +53,6 @@ class Settings:
     @property
     def data(self) -> Path:
         return self.work / "data"
-
-
-def newest_version(repo: Path) -> int | None:
-    """The newest published version number (what the servers serve), or None."""
-    versions = version_dirs(repo) if repo.is_dir() else {}
-    return max(versions) if versions else None
 
 
 def join(s: Settings, interval: int) -> JoinReport:
@@ -117,8 +111,8 @@ def train_and_publish(s: Settings, interval: int, version: int) -> dict[str, Any
     base = newest_version(s.repo)
     argv = ["--data", str(replay_folder(s, interval)), "--out", str(run), "--no-progress-bar"]
     argv += ["--max-epochs", str(s.epochs), *s.train_args]
-    if base is not None:
-        argv += ["--init-from", str(s.repo / str(base))]
+    if base is not None:  # a bucket's version is downloaded (checked) into the work folder first
+        argv += ["--init-from", str(local_version(s.repo, base, s.work / "versions"))]
     t0 = time.perf_counter()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -148,7 +148,7 @@ def test_gate_is_skipped_and_says_why_without_held_out_labels(runs, tmp_path: Pa
         val_features=runs["a"] / "val_features.npy",
     )
     net, _ = load_net(req.checkpoint)
-    gate = gate_export(req, net, metrics=None)
+    gate = gate_export(req, net, metrics=None, served_dir=None)
     assert gate == {
         "skipped": "the run has no val_labels.npy and no data file; give --eval-data FILE (Criteo rows)",
         "passed": None,
