@@ -115,7 +115,12 @@ class ObjectStore:
         try:
             self._client.upload_file(str(source), bucket, key)
         except Exception as exc:
-            raise classify(exc, f"PUT s3://{bucket}/{key}") from None
+            # boto3's transfer manager wraps the store's answer (S3UploadFailedError, with the local path in
+            # its text): classify the store's own error, so that a refusal is `denied`, not `error`.
+            cause = (
+                exc.__context__ if type(exc).__name__ == "S3UploadFailedError" and exc.__context__ else exc
+            )
+            raise classify(cause, f"PUT s3://{bucket}/{key}") from None
 
     def put_bytes(self, bucket: str, key: str, data: bytes, if_absent: bool = False) -> bool:
         """Write a small object; with `if_absent`, only when no object has that key (`If-None-Match: *`):

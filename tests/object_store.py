@@ -21,7 +21,8 @@ from pathlib import Path
 
 KEY, SECRET = "ctr-test-key", "ctr-test-secret-0123456789"
 START_DEADLINE_S = 60.0
-STOP_GRACE_S = 3.0  # weed rarely exits on SIGTERM within 10 s; its data is on disk by then (the restart tests)
+# weed rarely exits on SIGTERM within 10 s; its data is on disk by then (the restart tests)
+STOP_GRACE_S = 3.0
 
 
 def weed_binary() -> str:
@@ -105,8 +106,6 @@ class SeaweedS3:
             "-s3.port.iceberg=0",  # off: their fixed default ports (8181, 9101) collide between two stores
             "-s3.port.lance=0",
             f"-s3.config={self.config_file}",
-            "-s3.port.iceberg=0",  # off: their fixed default ports (8181, 9101) collide between two stores
-            "-s3.port.lance=0",
         ]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
