@@ -70,6 +70,7 @@ def _staged(published: Callable[..., Published], root: Path, name: str) -> Path:
     return Path(shutil.copytree(published("relu").version_dir, root / name))
 
 
+@pytest.mark.slow  # two whole exports (~8 s each); the claim-and-publish step stays in make test below
 def test_export_to_a_bucket_publishes_a_checked_version_then_gates_on_it_and_retains(
     s3_store: SeaweedS3, s3_env: dict[str, str], run_export: RunModule, tmp_path: Path
 ) -> None:
@@ -166,7 +167,7 @@ def test_an_object_the_store_refuses_fails_the_upload_and_leaves_no_object_and_n
         again.close()
 
 
-@pytest.mark.slow  # ~40 s: a private store started twice and stopped twice (weed takes its 10 s SIGTERM grace)
+@pytest.mark.slow  # ~30 s: a private store started twice and stopped twice
 def test_a_store_stopped_after_the_claim_fails_the_publish_and_the_number_is_never_reused(
     published: Callable[..., Published], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
