@@ -1,7 +1,8 @@
 """The bounded click join run as Flink SQL in the JVM (pipelines/clicks/flink/sql.py), then written here.
 
 Python does two things: it parses lines, a batch at a time (vectorized functions over Arrow batches, through
-the embedded join's own `request_line`, `click_line` and `served`), and, once the query has run, it writes
+logic.line_event: the embedded join's own `request_line`, `click_line` and `served`), and, once the query has
+run, it writes
 each interval's partitions and report from the query's result with pipelines/clicks/flink/output.py (join.py's
 table, hash holdout and atomic write). The query keeps no line in its state: the accepted requests' lines
 (and their shadow lines) are read again from their files by the orders the query returns, and parsed again

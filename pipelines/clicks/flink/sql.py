@@ -13,8 +13,9 @@ cannot be said in SQL. The join is here, and follows pipelines/clicks/flink/logi
   subtask, and the parse follows the source in that subtask: it sees each file's lines in order);
 - `<stream>_iv`: each event in every interval whose range (widened by the window) holds it, when that
   interval's join opens its file (mtime rule); `<stream>_bad`: a bad line in the interval its time falls in;
-- `target`: per (request id, interval) the accepted request (the first in file order with raw rows in the
-  interval), else the first logged one window either side (it decides what a click on it counts as);
+- `ranked`, `target`: per (request id, interval), one sort of its requests gives each its group's first, the
+  accepted request (the first in file order with raw rows in the interval), else the first logged one window
+  either side: the target, which decides what a click on it counts as and which requests are duplicates;
 - the counts and the rows, unioned into one result: ("rows", n, order, shadow order, clicked instances) and
   ("counts", n, kind, count). No line is carried through the join: an order names its line (`line_of`).
 
