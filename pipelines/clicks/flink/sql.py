@@ -77,6 +77,12 @@ def source_ddl(stream: str, path: str) -> str:
     )
 
 
+def result_ddl(folder: str) -> str:
+    """The sink of the query's result, `joined_files`: CSV files in `folder` (RESULT's columns)."""
+    columns = ", ".join(f"{c} {'BIGINT' if c in ('n', 'cnt') else 'STRING'}" for c in RESULT)
+    return f"CREATE TABLE joined_files ({columns}) WITH ('connector' = 'filesystem', 'path' = {_q(folder)}, 'format' = 'csv')"
+
+
 def segments(
     intervals: Sequence[Sequence[float]], widen: float
 ) -> list[tuple[float, list[tuple[int, float, float]]]]:
