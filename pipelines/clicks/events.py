@@ -41,8 +41,12 @@ MTIME_SLACK_S = 2.0  # a line stamped just before its file's mtime was set is st
 # off the client's path, with the request's time): a reader stops reading a file at the first line stamped this
 # far past its range's end, so a catching-up reader's cost is bounded by its range, not by the files after it.
 ORDER_SLACK_S = 60.0
-# `**/`: also one folder per pod, as the k8s serving pods write them.
-REQUEST_LOGS = "**/requests-*.jsonl"
+# `**/`: also one folder per pod, as the k8s serving pods write them. Click files: `*.jsonl` in the folder itself.
+REQUEST_LOG_PREFIX, LOG_SUFFIX = "requests-", ".jsonl"
+REQUEST_LOGS = f"**/{REQUEST_LOG_PREFIX}*{LOG_SUFFIX}"
+CLICK_FILES = f"*{LOG_SUFFIX}"
+# What a line that cannot be read raises (`request_line`, `click_line`).
+BAD_LINE = (ValueError, KeyError, TypeError)
 
 
 @dataclass
@@ -158,6 +162,21 @@ def _request_entry(line: bytes) -> tuple[str, dict[str, Any]]:
     return request_id, entry
 
 
+def request_line(line: bytes) -> tuple[str, float, dict[str, Any]]:
+    """A request log line's request id, time (Unix seconds) and entry; raises one of BAD_LINE when unreadable."""
+    request_id, entry = _request_entry(line)
+    return request_id, _stamp(entry["time"]), entry
+
+
+def click_line(line: bytes) -> tuple[str, int, float]:
+    """A click line's request id, instance and time (Unix seconds); raises one of BAD_LINE when unreadable."""
+    entry = json.loads(line)
+    request_id, instance, stamp = entry["request_id"], entry["instance"], _stamp(entry["time"])
+    if not isinstance(request_id, str) or not isinstance(instance, int) or instance < 0:
+        raise ValueError("bad id or instance")
+    return request_id, instance, stamp
+
+
 def _stamp(value: Any) -> float:
     """A request log `time` (ISO 8601, 'Z') or a click `time` (Unix seconds) as Unix seconds."""
     if isinstance(value, str):
@@ -177,9 +196,8 @@ def read_requests(
         last = path.stat().st_mtime
         for _, line in _lines(path):
             try:
-                request_id, entry = _request_entry(line)
-                stamp = _stamp(entry["time"])
-            except (ValueError, KeyError, TypeError):
+                request_id, stamp, entry = request_line(line)
+            except BAD_LINE:
                 if lo <= last < hi:
                     counts.add("bad request lines")
                 continue
@@ -196,15 +214,12 @@ def read_clicks(
     """Clicks stamped in [start, end); bad lines in `count` (default: the same range) are counted as 'bad
     click lines'."""
     lo, hi = count or (start, end)
-    for path in _recent_files(folder, "*.jsonl", start):
+    for path in _recent_files(folder, CLICK_FILES, start):
         last = path.stat().st_mtime
         for number, line in _lines(path):
             try:
-                entry = json.loads(line)
-                request_id, instance, stamp = entry["request_id"], entry["instance"], _stamp(entry["time"])
-                if not isinstance(request_id, str) or not isinstance(instance, int) or instance < 0:
-                    raise ValueError("bad id or instance")
-            except (ValueError, KeyError, TypeError):
+                request_id, instance, stamp = click_line(line)
+            except BAD_LINE:
                 if lo <= last < hi:
                     counts.add("bad click lines")
                 continue

@@ -2,7 +2,9 @@
 
     .venv-flink/bin/python -m pipelines.clicks.flink.job --config JOB.json
 
-The graph (docs/flink-join.md):
+A bounded job over explicit intervals (`bounded_sql`: what `--engine flink` and bench.flink_join run) is Flink
+SQL in batch mode, in the JVM but for the parsing of lines (pipelines/clicks/flink/sql.py, bounded.py). Any
+other job (continuous sources, a restore, no explicit intervals) is this DataStream graph (docs/flink-join.md):
 
     requests source ─┐
                      ├─ keyBy(file) ─ Parse ─ keyBy(request id) ─ Attribute ─ keyBy(interval) ─ Write
@@ -40,6 +42,7 @@ from pyflink.datastream import KeyedProcessFunction, RuntimeContext, StreamExecu
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from pyflink.table import StreamTableEnvironment
 
+from pipelines.clicks.flink import bounded
 from pipelines.clicks.flink.config import JobConfig, flink_settings, source_ddl
 from pipelines.clicks.flink.logic import (
     BAD,
@@ -191,18 +194,29 @@ def _lines(t_env: Any, stream: str) -> Any:
     return t_env.to_data_stream(t_env.sql_query(query)).map(row, output_type=PICKLED)
 
 
-def build(cfg: JobConfig) -> Any:
-    """The job graph on a fresh environment; returns the environment (call execute on it)."""
+def _environment(cfg: JobConfig, **settings: str) -> tuple[Any, Any]:
+    """A fresh (stream environment, table environment) with cfg's Flink settings (and `settings`)."""
     env = StreamExecutionEnvironment.get_execution_environment(Configuration())
     env.get_config().set_global_job_parameters({})
     conf = Configuration()
-    for k, v in flink_settings(cfg).items():
+    for k, v in (flink_settings(cfg) | settings).items():
         conf.set_string(k, v)
     env.configure(conf)
     if cfg.parallelism > 0:  # else the cluster's parallelism.default (a FlinkDeployment's job.parallelism)
         env.set_parallelism(cfg.parallelism)
     t_env = StreamTableEnvironment.create(env)
     t_env.get_config().set_local_timezone("UTC")
+    return env, t_env
+
+
+def bounded_sql(cfg: JobConfig) -> bool:
+    """Whether the job runs as Flink SQL (bounded.py): bounded filesystem sources over explicit intervals."""
+    return not cfg.continuous and bool(cfg.explicit) and not cfg.restore
+
+
+def build(cfg: JobConfig) -> Any:
+    """The job graph on a fresh environment; returns the environment (call execute on it)."""
+    env, t_env = _environment(cfg)
     roots = {}
     for stream in ("requests", "clicks"):
         ddl, roots[stream] = source_ddl(cfg, stream)
@@ -237,6 +251,18 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.get("PYTHONPATH", ""),
     ]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    if bounded_sql(cfg):
+        # Batch mode: bounded input, sort and hash joins in managed memory, no state and no retractions.
+        # Vectorized Python functions run in Python workers (process mode), not in the JVM's interpreter.
+        settings = {
+            "execution.runtime-mode": "batch",
+            "python.execution-mode": "process",
+            "pipeline.name": cfg.name,
+        }
+        _, t_env = _environment(cfg, **settings)
+        for report in bounded.run(t_env, cfg):
+            print(report, flush=True)
+        return 0
     build(cfg).execute(cfg.name)
     return 0
 

@@ -21,7 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from pipelines.clicks.events import MTIME_SLACK_S, Request, _request_entry, _stamp, served
+from pipelines.clicks.events import (
+    BAD_LINE,
+    LOG_SUFFIX,
+    MTIME_SLACK_S,
+    REQUEST_LOG_PREFIX,
+    Request,
+    click_line,
+    request_line,
+    served,
+)
 
 REQUEST, CLICK, BAD = "R", "C", "B"
 
@@ -94,9 +103,9 @@ def line_event(
     still without its newline)."""
     rel = PurePosixPath(path.removeprefix("file:")).relative_to(root.removeprefix("file:"))
     if stream == "requests":
-        if not (rel.name.startswith("requests-") and rel.name.endswith(".jsonl")):
+        if not (rel.name.startswith(REQUEST_LOG_PREFIX) and rel.name.endswith(LOG_SUFFIX)):
             return None
-    elif len(rel.parts) != 1 or not rel.name.endswith(".jsonl"):
+    elif len(rel.parts) != 1 or not rel.name.endswith(LOG_SUFFIX):
         return None
     cursor.lines += 1
     cursor.offset += len(line) + 1
@@ -105,8 +114,7 @@ def line_event(
     last = mtime if cursor.last is None else cursor.last
     try:
         if stream == "requests":
-            request_id, entry = _request_entry(line)
-            stamp = _stamp(entry["time"])
+            request_id, stamp, entry = request_line(line)
             cursor.last = stamp
             return (
                 REQUEST,
@@ -116,20 +124,11 @@ def line_event(
                 (rel.parts, cursor.lines),
                 mtime,
             )
-        entry = _loads(line)
-        request_id, instance, stamp = entry["request_id"], entry["instance"], _stamp(entry["time"])
-        if not isinstance(request_id, str) or not isinstance(instance, int) or instance < 0:
-            raise ValueError("bad id or instance")
-    except (ValueError, KeyError, TypeError):
+        request_id, instance, stamp = click_line(line)
+    except BAD_LINE:
         return (BAD, "bad request lines" if stream == "requests" else "bad click lines", last, mtime)
     cursor.last = stamp
     return (CLICK, request_id, stamp, instance, (rel.name, cursor.lines), mtime)
-
-
-def _loads(line: bytes) -> Any:
-    import json
-
-    return json.loads(line)
 
 
 @dataclass
