@@ -11,18 +11,15 @@ import json
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGES = (
-    "ctr_contract",
-    "ctr_features",
-    "ctr_model",
-    "training",
-    "export",
-    "serving",
-    "pipelines",
-    "bench",
+# The packages coverage measures: pyproject.toml's [tool.coverage.run] source, the one list.
+PACKAGES = tuple(
+    tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["tool"]["coverage"][
+        "run"
+    ]["source"]
 )
 
 

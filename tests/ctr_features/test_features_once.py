@@ -20,6 +20,7 @@ from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.table import RawTransform
 from ctr_features.hashing import FNV_OFFSET, FNV_PRIME, encode_strings, fnv1a_32, fnv1a_column
 from ctr_features.layout import HASH_START, LIFT_START, N_CAT, N_NUM
+from tests.ast_imports import OURS
 from tests.ctr_features.test_features_parity import fit_small_spec
 from tests.helpers import REPO_ROOT
 
@@ -36,16 +37,7 @@ HOMES = {
 }
 # The FNV-1a 32-bit offset basis and prime, in hex or decimal.
 FNV_LITERAL = re.compile(r"0x0*811c9dc5|0x0*1000193\b|2166136261|16777619", re.IGNORECASE)
-SOURCE_DIRS = (
-    "ctr_contract",
-    "ctr_features",
-    "ctr_model",
-    "training",
-    "export",
-    "serving",
-    "pipelines",
-    "bench",
-)
+SOURCE_DIRS = OURS
 
 
 def sources(*suffixes: str) -> list[Path]:
