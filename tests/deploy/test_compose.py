@@ -26,6 +26,8 @@ LONG_RUNNING = (
     "rollout",
     "objectstore",
     "serving-s3",
+    "traffic",
+    "online",
 )
 ALL_PROFILES = [
     "--profile",
@@ -38,6 +40,8 @@ ALL_PROFILES = [
     "rollout",
     "--profile",
     "objectstore",
+    "--profile",
+    "online",
 ]
 
 
@@ -92,7 +96,8 @@ def test_optional_services_sit_in_their_profiles():
     assert SERVICES["prometheus"]["profiles"] == ["monitoring"]
     assert SERVICES["grafana"]["profiles"] == ["monitoring"]
     assert SERVICES["tfserving"]["profiles"] == ["tfserving"]
-    assert SERVICES["live-eval"]["profiles"] == ["live"]
+    assert SERVICES["live-eval"]["profiles"] == ["live", "online"]
+    assert SERVICES["traffic"]["profiles"] == SERVICES["online"]["profiles"] == ["online"]
     assert SERVICES["rollout"]["profiles"] == SERVICES["model-config"]["profiles"] == ["rollout"]
     for name in ("objectstore", "model-s3", "serving-s3"):
         assert SERVICES[name]["profiles"] == ["objectstore"], name
@@ -147,9 +152,11 @@ def test_built_services_name_dockerfiles_that_exist():
         "model-config",
         "model-s3",
         "objectstore",
+        "online",
         "rollout",
         "serving",
         "serving-s3",
+        "traffic",
     ]
     for build in built.values():
         assert (REPO_ROOT / build["context"] / build["dockerfile"]).is_file()

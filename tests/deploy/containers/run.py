@@ -13,6 +13,8 @@ compose project (new volumes) through an override file (compose_run.py):
    route answers and a request log is written; the root filesystem is read-only;
 4. `stop` under load drains within the grace period and exits 0; a second `up` does not retrain; the server
    SIGKILLed before its version is AVAILABLE, then `up` again, serves version 1 without a second training;
+   then the online profile (online.py): the simulated traffic, the online trainer publishing two versions the
+   server serves in turn, live-eval's figures of each, and `stop`: every container exits 0, nothing lost;
 5. on a second fresh project, the `model` service SIGKILLed during its export: nothing is published, and `up`
    again exports the finished run (no second training) and serves version 1 (jobs.py, as the rest below);
    then its objectstore profile (objectstore.py): SeaweedFS makes the bucket, `model-s3` exports version 1 into
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import checks
 import jobs
 import objectstore
+import online
 from compose_run import REPO_ROOT, Failure, Project, build_failure, timed
 from engine import Engine, EngineError, PrivatePodman, explain_start_failure, prune_stale_images
 from sources import (
@@ -120,7 +123,7 @@ def main() -> int:
             say(f"torch from {wheel} served at {server.url}")
         else:
             say("no CPU torch wheel on this host's disk: the Dockerfile's TORCH_INDEX_URL default")
-        ports = {"rest": free_port(), "grpc": free_port()}
+        ports = {"rest": free_port(), "grpc": free_port(), "live_eval": free_port(), "online": free_port()}
         project = Project(host, state, LOGS, build_args(python_image, torch_index), ports)
         projects.append(project)
         say(f"compose project {project.name}, REST 127.0.0.1:{ports['rest']}, gRPC 127.0.0.1:{ports['grpc']}")
@@ -144,6 +147,8 @@ def main() -> int:
         checks.bootstrap_and_serve(project, engine, times)
         checks.stop_drains(project, engine, times)
         checks.second_up_and_kill_mid_load(project, engine, times)
+        with timed(times, "online_s"):
+            online.loop(project, engine, times)
         fresh_ports = {"rest": free_port(), "grpc": free_port()}
         fresh_ports.update(s3=free_port(), s3_rest=free_port(), s3_grpc=free_port())
         fresh = Project(host, state, LOGS, build_args(python_image, torch_index), fresh_ports)
