@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,39 @@ def kustomize_build(path: str) -> list[dict[str, Any]]:
         pytest.skip("needs kubectl (or kustomize) on PATH to build the k8s/ overlays")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"{' '.join(argv)} failed:\n{proc.stderr}"
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def claim_at(spec: dict[str, Any], c: dict[str, Any], path: str) -> tuple[str, bool]:
+    """(claim, read-only) of the volume a container mounts at `path` or at the folder above it."""
+    [mount] = sorted(
+        (m for m in c["volumeMounts"] if path == m["mountPath"] or path.startswith(m["mountPath"] + "/")),
+        key=lambda m: -len(m["mountPath"]),
+    )[:1]
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    return volume["persistentVolumeClaim"]["claimName"], bool(mount.get("readOnly"))
+
+
+def with_components(overlay: str, components: list[str], root: Path) -> list[dict[str, Any]]:
+    """The objects of `overlay` with `components` (paths under k8s/) added, as one's own overlay would add them:
+    a copy of the overlay in ROOT whose kustomization names them (skips without kubectl, which has components)."""
+    kubectl = str(VENV_KUBECTL) if VENV_KUBECTL.exists() else shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip(
+            "needs kubectl (the dev extra installs it into .venv) to build an overlay with components"
+        )
+    source = REPO_ROOT / overlay
+    for file in source.iterdir():
+        shutil.copy(file, root / file.name)
+    kustomization = yaml.safe_load((source / "kustomization.yaml").read_text())
+    k8s = os.path.relpath(REPO_ROOT / "k8s", root)  # kustomize takes relative paths only
+    kustomization["resources"] = [
+        f"{k8s}/base" if r == "../../base" else r for r in kustomization["resources"]
+    ]
+    kustomization["components"] = [f"{k8s}/{c}" for c in components]
+    (root / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    proc = subprocess.run([kubectl, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 from dockerfiles import exec_form, final_stage, single
-from k8s_render import VENV_KUBECTL, container, find
+from k8s_render import claim_at, container, find, with_components
 from module_flags import accepted_flags, flags
 
 from tests.helpers import REPO_ROOT
@@ -26,38 +23,10 @@ def _flag(args: list[str], name: str) -> str:
     return value
 
 
-def _claim_at(spec: dict[str, Any], c: dict[str, Any], path: str) -> tuple[str, bool]:
-    """(claim, read-only) of the volume a container mounts at `path` or at the folder above it."""
-    [mount] = sorted(
-        (m for m in c["volumeMounts"] if path == m["mountPath"] or path.startswith(m["mountPath"] + "/")),
-        key=lambda m: -len(m["mountPath"]),
-    )[:1]
-    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
-    return volume["persistentVolumeClaim"]["claimName"], bool(mount.get("readOnly"))
-
-
 @pytest.fixture(scope="module")
 def with_rollout(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """The dev overlay with the rollout component added to it, as one's own overlay would add it."""
-    kubectl = str(VENV_KUBECTL) if VENV_KUBECTL.exists() else shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip(
-            "needs kubectl (the dev extra installs it into .venv) to build an overlay with components"
-        )
-    root = tmp_path_factory.mktemp("overlay")
-    dev = REPO_ROOT / "k8s/overlays/dev"
-    for file in dev.iterdir():
-        shutil.copy(file, root / file.name)
-    kustomization = yaml.safe_load((dev / "kustomization.yaml").read_text())
-    k8s = os.path.relpath(REPO_ROOT / "k8s", root)  # kustomize takes relative paths only
-    kustomization["resources"] = [
-        f"{k8s}/base" if r == "../../base" else r for r in kustomization["resources"]
-    ]
-    kustomization["components"] = [f"{k8s}/components/rollout"]
-    (root / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-    proc = subprocess.run([kubectl, "kustomize", str(root)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return with_components("k8s/overlays/dev", ["components/rollout"], tmp_path_factory.mktemp("overlay"))
 
 
 @pytest.mark.parametrize("path", ["k8s/base", "k8s/overlays/dev", "k8s/overlays/prod"])
@@ -72,14 +41,14 @@ def test_live_eval_reads_what_the_servers_and_the_click_tracker_write(builds, pa
     assert c["image"].split("/")[-1].startswith("ctr-trainer")  # pyarrow and ctr_model: the trainer image
     serving_spec = find(objects, "Deployment", "ctr-serving")["spec"]["template"]["spec"]
     serving = container(serving_spec, "serving")
-    logs_claim = _claim_at(serving_spec, serving, "/var/log/ctr")[0]
-    assert _claim_at(spec, c, _flag(c["args"], "--logs")) == (logs_claim, True)
+    logs_claim = claim_at(serving_spec, serving, "/var/log/ctr")[0]
+    assert claim_at(spec, c, _flag(c["args"], "--logs")) == (logs_claim, True)
     online_spec = find(objects, "Deployment", "ctr-online-trainer")["spec"]["template"]["spec"]
     online = container(online_spec, "online-trainer")
     clicks = _flag(c["args"], "--clicks")
     assert clicks == _flag(online["args"], "--clicks")  # the click tracker's folder both read
-    assert _claim_at(spec, c, clicks) == (_claim_at(online_spec, online, clicks)[0], True)
-    state_claim, read_only = _claim_at(spec, c, _flag(c["args"], "--state-dir"))
+    assert claim_at(spec, c, clicks) == (claim_at(online_spec, online, clicks)[0], True)
+    state_claim, read_only = claim_at(spec, c, _flag(c["args"], "--state-dir"))
     assert not read_only
     assert find(objects, "PersistentVolumeClaim", state_claim)["spec"]["accessModes"] == ["ReadWriteMany"]
     port = int(_flag(c["args"], "--metrics-port"))
@@ -141,15 +110,15 @@ def test_rollout_controller_edits_the_file_every_serving_pod_reads(with_rollout)
     assert [a for a in entrypoint if not a.startswith(("--model_name=", "--model_base_path="))] == serving[
         "command"
     ][:5]
-    assert _claim_at(controller_spec, c, config) == ("ctr-models", False)
-    assert _claim_at(serving_spec, serving, config) == ("ctr-models", True)
+    assert claim_at(controller_spec, c, config) == ("ctr-models", False)
+    assert claim_at(serving_spec, serving, config) == ("ctr-models", True)
     # The figures: the live evaluator's state folder, on the same claim, read-only here.
     live_spec = find(with_rollout, "Deployment", "ctr-live-eval")["spec"]["template"]["spec"]
     live = container(live_spec, "live-eval")
     state = _flag(live["args"], "--state-dir")
     assert _flag(c["args"], "--eval-state") == state
-    assert _claim_at(controller_spec, c, state) == (_claim_at(live_spec, live, state)[0], True)
-    assert _claim_at(controller_spec, c, _flag(c["args"], "--state-dir"))[1] is False
+    assert claim_at(controller_spec, c, state) == (claim_at(live_spec, live, state)[0], True)
+    assert claim_at(controller_spec, c, _flag(c["args"], "--state-dir"))[1] is False
     # The server it asks: the serving Service's REST port.
     service = find(with_rollout, "Service", "ctr-serving")
     rest = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
