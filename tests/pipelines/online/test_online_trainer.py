@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from pipelines.clicks.join import partition_name
+from pipelines.demos.simulate import instances
 from pipelines.online.loop import Trainer
 from pipelines.online.metrics import TrainerMetrics
-from pipelines.online.simulate import instances
 from pipelines.online.state import State, load, save
 from pipelines.online.step import Settings
 from training.synth import make_world, sample_rows
