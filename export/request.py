@@ -77,7 +77,7 @@ class ExportRequest:
             )
 
     @classmethod
-    def from_run(cls, run: Path, **fields: Any) -> ExportRequest:
+    def from_run(cls, run: Path, /, **fields: Any) -> ExportRequest:
         """The export of training run `run` that `python -m export --run RUN` asks for: its best checkpoint,
         feature spec, and those of RUN_FILES it holds; `fields` set the other fields, or override these."""
         found = {name: run / rel for name, rel in RUN_FILES.items() if (run / rel).is_file()}
