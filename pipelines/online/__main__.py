@@ -26,7 +26,8 @@ from export.publish.bucket import repo_location
 from pipelines.clicks.events import parse_time
 from pipelines.online.loop import Trainer, first_interval
 from pipelines.online.metrics import TrainerMetrics
-from pipelines.online.step import Settings, warm_imports
+from pipelines.online.step import STEP_OWNED, Settings, warm_imports
+from training.config import TrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="export's calibrator, fitted on each interval's held-out rows (default auto)",
     )
     p.add_argument(
-        "--train-args", default="", help="extra flags for python -m training, e.g. '--batch-size 512'"
+        "--train-args",
+        default="",
+        help="python -m training options for each interval's run, e.g. '--batch-size 512' (--epochs sets "
+        "--max-epochs; --data, --out, --init-from and --resume are the trainer's own)",
     )
     p.add_argument(
         "--start",
@@ -100,6 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def train_config(epochs: int, train_args: str) -> TrainConfig:
+    """Each interval's run as `--epochs` and `--train-args` set it (step.py gives it data, out and warm start)."""
+    from training.cli import parse_config  # torch: after this CLI's own options are checked
+
+    cfg = parse_config(shlex.split(train_args), TrainConfig(max_epochs=epochs))
+    default = TrainConfig()
+    owned = [f"--{k.replace('_', '-')}" for k in STEP_OWNED if getattr(cfg, k) != getattr(default, k)]
+    if owned:
+        raise ValueError(f"{', '.join(owned)}: the trainer sets these for each interval; leave them out")
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
@@ -116,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        train = train_config(args.epochs, args.train_args)
+    except (ValueError, OSError) as e:  # training's ConfigError is a ValueError
+        print(f"online: error: --train-args: {e}", file=sys.stderr)
+        return 2
     s = Settings(
         logs=args.logs,
         clicks=args.clicks,
@@ -126,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         holdout=args.holdout,
         replay=args.replay,
         replay_rows=args.replay_rows,
-        epochs=args.epochs,
-        train_args=tuple(shlex.split(args.train_args)),
+        train=train,
         max_auc_drop=args.max_auc_drop,
         max_ece_rise=args.max_ece_rise,
         max_calibration_gap=args.max_calibration_gap,
