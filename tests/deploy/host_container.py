@@ -8,6 +8,7 @@ lacks (torch, TensorFlow, the training code...), as the image would.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,7 +177,14 @@ def deployment_args(builds: dict) -> list[str]:
 
 
 def compose_command() -> list[str]:
-    """The command compose appends to the image's entrypoint."""
-    return list(
-        yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())["services"]["serving"].get("command", [])
+    """The command compose appends to the image's entrypoint, its `${VAR:-default}` as compose reads them with
+    the variables unset."""
+    command = yaml.safe_load((REPO_ROOT / "compose.yaml").read_text())["services"]["serving"].get(
+        "command", []
     )
+    return [compose_default(a) for a in command]
+
+
+def compose_default(text: str) -> str:
+    """A compose.yaml string with each `${VAR:-default}` as its default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)

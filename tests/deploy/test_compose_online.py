@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from dockerfiles import final_stage
+from host_container import compose_default
 from module_flags import accepted_flags, flags
 
 from tests.helpers import REPO_ROOT
@@ -57,11 +58,6 @@ def _config(env: dict[str, str]) -> dict[str, Any]:
 def rendered() -> dict[str, Any]:
     """The online profile's config with every setting of SETTINGS."""
     return _config(SETTINGS)
-
-
-def _default(value: str) -> str:
-    """A compose.yaml string with each `${VAR:-default}` as its default."""
-    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -116,7 +112,7 @@ def test_settings_come_from_the_environment(rendered):
     }
     for (service, flag), values in expected.items():
         command = SERVICES[service]["command"]
-        found = (_default(_flag(command, flag)), _flag(rendered["services"][service]["command"], flag))
+        found = (compose_default(_flag(command, flag)), _flag(rendered["services"][service]["command"], flag))
         assert found == values, (service, flag)
 
 

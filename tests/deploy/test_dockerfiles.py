@@ -34,6 +34,8 @@ TRAINER_PIPELINES = {
     "pipelines/clicks",
     "pipelines/online",
     "pipelines/live_eval",
+    "pipelines/demos/__init__.py",
+    "pipelines/demos/simulate.py",  # the traffic simulator (compose's `traffic`); no other demo
 }
 # The Flink click join's image: what pipelines.clicks.flink.job imports (no C extensions, so no native stage).
 FLINK_PACKAGES = {"ctr_contract"}
@@ -254,6 +256,7 @@ def test_the_flink_job_starts_with_only_what_its_image_holds():
         ("pipelines.rollout", NOT_IN_SERVING),
         ("pipelines.live_eval", NOT_IN_TRAINER),
         ("pipelines.online", NOT_IN_TRAINER),
+        ("pipelines.demos.simulate", NOT_IN_TRAINER),
     ],
 )
 def test_each_pipeline_starts_with_only_what_its_image_holds(module: str, absent: tuple[str, ...]):
