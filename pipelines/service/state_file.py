@@ -56,7 +56,8 @@ class StateFile(Generic[T]):
         if any(getattr(saved, f) != getattr(fresh, f) for f in fixed):
             was = " ".join(f"{flag} {_show(getattr(saved, f))}" for f, flag in fixed.items())
             given = " and ".join(_show(getattr(fresh, f)) for f in fixed)
-            raise ValueError(f"{self.path.parent} was {made} with {was}, not {given}; use those or {fix}")
+            those = "those" if len(fixed) > 1 else "that"
+            raise ValueError(f"{self.path.parent} was {made} with {was}, not {given}; use {those} or {fix}")
         return saved
 
 
