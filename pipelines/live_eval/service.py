@@ -1,9 +1,10 @@
 """Live evaluation: the interval-service core (pipelines/service/) with one step, an interval evaluated.
 
 The core's clock says when interval j (request times [j*S, (j+1)*S), S = --interval-s) closes, as the online
-trainer's do; its run loop runs each closed interval in turn. Each interval is joined into STATE/joined/ (train/, holdout/ and shadow/ partitions), read back into the window as
-(key, score, label) arrays, and recorded: snapshot.json, one history.jsonl line, then state.json (see
-pipelines/live_eval/state.py for why a kill at any moment neither loses nor repeats an interval).
+trainer's do; its run loop runs each closed interval in turn. Each interval is joined into STATE/joined/
+(train/, holdout/ and shadow/ partitions), read back into the window as (key, score, label) arrays, and
+recorded: snapshot.json, one history.jsonl line, then state.json (see pipelines/live_eval/state.py for why a
+kill at any moment neither loses nor repeats an interval).
 """
 
 from __future__ import annotations

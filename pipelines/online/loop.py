@@ -1,9 +1,10 @@
 """The online trainer: the interval-service core (pipelines/service/) with one step, an interval trained.
 
 The core's clock says when interval j (request times [j*S, (j+1)*S), S = --interval-s) closes; its run loop
-runs each closed interval in turn. Each interval ends in exactly one outcome, written to the state: `published` (a new version), `refused` (the quality gate kept
-the served version), `empty` (no rows: nothing trained), `failed` (training or export could not finish) or
-`dropped` (a write failed, e.g. a full disk: counted, the state untouched until the interval is recorded).
+runs each closed interval in turn. Each interval ends in exactly one outcome, written to the state:
+`published` (a new version), `refused` (the quality gate kept the served version), `empty` (no rows: nothing
+trained), `failed` (training or export could not finish) or `dropped` (a write failed, e.g. a full disk:
+counted, the state untouched until the interval is recorded).
 """
 
 from __future__ import annotations
