@@ -1,8 +1,9 @@
 """The run loop of a service: run each step when it is due, until there is none left or a stop is asked for.
 
 A stop (SIGTERM from `docker stop` or the kubelet, or SIGINT) is noticed between steps and while waiting: the step
-under way finishes and is recorded, then the loop returns and the process exits 0. A second signal exits at once
-(every write is durable, so a restart resumes where the state says). Two schedules drive the loop:
+under way finishes and is recorded, then the loop returns and the process exits 0. A second signal exits 0 at
+once, as does a step whose own code exits on SIGTERM (Lightning ends a fit at the next batch): that step is not
+recorded, and since every write is durable the restart resumes where the state says. Two schedules drive the loop:
 `Intervals` (each interval of request time once it closes: the online trainer, live evaluation) and `Ticks`
 (a step every few seconds: the rollout controller).
 """
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 from pipelines.service.clock import IntervalClock
 
 POLL_S = 0.5  # the longest sleep: how soon a stop or a newly closed interval is noticed
+log = logging.getLogger("pipelines.service")
 Sleep = Callable[[float], None]
 
 
@@ -74,7 +76,11 @@ def run(schedule: Schedule, stop: Stop | None = None, sleep: Sleep = time.sleep)
             schedule.idle()
             sleep(min(wait, POLL_S))
             continue
-        schedule.step()
+        try:
+            schedule.step()
+        except SystemExit:  # a second signal, or a library's own SIGTERM exit (Lightning's, mid-training)
+            log.warning("stopped during a step: it is not recorded, and the restart runs it again")
+            raise
         steps += 1
     return steps
 

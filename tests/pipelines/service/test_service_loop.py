@@ -131,13 +131,14 @@ sys.exit(run_service("svc", lambda stop: run(Intervals(Service()), stop)))
 """
 
 
-def _sigterm_mid_interval(tmp_path: Path, step_s: float, signals: int) -> tuple[int, str, str]:
+def _sigterm_mid_interval(tmp_path: Path, step_s: float, signals: int) -> tuple[int, str, str, str]:
     state = tmp_path / "state.json"
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVICE, str(state), str(step_s)],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     assert proc.stdout is not None
@@ -149,16 +150,18 @@ def _sigterm_mid_interval(tmp_path: Path, step_s: float, signals: int) -> tuple[
         code = proc.wait(timeout=10)
     finally:
         proc.kill()
-    return code, first + proc.stdout.read(), state.read_text()
+    assert proc.stderr is not None
+    return code, first + proc.stdout.read(), state.read_text(), proc.stderr.read()
 
 
 def test_sigterm_mid_interval_finishes_and_records_it_then_exits_0(tmp_path: Path):
-    code, out, state = _sigterm_mid_interval(tmp_path, 0.3, signals=1)
-    assert (code, out) == (0, "interval 100 started\n")
+    code, out, state, err = _sigterm_mid_interval(tmp_path, 0.3, signals=1)
+    assert (code, out, err) == (0, "interval 100 started\n", "")
     assert state == '{\n "next": 101\n}\n'
 
 
 def test_a_second_sigterm_exits_0_at_once_leaving_the_interval_unrecorded(tmp_path: Path):
-    code, out, state = _sigterm_mid_interval(tmp_path, 30.0, signals=2)
+    code, out, state, err = _sigterm_mid_interval(tmp_path, 30.0, signals=2)
     assert (code, out) == (0, "interval 100 started\n")
     assert state == '{\n "next": 100\n}\n'
+    assert err == "stopped during a step: it is not recorded, and the restart runs it again\n"
