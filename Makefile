@@ -64,10 +64,10 @@ day: $(STAMP) ## One day of the daily loop: make day N=1 (day N's data, warm sta
 	REPO=$(REPO) scripts/daily.sh $(or $(N),0)
 
 online-demo: $(STAMP) ## Online learning for ~5 min: server + simulator + online trainer; report in OUT (artifacts/online-demo)
-	$(PY) -m pipelines.online.demo --out $(or $(OUT),artifacts/online-demo) $(ARGS)
+	$(PY) -m pipelines.demos.online --out $(or $(OUT),artifacts/online-demo) $(ARGS)
 
 rollout-demo: $(STAMP) ## Safe rollout for ~2 min: server, simulator, live evaluation, controller; a good version promoted, a bad one rolled back; report in OUT (artifacts/rollout-demo)
-	$(PY) -m pipelines.rollout.demo --out $(or $(OUT),artifacts/rollout-demo) $(ARGS)
+	$(PY) -m pipelines.demos.rollout --out $(or $(OUT),artifacts/rollout-demo) $(ARGS)
 
 export: $(STAMP) ## Export the best checkpoint into the versioned model repository (REPO: a folder, or s3://BUCKET/PREFIX)
 	$(PY) -m export --run $(RUN) --repo $(REPO) $(ARGS)

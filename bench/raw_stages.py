@@ -68,6 +68,7 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
     assert isinstance(batch, RawBatch) and isinstance(features, np.ndarray)
     raw_model = getattr(backend, "predict_batch", None) or (lambda b: backend.predict_raw(b.inputs))
     scores = raw_model(batch)
+    ctr = sig.score(scores)
     drift = DriftMonitor("ctr", 10_000, lambda: version_dir)
 
     def decode() -> None:
@@ -94,7 +95,7 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
 
     def observe() -> None:
         for each in served:
-            drift.observe(each, scores)
+            drift.observe(each, ctr)  # drift watches the `ctr` columns, as the predictor feeds it
         drift.flush()
 
     def vdecode() -> None:

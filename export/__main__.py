@@ -14,6 +14,7 @@ from ctr_contract.tf_log import quiet_tensorflow_import
 from ctr_model.calibration import METHODS
 from ctr_store.errors import StoreError
 from export.errors import ExportError, InputError
+from export.gates.eval_rows import EVAL_FILES
 from export.gates.parity import MIN_ROWS
 from export.onnx.targets import DEFAULT_PROFILE, PROFILES, resolve_target
 from export.publish.bucket import repo_location
@@ -105,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument(
         "--calibration-data",
         type=Path,
-        help="Criteo file whose rows (the first 100,000) fit the calibrator instead of the validation rows, e.g. "
-        "an interval's held-out rows (default: none: --val-features with --val-labels)",
+        help="Criteo rows (text or Parquet, export/gates/eval_rows.py) whose first 100,000 fit the calibrator "
+        "instead of the validation rows, e.g. an interval's held-out partition (default: none: --val-features "
+        "with --val-labels)",
     )
     gate = p.add_argument_group("parity gate")
     gate.add_argument(
@@ -127,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     quality.add_argument(
         "--eval-data",
         type=Path,
-        help="Criteo file both models score (default: the run's validation split)",
+        help="Criteo rows both models score: a Criteo text file or a Parquet file with the Criteo columns, e.g. "
+        "an interval's held-out partition (default: the run's validation split)",
     )
     quality.add_argument(
         "--max-auc-drop",
@@ -163,77 +166,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _default(explicit: Path | None, run: Path | None, rel: str, required: bool) -> Path | None:
-    if explicit is not None:
-        return explicit
-    if run is None:
-        return None
-    path = run / rel
-    return path if required or path.is_file() else None
-
-
 def request_from_args(args: argparse.Namespace) -> ExportRequest:
     """Validate the options and resolve run-dir defaults into an ExportRequest."""
     if args.run is None and args.checkpoint is None:
         raise InputError("give --run DIR (a training run) or --checkpoint FILE")
     if args.run is not None and not args.run.is_dir():
         raise InputError(f"--run {args.run} is not a directory; expected a training run dir")
-    checkpoint = _default(args.checkpoint, args.run, run_dir.BEST_CHECKPOINT, True)
-    if args.checkpoint is None and checkpoint is not None and not checkpoint.is_file():
+    if (
+        args.run is not None
+        and args.checkpoint is None
+        and not (args.run / run_dir.BEST_CHECKPOINT).is_file()
+    ):
         raise InputError(
-            f"checkpoint not found: {checkpoint}; train first (`make train` or `python -m training --out {args.run}`)"
+            f"checkpoint not found: {args.run / run_dir.BEST_CHECKPOINT}; train first (`make train` or "
+            f"`python -m training --out {args.run}`)"
         )
-    assert checkpoint is not None  # --checkpoint or --run is given
-    spec = _default(args.feature_spec, args.run, run_dir.FEATURE_SPEC, True)
-    if spec is None:
+    if args.run is None and args.feature_spec is None:
         raise InputError("no feature spec: give --feature-spec FILE or --run DIR")
-    if args.parity_rows < MIN_ROWS:
-        raise InputError(f"--parity-rows must be >= {MIN_ROWS}, got {args.parity_rows}")
-    if not args.parity_tol >= 0:
-        raise InputError(f"--parity-tol must be >= 0, got {args.parity_tol}")
-    if args.keep is not None and args.keep < 1:
-        raise InputError(f"--keep must be >= 1, got {args.keep}")
-    if not 0 <= args.max_calibration_gap < 1:
-        raise InputError(f"--max-calibration-gap must be in [0, 1), got {args.max_calibration_gap}")
-    if not (args.max_auc_drop >= 0 and args.max_ece_rise >= 0):
-        raise InputError(
-            f"--max-auc-drop and --max-ece-rise must be >= 0, got {args.max_auc_drop}, {args.max_ece_rise}"
-        )
-    # The drift reference's rows: a run's, or, for a lone --checkpoint, those of the run that wrote the spec
-    # (python -m training writes them beside it); export refuses a version it could not write one for.
-    rows_from = args.run if args.run is not None else spec.parent
     if args.val_labels is not None and not args.val_labels.is_file():
         raise InputError(
             f"--val-labels {args.val_labels} is not a file; expected the run's {run_dir.VAL_LABELS}"
         )
-    if args.calibration_data is not None and not args.calibration_data.is_file():
-        raise InputError(f"--calibration-data {args.calibration_data} is not a file; expected Criteo rows")
-    if args.eval_data is not None and not args.eval_data.is_file():
-        raise InputError(f"--eval-data {args.eval_data} is not a file; expected Criteo rows")
-    return ExportRequest(
-        checkpoint=checkpoint,
-        feature_spec=spec,
+    for flag, path in (("--calibration-data", args.calibration_data), ("--eval-data", args.eval_data)):
+        if path is not None and not path.is_file():
+            raise InputError(f"{flag} {path} is not a file; expected {EVAL_FILES}")
+    given = {
+        "checkpoint": args.checkpoint,
+        "feature_spec": args.feature_spec,
+        "val_features": args.val_features,
+        "val_labels": args.val_labels,
+        "val_raw": args.val_raw,
+    }
+    # The samples (the drift reference's rows among them): a run's, or, for a lone --checkpoint, those of the
+    # run that wrote the spec (python -m training writes them beside it); export refuses a version it could
+    # not write a drift reference for. A lone checkpoint has no run to write its figures into.
+    lone = {} if args.run is not None else {"metrics": None, "run": None}
+    return ExportRequest.from_run(
+        args.run if args.run is not None else args.feature_spec.parent,
+        **{k: v for k, v in given.items() if v is not None},
+        **lone,
         repo=args.repo,
         target=resolve_target(args.target, args.target_ops),
-        val_features=_default(args.val_features, rows_from, run_dir.VAL_FEATURES, False),
-        metrics=_default(None, args.run, run_dir.METRICS, False),
         version=args.version,
         keep=args.keep,
         opset=args.opset,
         torchscript=args.torchscript,
         parity_rows=args.parity_rows,
         parity_tol=args.parity_tol,
-        val_labels=_default(args.val_labels, rows_from, run_dir.VAL_LABELS, False),
-        train_features=_default(None, rows_from, run_dir.TRAIN_FEATURES_SAMPLE, False),
         eval_data=args.eval_data,
         max_auc_drop=args.max_auc_drop,
         max_ece_rise=args.max_ece_rise,
         max_calibration_gap=args.max_calibration_gap,
         force=args.force,
-        val_raw=_default(args.val_raw, rows_from, run_dir.VAL_RAW, False),
         calibration=args.calibration,
         calibration_data=args.calibration_data,
-        run=args.run,
     )
 
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from ctr_model.calibration import METHODS, Calibrator, fit_calibrator
 from export.errors import InputError
+from export.gates.eval_rows import rows_from_file
 from export.request import ExportRequest
 
 log = logging.getLogger(__name__)
@@ -92,12 +93,10 @@ def load_labels(path: Path, rows: int, features: Path | None) -> np.ndarray:
 def held_out(req: ExportRequest, val: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, str]:
     """The rows the calibrator is fitted on: (features (N, width), 0/1 labels (N,) or None, where from).
 
-    `--calibration-data FILE` (Criteo rows, e.g. the online loop's held-out partition) when given, through the
+    `--calibration-data FILE` (Criteo rows, text or Parquet: e.g. the online loop's held-out partition) when given, through the
     candidate's spec; else the validation rows and `--val-labels` (None when there are none).
     """
     if req.calibration_data is not None:
-        from export.gates.gate import rows_from_file  # its Criteo reader; the gate is not run here
-
         rows = rows_from_file(req.calibration_data, flag="--calibration-data")
         return rows.features_for(req.feature_spec), rows.labels.astype(np.float64), rows.source
     if req.val_labels is None or not req.val_labels.is_file():

@@ -148,8 +148,8 @@ def data_copy(synth_file: Path, tmp_path: Path) -> Path:
 # files to its workers in collection order, so a long file collected last would run alone at the end.
 LONGEST_FIRST = (
     "tests/bench/test_bench_end_to_end.py",
-    "tests/pipelines/online/test_online_demo.py",
-    "tests/pipelines/rollout/test_rollout_demo.py",
+    "tests/pipelines/demos/test_online_demo.py",
+    "tests/pipelines/demos/test_rollout_demo.py",
     "tests/pipelines/clicks/flink/test_flink_join_checkpoint.py",
     "tests/scripts/test_daily_loop.py",
     "tests/serving/repository/test_serving_reload_memory.py",

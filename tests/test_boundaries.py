@@ -9,6 +9,7 @@ Checked on the AST of every module, every import counted: module-level, lazy (in
 - training, export: ctr_contract, ctr_features, ctr_model (not each other, not serving).
 - serving: ctr_contract, ctr_features (no model code, no training, no export).
 - pipelines: any stage; bench and tests: anything. No package imports bench or tests but bench and tests.
+- pipelines.demos (the demos and the traffic simulator): imported by nothing but itself, bench and tests.
 
 The serving image holds ctr_contract, ctr_features and serving and none of torch, lightning, pyarrow,
 TensorFlow or onnx: every module serving imports, transitively among ours, must not import them at module level
@@ -58,6 +59,27 @@ def forbidden_imports(root: Path, package: str, allowed: dict[str, set[str]] = A
             if i.top in ours and i.top != package and i.top not in allowed[package]:
                 found.append(f"{_where(root, path, i)} imports {i.target}")
     return found
+
+
+# The demos and the traffic simulator drive the product from outside; no product module imports them.
+DEMOS = "pipelines.demos"
+
+
+def demo_imports(root: Path, packages: tuple[str, ...] = OURS) -> list[str]:
+    """`path:line imports target` for each import of DEMOS by a module of ours outside it (bench's excepted)."""
+    return [
+        f"{_where(root, path, i)} imports {i.target}"
+        for package in packages
+        if package != "bench"
+        for name, path in modules(root, package).items()
+        if not _within(name, DEMOS)
+        for i in imports(name, path)
+        if _within(i.target, DEMOS)
+    ]
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
 
 
 # An optional extra the contract may import lazily, inside the function that needs it and guarded by ImportError:
@@ -123,6 +145,11 @@ def test_each_package_imports_only_what_its_rule_allows(package: str) -> None:
     found = forbidden_imports(REPO_ROOT, package)
     allowed = sorted(ALLOWED[package]) or ["nothing of ours"]
     assert found == [], f"{package} may import {', '.join(allowed)}; found:\n" + "\n".join(found)
+
+
+def test_no_product_module_imports_the_demos() -> None:
+    found = demo_imports(REPO_ROOT)
+    assert found == [], f"only {DEMOS}, bench and tests may import {DEMOS}; found:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("package", STDLIB_ONLY)
@@ -230,4 +257,26 @@ def test_serving_image_check_follows_imports_and_parent_packages(tmp_path: Path)
     assert heavy_imports(tmp_path, reached) == [
         "ctr_features/compiled/__init__.py:1 imports pyarrow",
         "ctr_features/spec.py:1 imports torch",
+    ]
+
+
+def test_demo_check_flags_product_imports_of_the_demos_only(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "pipelines/__init__.py": "",
+            "pipelines/demos/__init__.py": "",
+            "pipelines/demos/simulate.py": "from pipelines.online import loop\n",
+            "pipelines/demos/online.py": "from pipelines.demos.simulate import instances\n",
+            "pipelines/online/__init__.py": "",
+            "pipelines/online/loop.py": "from pipelines.demos import simulate\n",
+            "pipelines/online/step.py": "def f():\n    from ..demos.simulate import instances\n",
+            "pipelines/online/metrics.py": "from pipelines import durable\n",
+            "bench/__init__.py": "import pipelines.demos.online\n",
+        },
+    )
+
+    assert demo_imports(tmp_path, ("pipelines", "bench")) == [
+        "pipelines/online/loop.py:1 imports pipelines.demos.simulate",
+        "pipelines/online/step.py:2 (lazy) imports pipelines.demos.simulate.instances",
     ]

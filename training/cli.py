@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from ctr_contract import stage_trace
 from ctr_contract.cli_help import RawDescriptionDefaultsHelpFormatter
 from ctr_model.net import ACTIVATIONS
 from training.config import LOADERS, TrainConfig
@@ -208,27 +208,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_config(argv: Sequence[str] | None = None, base: TrainConfig | None = None) -> TrainConfig:
+    """The run `python -m training ARGV` asks for, over `base` (default: TrainConfig()).
+
+    Precedence, lowest first: `base`, a `--config` file's tuned values, the options in `argv`.
+
+    Raises:
+        SystemExit: (argparse, code 2) an unknown option or a malformed value.
+        ConfigError: values that do not make a run; OSError: an unreadable `--config` file.
+    """
+    parser = build_parser()
+    if base is not None:
+        parser.set_defaults(**vars(base))
+    args = parser.parse_args(argv)
+    if args.config is not None:
+        # The file's values become defaults, so an option on the command line still overrides them.
+        parser.set_defaults(**load_tuned_params(args.config))
+        args = parser.parse_args(argv)
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k != "config"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit 0 on success, 1 when the run fails (bad data, NaN loss, DDP setup), 2 on invalid options.
 
     Only a `TrainingError` or an `OSError` that names a file is the user's to fix and prints one line; any
     other exception is a bug and propagates with its traceback.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        if args.config is not None:
-            # The file's values become defaults, so an option on the command line still overrides them.
-            parser.set_defaults(**load_tuned_params(args.config))
-            args = parser.parse_args(argv)
-        cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k != "config"})
+        cfg = parse_config(argv)
     except (TrainingError, OSError) as e:
         return _user_error(e, 2)
     from training.train import run_training  # heavy imports after argument checks (fast --help)
 
     try:
-        with stage_trace.run("training"):  # a span per stage with the OTEL_* variables (stage_trace.py)
-            run_training(cfg)
+        run_training(cfg)
     except (TrainingError, OSError) as e:
         return _user_error(e, 1)
     return 0

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from ctr_contract import cgroup, run_dir
+from ctr_contract.stage_trace import run as run_span
 from ctr_contract.stage_trace import stage as trace_stage
 from ctr_model.checkpoint import load_net
 from ctr_model.errors import CheckpointError
@@ -60,12 +61,22 @@ def say(msg: str) -> None:
 def run_training(cfg: TrainConfig, callbacks: Sequence[L.Callback] = ()) -> dict[str, Any] | None:
     """Train and write `cfg.out`: checkpoints/{best,last}.ckpt, feature_spec.json, metrics.json, val_features.npy.
 
+    The one entry point of a run: `python -m training` parses its options into `cfg` (training/cli.py's
+    `parse_config`) and calls this; the online trainer and tuning trials call it in their own process.
+
     Args:
         cfg: run settings.
         callbacks: extra Lightning callbacks (appended after the built-in ones).
     Returns:
         The metrics dict on global rank 0; None on other ranks.
+    Raises:
+        TrainingError: a problem the user can fix (bad data, NaN loss, DDP setup), its message one line.
     """
+    with run_span("training"):  # a span per stage with the OTEL_* variables (ctr_contract/stage_trace.py)
+        return _train(cfg, callbacks)
+
+
+def _train(cfg: TrainConfig, callbacks: Sequence[L.Callback]) -> dict[str, Any] | None:
     t_start = time.perf_counter()
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     threads = cfg.threads

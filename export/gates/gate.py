@@ -1,7 +1,8 @@
 """The quality gate: a candidate is published only when it is not worse than the version being served.
 
 Both models score the same held-out rows, each through its own feature spec:
-- `--eval-data FILE` (a Criteo file, e.g. tomorrow's first hours): its first MAX_EVAL_ROWS rows;
+- `--eval-data FILE` (Criteo rows, text or Parquet, e.g. tomorrow's first hours or an interval's held-out
+  partition): its first MAX_EVAL_ROWS rows (export/gates/eval_rows.py);
 - by default the run's validation split: RUN/val_features.npy with RUN/val_labels.npy when the served version
   has the candidate's spec (a warm start keeps it frozen), else the validation rows of the run's data file.
 
@@ -18,24 +19,18 @@ at hand, and the uncalibrated score's figures. `--force` publishes a refused can
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from ctr_contract import repository
-from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
+from ctr_contract.schema import CATEGORICAL_FIELDS
 from ctr_contract.signatures import OUTPUT_NAMES
-from ctr_features.data.criteo import read_batches
-from ctr_features.data.split import validation_mask
-from ctr_features.spec import FeatureSpec
 from ctr_model.calibration import Calibrator
 from ctr_model.metrics import (
     calibration_ratio,
@@ -45,16 +40,14 @@ from ctr_model.metrics import (
     roc_auc,
 )
 from export.errors import ExportError, InputError
-from export.gates.raw_parity import load_val_raw
+from export.gates.eval_rows import EvalRows, rows_from_file, rows_from_run, spec_doc
 from export.gates.runtimes import NO_CALIBRATION, onnxruntime_predictor, torch_predictor
 from export.request import ExportRequest
 
-MAX_EVAL_ROWS = 100_000
 # The calibration z-test: z = (sum p - sum y) / sqrt(sum p (1 - p)), the clicks' surplus of prediction in
 # standard deviations of the click count a calibrated model would see. On 2,000 rows at a 25% click rate one sd
 # is ~4% of the clicks, so a ratio gap alone would refuse calibrated candidates; on 50,000 rows a 5% gap is z ~ 9.
 CALIBRATION_Z = 3.0
-ALIGN_ROWS = 64  # val_raw.npz rows transformed to check that they are val_features.npy's rows
 log = logging.getLogger(__name__)
 
 Scorer = Callable[[np.ndarray], np.ndarray]  # float32 (N, width) -> ctr (N, 1), or ctr and raw_score (N, 2)
@@ -62,17 +55,6 @@ Scorer = Callable[[np.ndarray], np.ndarray]  # float32 (N, width) -> ctr (N, 1),
 
 class GateError(ExportError):
     """The candidate scored worse than the served version; nothing was published."""
-
-
-@dataclass(frozen=True)
-class EvalRows:
-    """Held-out rows: labels float [N], and the features a given feature spec makes of them."""
-
-    source: str
-    labels: np.ndarray
-    features_for: Callable[[Path], np.ndarray]  # feature_spec.json -> float32 (N, width)
-    categorical: np.ndarray | None = None  # the rows' raw categorical values (N, 26), for the field error
-    no_categorical: str = ""  # why `categorical` is None
 
 
 def figures(labels: np.ndarray, probs: np.ndarray, categorical: np.ndarray | None = None) -> dict[str, Any]:
@@ -105,91 +87,6 @@ def calibration_z(labels: np.ndarray, probs: np.ndarray) -> float:
     gap = float(p.sum() - np.asarray(labels, dtype=np.float64).sum())
     sd = float(np.sqrt((p * (1.0 - p)).sum()))
     return gap / sd if sd > 0 else (0.0 if gap == 0 else math.copysign(math.inf, gap))
-
-
-def _aligned_categorical(
-    x: np.ndarray, val_raw: Path | None, candidate_spec: Path
-) -> tuple[np.ndarray | None, str]:
-    """val_raw.npz's categorical values when its rows are those of `x` (same count, same first features);
-    else None and why. Training writes both from the first validation rows, so they align row for row."""
-    if val_raw is None or not val_raw.is_file():
-        return None, "no raw validation rows (val_raw.npz) to group by field"
-    numeric, categorical = load_val_raw(val_raw) or (np.zeros((0, 13)), np.zeros((0, 26)))
-    if len(numeric) != len(x):
-        return None, f"{val_raw} holds {len(numeric)} rows, the validation features {len(x)}"
-    k = min(ALIGN_ROWS, len(x))
-    features = FeatureSpec.load(candidate_spec).transform(numeric[:k], categorical[:k])
-    if not np.allclose(features, x[:k], atol=1e-5):
-        return None, f"{val_raw} holds other rows than the validation features (their first {k} differ)"
-    return categorical, ""
-
-
-def rows_from_run(
-    val_features: Path, val_labels: Path, candidate_spec: Path, val_raw: Path | None = None
-) -> EvalRows:
-    """The run's validation rows, already transformed with the candidate's spec (and their raw categorical
-    values from `val_raw` when it holds the same rows)."""
-    try:
-        x = np.load(val_features, allow_pickle=False).astype(np.float32)
-        y = np.load(val_labels, allow_pickle=False).astype(np.float64)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read the gate's validation rows: {e}") from e
-    if len(x) != len(y):
-        raise InputError(f"{val_features} has {len(x)} rows but {val_labels} has {len(y)} labels")
-    spec_text = _spec_doc(candidate_spec)
-
-    def features_for(spec: Path) -> np.ndarray:
-        if _spec_doc(spec) != spec_text:
-            raise InputError(
-                f"the served version's feature spec {spec} differs from the candidate's, so {val_features} "
-                "cannot score it; give --eval-data FILE (raw Criteo rows) or train with a data file"
-            )
-        return x
-
-    categorical, why = _aligned_categorical(x, val_raw, candidate_spec)
-    return EvalRows(f"{val_features} ({len(y)} validation rows)", y, features_for, categorical, why)
-
-
-def rows_from_file(
-    path: Path, val_fraction: float | None = None, max_rows: int = MAX_EVAL_ROWS, flag: str = "--eval-data"
-) -> EvalRows:
-    """Raw Criteo rows of `path` (only its validation split when `val_fraction` is given), at most `max_rows`;
-    `flag` names the option in errors."""
-    numeric: list[np.ndarray] = []
-    categorical: list[np.ndarray] = []
-    labels: list[np.ndarray] = []
-    kept = 0
-    try:
-        for batch in read_batches(path):
-            table = pa.Table.from_batches([batch])
-            if val_fraction is not None:
-                table = table.filter(
-                    pa.array(validation_mask(table.column("row_id").to_numpy(), val_fraction))
-                )
-            table = table.slice(0, max_rows - kept)
-            numeric.append(
-                np.stack([table.column(f).to_numpy(zero_copy_only=False) for f in NUMERIC_FIELDS], 1).astype(
-                    np.float64
-                )
-            )
-            categorical.append(
-                np.stack([np.asarray(table.column(f).to_pylist(), object) for f in CATEGORICAL_FIELDS], 1)
-            )
-            labels.append(table.column("label").to_numpy().astype(np.float64))
-            kept += len(table)
-            if kept >= max_rows:
-                break
-    except (OSError, ValueError) as e:  # MalformedRowError is a ValueError
-        raise InputError(f"cannot read {flag} {path}: {e}") from e
-    if kept == 0:
-        raise InputError(f"{flag} {path} holds no rows to score")
-    num, cat = np.concatenate(numeric), np.concatenate(categorical)
-    what = "validation rows" if val_fraction is not None else "rows"
-
-    def features_for(spec: Path) -> np.ndarray:
-        return FeatureSpec.load(spec).transform(num, cat)
-
-    return EvalRows(f"{path} ({kept} {what})", np.concatenate(labels), features_for, cat)
 
 
 def check_quality(
@@ -295,13 +192,6 @@ def _decide(report: dict[str, Any], reasons: list[str], rows: EvalRows, force: b
     return report
 
 
-def _spec_doc(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read feature spec {path}: {e}") from e
-
-
 def gate_export(
     req: ExportRequest,
     net: torch.nn.Module,
@@ -352,7 +242,7 @@ def _eval_rows(
     """The held-out rows, or None and the reason there are none."""
     if req.eval_data is not None:
         return rows_from_file(req.eval_data), ""
-    same_spec = served_dir is None or _spec_doc(served_dir / repository.FEATURE_SPEC_PATH) == _spec_doc(
+    same_spec = served_dir is None or spec_doc(served_dir / repository.FEATURE_SPEC_PATH) == spec_doc(
         req.feature_spec
     )
     if same_spec and req.val_features is not None and req.val_labels is not None and req.val_labels.is_file():

@@ -1,1 +1,1 @@
-"""Online learning: the click join, the traffic simulator and the trainer that keeps a served model fresh."""
+"""Online learning: the trainer that keeps a served model fresh (the traffic simulator is in pipelines.demos)."""

@@ -23,10 +23,11 @@ from export.publish.bucket import repo_location
 from pipelines.clicks.events import parse_time
 from pipelines.online.loop import Trainer
 from pipelines.online.metrics import TrainerMetrics
-from pipelines.online.step import Settings, warm_imports
+from pipelines.online.step import STEP_OWNED, Settings, warm_imports
 from pipelines.service import flags
 from pipelines.service.clock import IntervalClock
 from pipelines.service.loop import Stop
+from training.config import TrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="export's calibrator, fitted on each interval's held-out rows (default auto)",
     )
     p.add_argument(
-        "--train-args", default="", help="extra flags for python -m training, e.g. '--batch-size 512'"
+        "--train-args",
+        default="",
+        help="python -m training options for each interval's run, e.g. '--batch-size 512' (--epochs sets "
+        "--max-epochs; --data, --out, --init-from and --resume are the trainer's own)",
     )
     flags.add_run_flags(p, "trained", parse_time)
     flags.add_metrics_flags(p, 0)
@@ -86,6 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the click join: embedded (default) or the same join as a Flink job (needs make flink-venv)",
     )
     return p
+
+
+def train_config(epochs: int, train_args: str) -> TrainConfig:
+    """Each interval's run as `--epochs` and `--train-args` set it (step.py gives it data, out and warm start)."""
+    from training.cli import parse_config  # torch: after this CLI's own options are checked
+
+    cfg = parse_config(shlex.split(train_args), TrainConfig(max_epochs=epochs))
+    default = TrainConfig()
+    owned = [f"--{k.replace('_', '-')}" for k in STEP_OWNED if getattr(cfg, k) != getattr(default, k)]
+    if owned:
+        raise ValueError(f"{', '.join(owned)}: the trainer sets these for each interval; leave them out")
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    s = flags.settings(Settings, args, train_args=tuple(shlex.split(args.train_args)))
+    try:
+        train = train_config(args.epochs, args.train_args)
+    except (ValueError, OSError) as e:  # training's ConfigError is a ValueError
+        print(f"online: error: --train-args: {e}", file=sys.stderr)
+        return 2
+    s = flags.settings(Settings, args, train=train)
     if args.engine == "flink":
         from pipelines.clicks.flink.engine import flink_python
 

@@ -1,35 +1,35 @@
 """One closed interval of the online trainer: join it, warm-start on it plus a bounded replay, gate, publish.
 
-Training and export run in this process (`training.cli.main`, `export.pipeline.export_version`): the imports
-(PyTorch, Lightning, TensorFlow) are paid once, not per interval, and a killed trainer leaves no child that
-could still publish behind the restarted one's back.
+Training and export run in this process, through their Python entry points with typed requests
+(`training.train.run_training(TrainConfig)`, `export.pipeline.export_version(ExportRequest)`, the same objects
+their CLIs build from options): the imports (PyTorch, Lightning, TensorFlow) are paid once, not per interval,
+and a killed trainer leaves no child that could still publish behind the restarted one's back. Export reads
+the interval's held-out Parquet partition as it is, for the gate and the calibrator.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
-
-from ctr_contract.schema import CATEGORICAL_FIELDS, LABEL, NUMERIC_FIELDS
 from ctr_model.calibration import MIN_CALIBRATION_ROWS
 from pipelines.clicks.join import JoinReport, join_interval, partition_name, partition_rows
 from pipelines.online.published import local_version, newest_version
+from training.config import TrainConfig
+from training.errors import TrainingError
 
 log = logging.getLogger("pipelines.online")
+STEP_OWNED = ("data", "out", "init_from", "resume")  # the TrainConfig fields each interval's run sets
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Where the trainer reads and writes, and how it trains."""
+    """Where the trainer reads and writes, and how it trains (`train`) and gates (`max_*`, `calibration`)."""
 
     logs: Path
     clicks: Path
@@ -40,8 +40,8 @@ class Settings:
     holdout: float = 0.2
     replay: int = 2
     replay_rows: int = 50_000
-    epochs: int = 1
-    train_args: tuple[str, ...] = ()
+    # Each interval's run: these settings with the step's data (the replay folder), run folder and warm start.
+    train: TrainConfig = field(default_factory=partial(TrainConfig, max_epochs=1))
     max_auc_drop: float = 0.002
     max_ece_rise: float = 0.01
     max_calibration_gap: float = 0.05
@@ -105,71 +105,69 @@ def warm_imports() -> None:
 
 def train_and_publish(s: Settings, interval: int, version: int) -> dict[str, Any]:
     """Train on the interval (+ replay) and export as `version`; returns {'outcome': ..., details}."""
-    from training.cli import main as train_main  # heavy imports on first use
+    from training.train import run_training  # heavy imports on first use
 
     run = s.work / "runs" / str(interval) / "run"
     base = newest_version(s.repo)
-    argv = ["--data", str(replay_folder(s, interval)), "--out", str(run), "--no-progress-bar"]
-    argv += ["--max-epochs", str(s.epochs), *s.train_args]
-    if base is not None:  # a bucket's version is downloaded (checked) into the work folder first
-        argv += ["--init-from", str(local_version(s.repo, base, s.work / "versions"))]
+    cfg = replace(
+        s.train,
+        data=replay_folder(s, interval),
+        out=run,
+        # A bucket's version is downloaded (checked) into the work folder first.
+        init_from=None if base is None else local_version(s.repo, base, s.work / "versions"),
+        resume=False,
+        progress_bar=False,
+    )
     t0 = time.perf_counter()
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = train_main(argv)
+    try:
+        # Training's report (features, fit, val AUC) goes beside the run, not into the trainer's log.
+        with (run.parent / "train.log").open("w") as out, contextlib.redirect_stdout(out):
+            run_training(cfg)
+    except (TrainingError, OSError) as e:  # as `python -m training` exits 1 on them, the interval fails
+        if isinstance(e, OSError) and not isinstance(e, TrainingError) and e.filename is None:
+            raise  # not the run's fault: the loop's (a full disk drops the interval)
+        return {"outcome": "failed", "why": f"training: {e}", "train_s": round(time.perf_counter() - t0, 2)}
     train_s = time.perf_counter() - t0
-    if code != 0:
-        return {"outcome": "failed", "why": f"training exited {code}", "train_s": train_s}
     holdout = s.data / "holdout" / partition_name(interval)
     t1 = time.perf_counter()
-    eval_file = criteo_text(holdout, run.parent / "eval.txt") if holdout.is_file() else None
-    result = _export(run, s, version, eval_file)
+    result = _export(run, s, version, holdout if holdout.is_file() else None)
     return {**result, "train_s": round(train_s, 2), "export_s": round(time.perf_counter() - t1, 2)}
 
 
-def criteo_text(partition: Path, out: Path) -> Path:
-    """A partition's rows as a Kaggle train.txt file: the form `python -m export --eval-data` reads."""
-    table = pq.read_table(partition, columns=[LABEL, *NUMERIC_FIELDS, *CATEGORICAL_FIELDS])
-    table = table.set_column(0, LABEL, table.column(LABEL).cast(pa.int64()))
-    for f in NUMERIC_FIELDS:
-        table = table.set_column(table.schema.get_field_index(f), f, table.column(f).cast(pa.int64()))
-    opts = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    pacsv.write_csv(table, out, write_options=opts)
-    return out
-
-
-def _export(run: Path, s: Settings, version: int, eval_data: Path | None) -> dict[str, Any]:
+def _export(run: Path, s: Settings, version: int, holdout: Path | None) -> dict[str, Any]:
+    """Export `run` as `version` through the gate, scored on the interval's held-out partition when it has one."""
     from ctr_contract.tf_log import quiet_tensorflow_import
 
     with quiet_tensorflow_import():
         import tensorflow  # noqa: F401
-    from export.__main__ import build_parser, request_from_args
     from export.errors import ExportError
     from export.gates.gate import GateError
     from export.pipeline import export_version
+    from export.request import ExportRequest
 
-    argv = ["--run", str(run), "--repo", str(s.repo), "--version", str(version)]
-    argv += ["--max-auc-drop", str(s.max_auc_drop), "--max-ece-rise", str(s.max_ece_rise)]
-    argv += ["--max-calibration-gap", str(s.max_calibration_gap), "--calibration", s.calibration]
-    if eval_data is not None:
-        argv += ["--eval-data", str(eval_data)]
-        if s.calibration != "none" and _rows(eval_data) >= MIN_CALIBRATION_ROWS:
-            # The interval's own held-out rows: a click rate that drifted since the replayed intervals is
-            # corrected at this publish. Fewer rows than a fit needs: the run's validation rows instead.
-            argv += ["--calibration-data", str(eval_data)]
+    # The interval's own held-out rows fit the calibrator: a click rate that drifted since the replayed intervals
+    # is corrected at this publish. Fewer rows than a fit needs: the run's validation rows instead.
+    rows = partition_rows(holdout) if holdout is not None else 0
+    fit_on_holdout = s.calibration != "none" and rows >= MIN_CALIBRATION_ROWS
     try:
-        result = export_version(request_from_args(build_parser().parse_args(argv)))
+        request = ExportRequest.from_run(
+            run,
+            repo=s.repo,
+            version=version,
+            max_auc_drop=s.max_auc_drop,
+            max_ece_rise=s.max_ece_rise,
+            max_calibration_gap=s.max_calibration_gap,
+            calibration=s.calibration,
+            eval_data=holdout,
+            calibration_data=holdout if fit_on_holdout else None,
+        )
+        result = export_version(request)
     except GateError as e:
         return {"outcome": "refused", "why": str(e)}
     except ExportError as e:
         return {"outcome": "failed", "why": str(e)}
     gate = result.quality_gate or {}
     return {"outcome": "published", "version": result.version, "gate": _gate_summary(gate)}
-
-
-def _rows(criteo_file: Path) -> int:
-    with criteo_file.open("rb") as f:
-        return sum(1 for _ in f)
 
 
 def _gate_summary(gate: dict[str, Any]) -> dict[str, Any]:

@@ -11,27 +11,23 @@ there, by `served`, for their rows and scores.
 
 from __future__ import annotations
 
-import gc
 import json
+import multiprocessing
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pacsv
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import udf
 
-from pipelines.clicks.events import Request, request_line, served
 from pipelines.clicks.flink import sql
 from pipelines.clicks.flink.config import JobConfig
 from pipelines.clicks.flink.logic import BAD, REQUEST, FileCursor, line_event
-from pipelines.clicks.flink.output import write_interval
+from pipelines.clicks.flink.output import write_result
 
 TYPES = {"BOOLEAN": DataTypes.BOOLEAN(), "STRING": DataTypes.STRING(), "DOUBLE": DataTypes.DOUBLE(),
          "BIGINT": DataTypes.BIGINT()}  # fmt: skip
@@ -107,59 +103,11 @@ def run(t_env: StreamTableEnvironment, cfg: JobConfig) -> list[str]:
         # by pyarrow (collecting it through the client, `to_pandas`, took as long as the query itself).
         t_env.execute_sql(sql.result_ddl(tmp))
         t_env.from_path("joined").execute_insert("joined_files").wait()
-        result = _read_result(Path(tmp))
-    t2 = time.monotonic()
-    # Millions of acyclic objects are made below: the cyclic collector would only rescan them, again and again.
-    gc.disable()
-    orders = [o for col in ("okey", "sokey") for o in result[col] if isinstance(o, str)]
-    requests = _requests(cfg.requests["path"], orders)
-    t3 = time.monotonic()
-    rows: dict[int, list[Any]] = defaultdict(list)
-    counts: dict[int, dict[str, int]] = defaultdict(dict)
-    for tag, n, okey, sokey, clicked, kind, cnt in result[list(sql.RESULT)].itertuples(index=False):
-        if tag == "counts":
-            counts[int(n)][kind] = counts[int(n)].get(kind, 0) + int(cnt)
-            continue
-        request = requests[okey]
-        shadow = (sokey, requests[sokey]) if isinstance(sokey, str) else None
-        on = {int(i) for i in clicked.split(",")} if isinstance(clicked, str) and clicked else set()
-        labels = [int(i in on) for i in range(len(request.rows or []))]
-        rows[int(n)].append(((okey, request), labels, shadow))
-    reports = [
-        write_interval(cfg, int(n), s, e, rows.get(int(n), []), counts.get(int(n), {}))
-        for n, s, e in cfg.explicit
-    ]
-    gc.enable()
-    phases = {"plan": t1 - t0, "query": t2 - t1, "reread": t3 - t2, "write": time.monotonic() - t3}
-    times = {k: round(v, 2) for k, v in phases.items()}
-    print(json.dumps({"phases_s": times, "result_rows": len(result)}), file=sys.stderr, flush=True)
+        t2 = time.monotonic()
+        # The writing runs in a fresh process: this one holds pyflink's gRPC and Beam threads, whose turns at
+        # the GIL made the same writing 2.4x slower here than in a process of its own (py-spy, 200k rows).
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            reports, phases = pool.submit(write_result, tmp, cfg.to_dict()).result()
+    times = {k: round(v, 2) for k, v in {"plan": t1 - t0, "query": t2 - t1, **phases}.items()}
+    print(json.dumps({"phases_s": times}), file=sys.stderr, flush=True)
     return reports
-
-
-def _read_result(folder: Path) -> pd.DataFrame:
-    """The query's result files (CSV, no header; an empty field is NULL) as one frame of sql.RESULT's columns."""
-    types = {name: pa.int64() if name in ("n", "cnt") else pa.string() for name in sql.RESULT}
-    read = pacsv.ReadOptions(column_names=list(sql.RESULT))
-    convert = pacsv.ConvertOptions(column_types=types, strings_can_be_null=True)
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith((".", "_")))
-    tables = [
-        pacsv.read_csv(f, read_options=read, convert_options=convert) for f in files if f.stat().st_size
-    ]
-    schema = pa.schema([(name, types[name]) for name in sql.RESULT])
-    return pa.concat_tables(tables).to_pandas() if tables else schema.empty_table().to_pandas()
-
-
-def _requests(root: str, orders: list[str]) -> dict[str, Request]:
-    """The requests the orders name, read again from their files (a log file is only appended to, so line k is
-    the line the job parsed) and parsed by the embedded join's own functions."""
-    wanted: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for order in orders:
-        rel, number = sql.line_of(order)
-        wanted[rel].append((number, order))
-    out = {}
-    for rel, numbers in wanted.items():
-        lines = (Path(root.removeprefix("file:")) / rel).read_bytes().split(b"\n")
-        for number, order in numbers:
-            request_id, t, entry = request_line(lines[number - 1])
-            out[order] = served(request_id, t, entry)
-    return out

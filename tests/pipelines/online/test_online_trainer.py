@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from pipelines.clicks.join import partition_name
+from pipelines.demos.simulate import instances
+from pipelines.online.__main__ import main, train_config
 from pipelines.online.loop import Trainer
 from pipelines.online.metrics import TrainerMetrics
-from pipelines.online.simulate import instances
 from pipelines.online.state import State, load, save
 from pipelines.online.step import Settings
+from training.config import TrainConfig
 from training.synth import make_world, sample_rows
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -118,6 +120,43 @@ def test_sigkill_mid_interval_and_restart_trains_every_interval_exactly_once(tmp
     log = (tmp_path / "trainer.log").read_text()
     assert log.count(f"interval {first}: no rows joined: nothing trained") == 1
     assert log.count(f"interval {first + 1}: published version 1") == 1
+    # Export scored the interval's held-out Parquet partition as the join wrote it: no Criteo text copy.
+    holdout = tmp_path / "work" / "data" / "holdout" / partition_name(first + 1)
+    manifest = json.loads((tmp_path / "repo" / "1" / "assets.extra" / "manifest.json").read_text())
+    assert manifest["quality_gate"]["eval_rows"].startswith(f"{holdout} (")
+    assert sorted(p.name for p in (tmp_path / "work" / "runs" / str(first + 1)).iterdir()) == [
+        "data",
+        "run",
+        "train.log",
+    ]
+    assert "val AUC" in (tmp_path / "work" / "runs" / str(first + 1) / "train.log").read_text()
+
+
+def test_train_args_become_the_typed_config_each_interval_runs_from() -> None:
+    assert train_config(3, "--batch-size 512 --val-fraction 0.2") == TrainConfig(
+        max_epochs=3, batch_size=512, val_fraction=0.2
+    )
+    assert train_config(1, "--max-epochs 2") == TrainConfig(max_epochs=2)  # as written, the option wins
+    assert Settings(Path("l"), Path("c"), Path("r"), Path("w"), 1.0, 0.0).train == TrainConfig(max_epochs=1)
+
+
+@pytest.mark.parametrize(
+    ("train_args", "message"),
+    [
+        ("--batch-size 0", "invalid --batch-size: 0"),
+        (
+            "--data x.txt --init-from v1",
+            "--data, --init-from: the trainer sets these for each interval; leave them out",
+        ),
+    ],
+)
+def test_train_args_that_make_no_interval_run_exit_2_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], train_args: str, message: str
+) -> None:
+    argv = ["--logs", str(tmp_path), "--clicks", str(tmp_path), "--work", str(tmp_path / "work")]
+    assert main([*argv, "--train-args", train_args]) == 2
+    assert capsys.readouterr().err == f"online: error: --train-args: {message}\n"
+    assert not (tmp_path / "work").exists()
 
 
 def test_a_restart_after_publishing_but_before_recording_finishes_the_interval_without_training(

@@ -168,7 +168,7 @@ def _joined(eval_state: Path) -> Any:
 
 def live_vs_offline(out: Path, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (version, label): the live AUC of its fullest window, and the version's AUC scored offline on the same rows."""
-    from pipelines.online.evaluate import score_version
+    from pipelines.demos.online_evaluate import score_version
 
     table = _joined(out / "eval")
     best: dict[tuple[int, str], tuple[dict[str, Any], dict[str, Any]]] = {}

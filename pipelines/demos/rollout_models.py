@@ -1,4 +1,4 @@
-"""The rollout demo's three versions: `python -m pipelines.rollout.demo_models --out DIR ...`, one process.
+"""The rollout demo's three versions: `python -m pipelines.demos.rollout_models --out DIR ...`, one process.
 
 - Version 1, the stable one: --v1-rows rows of the world at --start-day, one epoch, calibrated on --bad-rows
   other rows of that day.
@@ -68,7 +68,7 @@ def _train(data: Path, run_dir: Path, epochs: int) -> Path:
     argv = ["--data", str(data), "--out", str(run_dir), "--no-progress-bar", "--max-epochs", str(epochs)]
     code = train_main([*argv, "--batch-size", "512", "--threads", "1"])
     if code != 0:
-        sys.exit(f"demo_models: error: training {run_dir} exited {code}")
+        sys.exit(f"rollout_models: error: training {run_dir} exited {code}")
     return run_dir
 
 
@@ -84,7 +84,7 @@ def _export(run_dir: Path, repo: Path, version: int, *extra: str) -> None:
     result = export_version(request_from_args(build_parser().parse_args(argv)))
     gate = result.quality_gate or {}
     print(
-        f"demo_models: version {version} exported into {repo}; gate {gate.get('verdict', gate.get('passed'))}"
+        f"rollout_models: version {version} exported into {repo}; gate {gate.get('verdict', gate.get('passed'))}"
     )
 
 
@@ -116,7 +116,7 @@ def build(a: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.rollout.demo_models", description=__doc__.splitlines()[0]
+        prog="python -m pipelines.demos.rollout_models", description=__doc__.splitlines()[0]
     )
     p.add_argument(
         "--out", type=Path, required=True, help="the demo's folder: writes OUT/repo, OUT/staging, OUT/models"

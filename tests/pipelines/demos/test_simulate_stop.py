@@ -42,7 +42,7 @@ def test_a_stopped_simulator_writes_its_counts(tmp_path: Path, sig: signal.Signa
     cmd = [
         sys.executable,
         "-m",
-        "pipelines.online.simulate",
+        "pipelines.demos.simulate",
         "--url",
         f"http://127.0.0.1:{listener.getsockname()[1]}",
     ]

@@ -1,6 +1,6 @@
-"""`python -m pipelines.online.simulate`: live traffic from the drifting synthetic world, sent to a running server.
+"""`python -m pipelines.demos.simulate`: live traffic from the drifting synthetic world, sent to a running server.
 
-    python -m pipelines.online.simulate --url http://127.0.0.1:8501 --clicks-dir CLICKS --start-day 0 --end-day 0.25 \\
+    python -m pipelines.demos.simulate --url http://127.0.0.1:8501 --clicks-dir CLICKS --start-day 0 --end-day 0.25 \\
         --duration 300 --rate 20 --drift-scale 20
 
 Each request carries --instances raw rows of the world's current time and an `x-request-id`. World time moves
@@ -173,7 +173,7 @@ class Simulator:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m pipelines.online.simulate", description=__doc__.splitlines()[0]
+        prog="python -m pipelines.demos.simulate", description=__doc__.splitlines()[0]
     )
     p.add_argument("--url", default="http://127.0.0.1:8501", help="the server's REST address")
     p.add_argument("--model", default="ctr", help="model name (default ctr)")

@@ -9,7 +9,7 @@ import pytest
 
 
 def _demo(run_module, out: Path, *args: str) -> dict:
-    proc = run_module("pipelines.online.demo", "--out", out, *args, timeout=900)
+    proc = run_module("pipelines.demos.online", "--out", out, *args, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.endswith(f"online-demo: wrote {out / 'report.md'} and {out / 'results.json'}\n")
     return json.loads((out / "results.json").read_text())

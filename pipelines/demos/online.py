@@ -1,4 +1,4 @@
-"""`make online-demo` (`python -m pipelines.online.demo --out DIR`): server + simulator + online trainer, then a report.
+"""`make online-demo` (`python -m pipelines.demos.online --out DIR`): server + simulator + online trainer, then a report.
 
 1. Version 1, the static model: trained on --static-rows rows of --start-day and exported into DIR/repo.
 2. A server on 127.0.0.1 serves DIR/repo and logs every request; the simulator sends drifting traffic for
@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ctr_model.calibration import METHODS
-from pipelines.online.evaluate import evaluate
-from pipelines.online.report import write_report
+from pipelines.demos.online_evaluate import evaluate
+from pipelines.demos.online_report import write_report
 from pipelines.online.step import replay_parts
 
 PY = sys.executable
@@ -176,7 +176,7 @@ def ten_x(a: argparse.Namespace, out: Path, state: dict[str, Any]) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipelines.online.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pipelines.demos.online", description=__doc__.splitlines()[0])
     p.add_argument(
         "--out", type=Path, default=Path("artifacts/online-demo"), help="output folder (emptied first)"
     )
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 PY,
                 "-m",
-                "pipelines.online.simulate",
+                "pipelines.demos.simulate",
                 "--url",
                 f"http://127.0.0.1:{rest}",
                 "--clicks-dir",

@@ -1,7 +1,7 @@
 """End to end: `make rollout-demo` promotes the good version and rolls the bad one back, with no client error.
 
 A real server, the traffic simulator, live evaluation and the rollout controller, each its own process on
-127.0.0.1 (pipelines/rollout/demo.py).
+127.0.0.1 (pipelines/demos/rollout.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 
 def _demo(run_module, out: Path, *args: str) -> dict:
-    proc = run_module("pipelines.rollout.demo", "--out", out, *args, timeout=900)
+    proc = run_module("pipelines.demos.rollout", "--out", out, *args, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.endswith(
         f"rollout-demo: wrote {out / 'report.md'}, {out / 'rollout.png'} and {out / 'results.json'}\n"

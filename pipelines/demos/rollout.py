@@ -1,6 +1,6 @@
-"""`make rollout-demo` (`python -m pipelines.rollout.demo --out DIR`): a good version promoted, a bad one rolled back.
+"""`make rollout-demo` (`python -m pipelines.demos.rollout --out DIR`): a good version promoted, a bad one rolled back.
 
-1. Three versions (pipelines/rollout/demo_models.py, one process): version 1 into DIR/repo, a good version 2
+1. Three versions (pipelines/demos/rollout_models.py, one process): version 1 into DIR/repo, a good version 2
    and a miscalibrated version 3 into DIR/staging, all before the traffic starts.
 2. On 127.0.0.1: the server (DIR/models.config re-read every second, every request logged to DIR/logs), the
    traffic simulator on the drifting world (clicks to DIR/clicks), live evaluation (`python -m
@@ -8,7 +8,7 @@
 3. The controller makes version 1 stable. Once stable has live figures, version 2 is published (moved into
    DIR/repo) and the demo waits for its promotion; then version 3, and the demo waits for its rollback. Then
    every process is stopped.
-4. DIR/report.md, DIR/rollout.png and DIR/results.json (pipelines/rollout/demo_report.py).
+4. DIR/report.md, DIR/rollout.png and DIR/results.json (pipelines/demos/rollout_report.py).
 
 --short runs the same with shorter intervals and fewer rows (the test in `make test`).
 """
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.rollout import demo_models
-from pipelines.rollout.demo_report import Timeline, write_report
+from pipelines.demos import rollout_models
+from pipelines.demos.rollout_report import Timeline, write_report
 
 PY = sys.executable
 LONG = {
@@ -146,7 +146,7 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
     ev, ro = out / "eval", out / "rollout"
     procs.start(
         "models",
-        *("pipelines.rollout.demo_models", "--out", str(out), "--v1-rows", str(a.v1_rows)),
+        *("pipelines.demos.rollout_models", "--out", str(out), "--v1-rows", str(a.v1_rows)),
         *(
             "--v2-rows",
             str(a.v2_rows),
@@ -160,7 +160,7 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
         *("--drift-scale", str(a.drift_scale)),
     )
     print("rollout-demo: training and exporting version 1", flush=True)
-    wait_for("version 1", lambda: demo_models.done(out, 1).exists(), a.phase_timeout_s, procs, timeline)
+    wait_for("version 1", lambda: rollout_models.done(out, 1).exists(), a.phase_timeout_s, procs, timeline)
     config = initial_config(out)
     rest, grpc = free_port(), free_port()
     url = f"http://127.0.0.1:{rest}"
@@ -194,11 +194,11 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
     # The candidates are built before the traffic starts: on a small box, training beside the traffic,
     # the server and the evaluator would slow all of them.
     wait_for(
-        "versions 2 and 3", lambda: demo_models.done(out, 3).exists(), a.phase_timeout_s, procs, timeline
+        "versions 2 and 3", lambda: rollout_models.done(out, 3).exists(), a.phase_timeout_s, procs, timeline
     )
     procs.start(
         "simulate",
-        *("pipelines.online.simulate", "--url", url, "--clicks-dir", str(out / "clicks")),
+        *("pipelines.demos.simulate", "--url", url, "--clicks-dir", str(out / "clicks")),
         *(
             "--start-day",
             str(a.start_day),
@@ -226,7 +226,7 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
         procs,
         timeline,
     )
-    demo_models.publish(out, 2)
+    rollout_models.publish(out, 2)
     t["published_2"] = time.time()
     print("rollout-demo: published version 2 (good); waiting for its promotion", flush=True)
     t["promoted_2"] = wait_for(
@@ -238,7 +238,7 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
     )
     if timeline.stable != 2:
         raise DemoError(f"version 2 was rolled back: {timeline.decision(2, 'rollback')}")
-    demo_models.publish(out, 3)
+    rollout_models.publish(out, 3)
     t["published_3"] = time.time()
     print("rollout-demo: published version 3 (bad); waiting for its rollback", flush=True)
     t["decided_3"] = wait_for(
@@ -253,7 +253,7 @@ def run_demo(a: argparse.Namespace, out: Path, procs: Procs, timeline: Timeline,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.rollout.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pipelines.demos.rollout", description=__doc__.splitlines()[0])
     p.add_argument(
         "--out", type=Path, default=Path("artifacts/rollout-demo"), help="output folder (emptied first)"
     )
@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--v1-rows", type=int, default=3000, help="version 1's training rows (default 3000)")
     p.add_argument("--v2-rows", type=int, help="version 2's training rows (default 30000; --short 12000)")
     p.add_argument("--bad-rows", type=int, help="rows of each calibration file (default 20000; --short 5000)")
-    p.add_argument("--bad", choices=demo_models.BAD_KINDS, default="shifted", help="version 3's fault")
+    p.add_argument("--bad", choices=rollout_models.BAD_KINDS, default="shifted", help="version 3's fault")
     p.add_argument("--steps", default="canary,stable", help="the policy's steps (default canary,stable)")
     p.add_argument("--canary-percent", type=float, default=10.0, help="canary share (default 10)")
     p.add_argument("--shadow-percent", type=float, default=10.0, help="shadow share (default 10)")
