@@ -1,16 +1,12 @@
-"""Durable files for the pipelines' state: a whole-file replace and a folder fsync that survive a kill or a
-power cut (the online trainer's and live evaluation's state, the rollout controller's state, journal and the
-model config file it writes)."""
+"""Durable files for the pipelines' state: a whole-file replace, an appended JSON line and a folder fsync that
+survive a kill or a power cut (the services' state files, pipelines/service/state_file.py; live evaluation's
+history, the rollout controller's journal and the model config file it writes)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
-
-T = TypeVar("T")
 
 
 def fsync_folder(folder: Path) -> None:
@@ -44,12 +40,23 @@ def replace_file(path: Path, text: str, mode: int | None = None) -> None:
     fsync_folder(path.parent)
 
 
-def read_state(path: Path, make: Callable[..., T], what: str) -> T | None:
-    """`make(**fields)` of the JSON state file at `path`; None when there is none yet. ValueError naming `what`
-    (e.g. "a trainer state") when the file does not hold one."""
-    if not path.exists():
-        return None
-    try:
-        return make(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path} is not {what} ({e}); move it away to start afresh") from e
+def append_line(path: Path, record: object) -> int:
+    """Append `record` as one JSON line and fsync it (the folder too, when the file is new); returns the file's
+    new length. A kill mid-append can leave a torn last line: `cut` it off before reading on."""
+    new = not path.exists()
+    with path.open("ab") as f:
+        f.write((json.dumps(record, sort_keys=True) + "\n").encode())
+        f.flush()
+        os.fsync(f.fileno())
+        length = f.tell()
+    if new:
+        fsync_folder(path.parent)  # the file itself survives a power cut
+    return length
+
+
+def cut(path: Path, length: int) -> None:
+    """Cut `path` back to `length` bytes (fsynced), when it is longer: what was appended after that goes."""
+    if path.exists() and path.stat().st_size > length:
+        with path.open("r+b") as f:
+            f.truncate(length)
+            os.fsync(f.fileno())

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
-import signal
 import sys
-import time
 from pathlib import Path
 
 from pipelines.clicks.events import parse_time
 from pipelines.clicks.join import join_interval
 from pipelines.live_eval.metrics import LiveMetrics
-from pipelines.live_eval.service import JoinFunction, LiveEval, Settings, first_interval
+from pipelines.live_eval.service import JoinFunction, LiveEval, Settings
+from pipelines.service import flags
+from pipelines.service.clock import IntervalClock
+from pipelines.service.loop import Stop
 
 # Its flink_join_interval has the embedded join_interval's signature (docs/live-eval.md).
 FLINK_MODULE = "pipelines.clicks.flink.engine"
@@ -42,14 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--window-s", type=float, default=300.0, help="sliding window of joined intervals (default 300)"
     )
-    p.add_argument(
-        "--interval-s", type=float, default=10.0, help="seconds of request time per interval (default 10)"
-    )
-    p.add_argument(
-        "--attribution-window-s",
-        type=float,
-        default=60.0,
-        help="a click counts this long after its request (default 60)",
+    flags.add_clock_flags(
+        p, 10.0, "--attribution-window-s", 60.0, "a click counts this long after its request"
     )
     p.add_argument(
         "--min-rows",
@@ -63,31 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=86_400.0,
         help="joined partitions are deleted once older than this and out of the window (default 86400)",
     )
-    p.add_argument(
-        "--metrics-port", type=int, default=9108, help="serve Prometheus /metrics here (0: off; default 9108)"
-    )
-    p.add_argument(
-        "--metrics-host", default="0.0.0.0", help="address the metrics port binds (default 0.0.0.0)"
-    )
+    flags.add_metrics_flags(p, 9108)
     p.add_argument(
         "--engine",
         choices=("embedded", "flink"),
         default="embedded",
         help="the join: embedded (pipelines/clicks/join.py) or the Flink job's (default embedded)",
     )
-    p.add_argument(
-        "--start",
-        type=parse_time,
-        help="first interval of a fresh state: the first starting at or after this (default: the current one)",
-    )
-    p.add_argument(
-        "--until",
-        type=parse_time,
-        help="stop once every interval starting before this is evaluated (default: run on)",
-    )
-    p.add_argument(
-        "--intervals", type=int, help="stop after evaluating this many intervals (default: run on)"
-    )
+    flags.add_run_flags(p, "evaluated", parse_time, intervals=True)
     return p
 
 
@@ -109,13 +86,9 @@ def join_function(engine: str) -> JoinFunction:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    logging.getLogger("pipelines.live_eval").setLevel(logging.INFO)
-    problems = []
-    if args.interval_s <= 0 or args.attribution_window_s < 0:
-        problems.append(
-            f"need --interval-s > 0 and --attribution-window-s >= 0, got {args.interval_s:g}, {args.attribution_window_s:g}"
-        )
+    flags.setup_logging("pipelines.live_eval")
+    clock = IntervalClock(args.interval_s, args.attribution_window_s)
+    problems = flags.clock_problems(clock, "--attribution-window-s")
     if args.window_s < args.interval_s:
         problems.append(
             f"--window-s ({args.window_s:g}) must hold at least one interval ({args.interval_s:g} s)"
@@ -125,27 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print(f"live_eval: error: {'; '.join(problems)}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # every write is atomic: a restart resumes
-    try:
-        s = Settings(
-            logs=args.logs,
-            clicks=args.clicks,
-            state_dir=args.state_dir,
-            interval_s=args.interval_s,
-            window_s=args.window_s,
-            attribution_window_s=args.attribution_window_s,
-            min_rows=args.min_rows,
-            keep_joined_s=args.keep_joined_s,
-            join=join_function(args.engine),
-        )
+
+    def start(stop: Stop) -> None:
+        s = flags.settings(Settings, args, join=join_function(args.engine))
         metrics = LiveMetrics()
-        evaluator = LiveEval(s, metrics, first_interval(args.start, args.interval_s))
-        metrics.serve(args.metrics_port, args.metrics_host)
-        evaluator.run(args.until, args.intervals, time.sleep)
-    except (ValueError, OSError, RuntimeError) as e:  # RuntimeError: a Flink job that failed
-        print(f"live_eval: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        evaluator = LiveEval(s, metrics, clock.first(args.start))
+        flags.serve_metrics(metrics.registry, args.metrics_port, args.metrics_host)
+        evaluator.run(args.until, args.intervals, stop)
+
+    # RuntimeError: a Flink job that failed
+    return flags.run_service("live_eval", start, (ValueError, OSError, RuntimeError))
 
 
 if __name__ == "__main__":

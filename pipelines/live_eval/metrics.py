@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 LABELS = ("model", "version", "label")
 FIGURES = {
@@ -67,10 +67,6 @@ class LiveMetrics:
         self._shown = shown
         if interval_end is not None:
             self.last_end.set(interval_end)
-
-    def serve(self, port: int, host: str) -> None:
-        if port:
-            start_http_server(port, host, registry=self.registry)
 
 
 def _remove(gauge: Gauge, labels: tuple[str, str, str]) -> None:

@@ -1,10 +1,10 @@
-"""The evaluator's loop: wait for an interval to close, join it, slide the window, record and export the figures.
+"""Live evaluation: the interval-service core (pipelines/service/) with one step, an interval evaluated.
 
-Interval j covers request times [j*S, (j+1)*S) (S = --interval-s, aligned to the Unix epoch) and closes, as the
-online trainer's do, once its last request's attribution window has closed: at (j+1)*S + window + GRACE_S. Each
-interval is joined into STATE/joined/ (train/, holdout/ and shadow/ partitions), read back into the window as
-(key, score, label) arrays, and recorded: snapshot.json, one history.jsonl line, then state.json (see
-pipelines/live_eval/state.py for why a kill at any moment neither loses nor repeats an interval).
+The core's clock says when interval j (request times [j*S, (j+1)*S), S = --interval-s) closes, as the online
+trainer's do; its run loop runs each closed interval in turn. Each interval is joined into STATE/joined/
+(train/, holdout/ and shadow/ partitions), read back into the window as (key, score, label) arrays, and
+recorded: snapshot.json, one history.jsonl line, then state.json (see pipelines/live_eval/state.py for why a
+kill at any moment neither loses nor repeats an interval).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pipelines.clicks.join import JoinReport, join_interval, partition_name
 from pipelines.live_eval import state as st
 from pipelines.live_eval.figures import NO_LABEL, PARTS, Key, Window
 from pipelines.live_eval.metrics import LiveMetrics
+from pipelines.service.clock import IntervalClock
+from pipelines.service.loop import Intervals, Sleep, Stop, run
 
 log = logging.getLogger("pipelines.live_eval")
-GRACE_S = 2.0  # the request log writer and the click tracker may lag this much behind the clock
-POLL_S = 0.5
 JoinFunction = Callable[[Path, Path, Path, int, float, float, float, float], JoinReport]
 
 
@@ -58,19 +58,13 @@ class LiveEval:
 
     def __init__(self, s: Settings, metrics: LiveMetrics | None = None, first: int | None = None) -> None:
         self.s, self.metrics = s, metrics or LiveMetrics()
+        self.clock = IntervalClock(s.interval_s, s.attribution_window_s)
         self.ratelog = RateLimitedLog(log)
-        loaded = st.load(s.state_dir)
-        if loaded is None:
-            start = first if first is not None else int(time.time() // s.interval_s)
-            loaded = st.State(s.interval_s, s.attribution_window_s, next=start)
-            st.save(s.state_dir, loaded)
-        elif (loaded.interval_s, loaded.attribution_window_s) != (s.interval_s, s.attribution_window_s):
-            raise ValueError(
-                f"{s.state_dir} was evaluated with --interval-s {loaded.interval_s:g} --attribution-window-s "
-                f"{loaded.attribution_window_s:g}, not {s.interval_s:g} and {s.attribution_window_s:g}; use "
-                "those or a new --state-dir"
-            )
-        self.state = loaded
+        self.file = st.state_file(s.state_dir)
+        start = first if first is not None else self.clock.current()
+        fresh = st.State(s.interval_s, s.attribution_window_s, next=start)
+        fixed = {"interval_s": "--interval-s", "attribution_window_s": "--attribution-window-s"}
+        self.state = loaded = self.file.open(fresh, fixed, "evaluated", "a new --state-dir")
         st.cut_history(s.state_dir, loaded.history_bytes)  # lines of an interval not recorded before a kill
         self.metrics.count(loaded.counts)
         self.window = Window(s.window_intervals)
@@ -78,38 +72,26 @@ class LiveEval:
             self.window.load(s.joined, j)
         self._pending_at = -math.inf
 
-    def closes_at(self, interval: int) -> float:
-        """When interval `interval` can be joined: its last request's attribution window has closed."""
-        return (interval + 1) * self.s.interval_s + self.s.attribution_window_s + GRACE_S
+    @property
+    def next(self) -> int:
+        return self.state.next
 
     def run(
         self,
         until: float | None = None,
         intervals: int | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        stop: Stop | None = None,
+        sleep: Sleep = time.sleep,
     ) -> None:
         """Evaluate each interval as it closes; return once every interval starting before `until` is done, or
-        after `intervals` intervals (None: never)."""
-        done = 0
-        while True:
-            j = self.state.next
-            if until is not None and j * self.s.interval_s >= until:
-                return
-            if intervals is not None and done >= intervals:
-                return
-            wait = self.closes_at(j) - time.time()
-            if wait > 0:
-                self._refresh_pending()
-                sleep(min(wait, POLL_S))
-                continue
-            self.run_interval(j)
-            done += 1
+        after `intervals` intervals (None: never), or once `stop` is asked (after the interval under way)."""
+        run(Intervals(self, until, intervals), stop, sleep)
 
     def run_interval(self, j: int) -> dict[str, Any]:
         """Join interval `j`, slide the window, record the snapshot durably and export it; returns it."""
         t0 = time.perf_counter()
         s = self.s
-        start, end = j * s.interval_s, (j + 1) * s.interval_s
+        start, end = self.clock.start(j), self.clock.end(j)
         report = s.join(s.logs, s.clicks, s.joined, j, start, end, s.attribution_window_s, 0.0)
         t1 = time.perf_counter()
         self.window.load(s.joined, j)
@@ -119,7 +101,7 @@ class LiveEval:
         t3 = time.perf_counter()
         snapshot: dict[str, Any] = {
             "interval": j,
-            "window_start": (j + 1 - self.window.size) * s.interval_s,
+            "window_start": self.clock.end(j - self.window.size),
             "window_end": end,
             "min_rows": s.min_rows,
             "window_rows": self.window.rows,
@@ -132,7 +114,7 @@ class LiveEval:
         for kind, n in report.counts.items():
             self.state.counts[kind] = self.state.counts.get(kind, 0) + n
         self.state.next = j + 1
-        st.save(s.state_dir, self.state)  # the interval is done from here on
+        self.file.save(self.state)  # the interval is done from here on
         self.metrics.count(report.counts)
         self.metrics.show(figures, end)
         for kind, n in report.counts.items():
@@ -160,7 +142,7 @@ class LiveEval:
         most one interval, one attribution window and the grace of request time: all a live evaluator has open,
         and a bounded read for one that is catching up."""
         s, counts = self.s, Counts()
-        span = s.interval_s + s.attribution_window_s + GRACE_S
+        span = s.interval_s + self.clock.lag_s
         out: dict[Key, int] = {}
         for r in read_requests(s.logs, since, min(since + span, time.time()), counts):
             n = len(r.scores or []) if r.shadow else len(r.rows or [])
@@ -169,13 +151,13 @@ class LiveEval:
                 out[k] = out.get(k, 0) + n
         return out
 
-    def _refresh_pending(self) -> None:
+    def idle(self) -> None:
         """While waiting, refresh the pending gauges once per interval."""
         now = time.monotonic()
         if now - self._pending_at < self.s.interval_s:
             return
         self._pending_at = now
-        end = self.state.next * self.s.interval_s
+        end = self.clock.start(self.state.next)
         self.metrics.show(self.window.figures(self.s.min_rows, self.pending(end)), None)
 
     def _prune(self, j: int) -> None:
@@ -183,8 +165,3 @@ class LiveEval:
         keep = max(self.window.size, math.ceil(self.s.keep_joined_s / self.s.interval_s))
         for name in PARTS:
             (self.s.joined / name / partition_name(j - keep)).unlink(missing_ok=True)
-
-
-def first_interval(start: float | None, interval_s: float) -> int | None:
-    """The first interval of a fresh state: the first one starting at or after `start` (None: the current one)."""
-    return None if start is None else int(-(-start // interval_s))

@@ -1,21 +1,21 @@
 """The evaluator's durable files: STATE/state.json, STATE/snapshot.json and STATE/history.jsonl.
 
 `state.json` says which interval is next, how long history.jsonl was once the last interval was recorded, and the
-click-event counts so far. It is replaced atomically (temporary file, fsync, rename, fsync of the folder) and is
-the last write of an interval, so a kill at any moment leaves either the state before the interval (the
-interval is evaluated again after a restart, and history.jsonl is first cut back to the recorded length, so its
-line is written once) or the state after it (the interval is done).
+click-event counts so far. It is replaced atomically (pipelines/service/state_file.py) and is the last write of
+an interval, so a kill at any moment leaves either the state before the interval (the interval is evaluated
+again after a restart, and history.jsonl is first cut back to the recorded length, so its line is written once)
+or the state after it (the interval is done).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.durable import read_state, replace_file
+from pipelines.durable import append_line, cut, replace_file
+from pipelines.service.state_file import StateFile
 
 STATE_FILE, SNAPSHOT_FILE, HISTORY_FILE = "state.json", "snapshot.json", "history.jsonl"
 
@@ -31,40 +31,24 @@ class State:
     counts: dict[str, int] = field(default_factory=dict)  # the join's counts by kind, all intervals so far
 
 
-def load(folder: Path) -> State | None:
-    """The saved state, or None when the folder holds none yet."""
-    return read_state(folder / STATE_FILE, State, "a live evaluation state")
-
-
-def write_atomic(folder: Path, name: str, text: str) -> None:
-    """Replace folder/name with `text` atomically; on an OSError the previous file stays intact."""
-    replace_file(folder / name, text)
-
-
-def save(folder: Path, state: State) -> None:
-    write_atomic(folder, STATE_FILE, json.dumps(asdict(state), indent=1, sort_keys=True) + "\n")
+def state_file(folder: Path) -> StateFile[State]:
+    """The evaluator's state file in its --state-dir."""
+    return StateFile(folder / STATE_FILE, State, "a live evaluation state")
 
 
 def cut_history(folder: Path, length: int) -> None:
     """Cut history.jsonl back to `length` bytes: lines of an interval that was not recorded go."""
-    path = folder / HISTORY_FILE
-    if path.exists() and path.stat().st_size > length:
-        with path.open("r+b") as f:
-            f.truncate(length)
-            os.fsync(f.fileno())
+    cut(folder / HISTORY_FILE, length)
 
 
 def append_history(folder: Path, snapshot: dict[str, Any]) -> int:
     """Append one snapshot line to history.jsonl (fsynced); returns the file's new length."""
-    with (folder / HISTORY_FILE).open("ab") as f:
-        f.write((json.dumps(snapshot, sort_keys=True) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
-        return f.tell()
+    return append_line(folder / HISTORY_FILE, snapshot)
 
 
 def write_snapshot(folder: Path, snapshot: dict[str, Any]) -> None:
-    write_atomic(folder, SNAPSHOT_FILE, json.dumps(snapshot, indent=1, sort_keys=True) + "\n")
+    """Replace snapshot.json atomically; on an OSError the previous one stays intact."""
+    replace_file(folder / SNAPSHOT_FILE, json.dumps(snapshot, indent=1, sort_keys=True) + "\n")
 
 
 def read_history(folder: Path) -> list[dict[str, Any]]:

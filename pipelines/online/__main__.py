@@ -12,11 +12,8 @@ restarts where it stopped, no interval trained twice or skipped.
 from __future__ import annotations
 
 import argparse
-import logging
 import shlex
-import signal
 import sys
-import time
 from pathlib import Path
 
 from ctr_model.calibration import METHODS
@@ -24,9 +21,12 @@ from ctr_store.errors import StoreError
 from ctr_store.url import BucketPath, is_bucket_path
 from export.publish.bucket import repo_location
 from pipelines.clicks.events import parse_time
-from pipelines.online.loop import Trainer, first_interval
+from pipelines.online.loop import Trainer
 from pipelines.online.metrics import TrainerMetrics
 from pipelines.online.step import STEP_OWNED, Settings, warm_imports
+from pipelines.service import flags
+from pipelines.service.clock import IntervalClock
+from pipelines.service.loop import Stop
 from training.config import TrainConfig
 
 
@@ -43,12 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="model base path to publish to and warm-start from: a folder or s3://BUCKET/PREFIX (docs/export.md)",
     )
     p.add_argument("--work", type=Path, default=Path("artifacts/online"), help="state, joined data and runs")
-    p.add_argument(
-        "--interval-s", type=float, default=3600.0, help="seconds of request time per interval (default 3600)"
-    )
-    p.add_argument(
-        "--window-s", type=float, default=1800.0, help="attribution window in seconds (default 1800)"
-    )
+    flags.add_clock_flags(p, 3600.0, "--window-s", 1800.0, "attribution window in seconds")
     p.add_argument(
         "--holdout", type=float, default=0.2, help="share of requests held out for the gate (default 0.2)"
     )
@@ -86,15 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="python -m training options for each interval's run, e.g. '--batch-size 512' (--epochs sets "
         "--max-epochs; --data, --out, --init-from and --resume are the trainer's own)",
     )
-    p.add_argument(
-        "--start",
-        type=parse_time,
-        help="first interval of a fresh state: the first starting at or after this",
-    )
-    p.add_argument(
-        "--until", type=parse_time, help="stop once every interval starting before this time is finished"
-    )
-    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
+    flags.add_run_flags(p, "trained", parse_time)
+    flags.add_metrics_flags(p, 0)
     p.add_argument(
         "--engine",
         choices=("embedded", "flink"),
@@ -118,13 +106,13 @@ def train_config(epochs: int, train_args: str) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
-    logging.getLogger("pipelines.online").setLevel(logging.INFO)  # ours; the libraries' INFO stays quiet
-    if args.interval_s <= 0 or args.window_s < 0 or args.window_s > args.interval_s:
-        print(
-            f"online: error: need 0 <= --window-s ({args.window_s:g}) <= --interval-s ({args.interval_s:g})",
-            file=sys.stderr,
-        )
+    flags.setup_logging("pipelines.online")
+    clock = IntervalClock(args.interval_s, args.window_s)
+    problems = flags.clock_problems(clock, "--window-s")
+    if not problems and args.window_s > args.interval_s:
+        problems.append(f"need --window-s ({args.window_s:g}) <= --interval-s ({args.interval_s:g})")
+    if problems:
+        print(f"online: error: {'; '.join(problems)}", file=sys.stderr)
         return 2
     if not 0 <= args.holdout < 1 or args.replay < 0:
         print(
@@ -137,23 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # training's ConfigError is a ValueError
         print(f"online: error: --train-args: {e}", file=sys.stderr)
         return 2
-    s = Settings(
-        logs=args.logs,
-        clicks=args.clicks,
-        repo=args.repo,
-        work=args.work,
-        interval_s=args.interval_s,
-        window_s=args.window_s,
-        holdout=args.holdout,
-        replay=args.replay,
-        replay_rows=args.replay_rows,
-        train=train,
-        max_auc_drop=args.max_auc_drop,
-        max_ece_rise=args.max_ece_rise,
-        max_calibration_gap=args.max_calibration_gap,
-        calibration=args.calibration,
-        engine=args.engine,
-    )
+    s = flags.settings(Settings, args, train=train)
     if args.engine == "flink":
         from pipelines.clicks.flink.engine import flink_python
 
@@ -166,17 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"online: error: --repo: {e}", file=sys.stderr)
             return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # between intervals' durable steps: restart resumes
-    metrics = TrainerMetrics()
-    try:
-        trainer = Trainer(s, metrics, first_interval(args.start, args.interval_s))
-        metrics.serve(args.metrics_port)
+
+    def start(stop: Stop) -> None:
+        metrics = TrainerMetrics()
+        trainer = Trainer(s, metrics, clock.first(args.start))
+        flags.serve_metrics(metrics.registry, args.metrics_port, args.metrics_host)
         warm_imports()
-        trainer.run(args.until, time.sleep)
-    except (ValueError, OSError, StoreError) as e:
-        print(f"online: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        trainer.run(args.until, stop)
+
+    return flags.run_service("online", start, (ValueError, OSError, StoreError))
 
 
 if __name__ == "__main__":

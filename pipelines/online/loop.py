@@ -1,10 +1,10 @@
-"""The online trainer's loop: wait for an interval to close, run it, record it durably, repeat.
+"""The online trainer: the interval-service core (pipelines/service/) with one step, an interval trained.
 
-Interval j covers request times [j*S, (j+1)*S) (S = --interval-s, aligned to the Unix epoch). It closes when
-the attribution window of its last request has closed too, at (j+1)*S + window + GRACE_S. Each interval ends
-in exactly one outcome, written to the state: `published` (a new version), `refused` (the quality gate kept
-the served version), `empty` (no rows: nothing trained), `failed` (training or export could not finish) or
-`dropped` (a write failed, e.g. a full disk: counted, the state untouched until the interval is recorded).
+The core's clock says when interval j (request times [j*S, (j+1)*S), S = --interval-s) closes; its run loop
+runs each closed interval in turn. Each interval ends in exactly one outcome, written to the state:
+`published` (a new version), `refused` (the quality gate kept the served version), `empty` (no rows: nothing
+trained), `failed` (training or export could not finish) or `dropped` (a write failed, e.g. a full disk:
+counted, the state untouched until the interval is recorded).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ctr_contract.ratelog import RateLimitedLog
@@ -21,10 +20,10 @@ from pipelines.online import state as st
 from pipelines.online.metrics import TrainerMetrics
 from pipelines.online.published import is_published, newest_version, next_version
 from pipelines.online.step import Settings, join, train_and_publish
+from pipelines.service.clock import IntervalClock
+from pipelines.service.loop import Intervals, Sleep, Stop, run
 
 log = logging.getLogger("pipelines.online")
-GRACE_S = 2.0  # the request log writer and the click tracker may lag this much behind the clock
-POLL_S = 0.5
 
 
 class Trainer:
@@ -32,37 +31,28 @@ class Trainer:
 
     def __init__(self, s: Settings, metrics: TrainerMetrics, first: int | None = None) -> None:
         self.s, self.metrics = s, metrics
+        self.clock = IntervalClock(s.interval_s, s.window_s)
         self.ratelog = RateLimitedLog(log)
-        loaded = st.load(s.work)
-        if loaded is None:
-            start = first if first is not None else int(time.time() // s.interval_s)
-            loaded = st.State(interval_s=s.interval_s, window_s=s.window_s, next=start)
-            st.save(s.work, loaded)
-        elif (loaded.interval_s, loaded.window_s) != (s.interval_s, s.window_s):
-            raise ValueError(
-                f"{s.work} was trained with --interval-s {loaded.interval_s:g} --window-s {loaded.window_s:g}, "
-                f"not {s.interval_s:g} and {s.window_s:g}; use those or a new --work folder"
-            )
-        self.state = loaded
+        self.file = st.state_file(s.work)
+        start = first if first is not None else self.clock.current()
+        fresh = st.State(interval_s=s.interval_s, window_s=s.window_s, next=start)
+        fixed = {"interval_s": "--interval-s", "window_s": "--window-s"}
+        self.state = self.file.open(fresh, fixed, "trained", "a new --work folder")
         self._resume_pending()
+        self.metrics.next_interval.set(self.state.next)
         self._update_freshness()
 
-    def closes_at(self, interval: int) -> float:
-        """When interval `interval` can be joined: its last request's window has closed."""
-        return (interval + 1) * self.s.interval_s + self.s.window_s + GRACE_S
+    @property
+    def next(self) -> int:
+        return self.state.next
 
-    def run(self, until: float | None, sleep: Callable[[float], None] = time.sleep) -> None:
-        """Train each interval as it closes; return once every interval starting before `until` is finished."""
-        while True:
-            j = self.state.next
-            self.metrics.next_interval.set(j)
-            if until is not None and j * self.s.interval_s >= until:
-                return  # every interval with requests before `until` is finished
-            wait = self.closes_at(j) - time.time()
-            if wait > 0:
-                sleep(min(wait, POLL_S))
-                continue
-            self.run_interval(j)
+    def run(self, until: float | None = None, stop: Stop | None = None, sleep: Sleep = time.sleep) -> None:
+        """Train each interval as it closes; return once every interval starting before `until` is finished,
+        or once `stop` is asked (after the interval under way)."""
+        run(Intervals(self, until), stop, sleep)
+
+    def idle(self) -> None:
+        pass
 
     def run_interval(self, j: int) -> dict[str, Any]:
         """Join, train and publish interval `j`; record its outcome durably."""
@@ -84,7 +74,7 @@ class Trainer:
         self.metrics.duration.observe(outcome["seconds"])
         self.metrics.intervals.labels(outcome["outcome"]).inc()
         self.state.finish(outcome)
-        st.save(self.s.work, self.state)
+        self._save()
         self._update_freshness()
         log.info("interval %d: %s", j, _describe(outcome))
         return outcome
@@ -97,9 +87,7 @@ class Trainer:
             return {**base, "outcome": "empty", "why": "no rows to train on: nothing trained"}
         version = next_version(self.s.repo)
         self.state.pending = {"interval": j, "version": version}
-        st.save(
-            self.s.work, self.state
-        )  # before the export: a restart then knows what may have been published
+        self._save()  # before the export: a restart then knows what may have been published
         result = train_and_publish(self.s, j, version)
         if result["outcome"] == "published":
             self.state.newest_row_time[str(result["version"])] = report.newest_row_time or 0.0
@@ -132,7 +120,11 @@ class Trainer:
             )
         else:
             self.state.pending = None  # nothing was published: the interval is trained again
-        st.save(self.s.work, self.state)
+        self._save()
+
+    def _save(self) -> None:
+        self.file.save(self.state)
+        self.metrics.next_interval.set(self.state.next)
 
     def _count(self, counts: dict[str, int], rows: int) -> None:
         self.metrics.rows_joined.inc(rows)
@@ -164,8 +156,3 @@ def _describe(o: dict[str, Any]) -> str:
         "dropped": lambda: f"dropped: {o.get('why')}",
     }[o["outcome"]]()
     return f"{what} in {o['seconds']:.1f} s"
-
-
-def first_interval(start: float | None, interval_s: float) -> int | None:
-    """The first interval of a fresh state: the first one starting at or after `start` (None: the current one)."""
-    return None if start is None else int(-(-start // interval_s))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pipelines.clicks.join import CLICK_KINDS
 
@@ -62,8 +62,3 @@ class TrainerMetrics:
         return (
             float("nan") if self._newest_row_time is None else max(0.0, time.time() - self._newest_row_time)
         )
-
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        """Expose /metrics on `port` (0: no endpoint)."""
-        if port:
-            start_http_server(port, host, registry=self.registry)

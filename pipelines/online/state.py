@@ -1,8 +1,8 @@
 """The online trainer's durable state: the next interval to train, the one being published, what each produced.
 
-The state is one JSON file replaced atomically (write a temporary, fsync, rename, fsync the folder), so a kill
-or a full disk at any moment leaves the previous state or the new one, never a mix. An interval is finished
-only when the state says so; a restarted trainer starts at `next`.
+The state is one JSON file replaced atomically (pipelines/service/state_file.py), so a kill or a full disk at
+any moment leaves the previous state or the new one, never a mix. An interval is finished only when the state
+says so; a restarted trainer starts at `next`.
 
 Publishing and finishing cannot be one atomic step, so the trainer writes `pending` (interval, version number)
 before it exports with that explicit version. A restart that finds `pending` looks in the model repository:
@@ -12,12 +12,11 @@ the interval is trained again from the start (nothing of it was published).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.durable import read_state, replace_file
+from pipelines.service.state_file import StateFile
 
 STATE_FILE = "state.json"
 KEEP_OUTCOMES = 1000  # the newest outcomes kept in the state; the log and the metrics keep the rest
@@ -41,11 +40,16 @@ class State:
         self.next, self.pending = outcome["interval"] + 1, None
 
 
+def state_file(folder: Path) -> StateFile[State]:
+    """The trainer's state file in its --work folder."""
+    return StateFile(folder / STATE_FILE, State, "a trainer state")
+
+
 def load(folder: Path) -> State | None:
     """The saved state, or None when the folder holds none yet."""
-    return read_state(folder / STATE_FILE, State, "a trainer state")
+    return state_file(folder).load()
 
 
 def save(folder: Path, state: State) -> None:
     """Replace the saved state atomically; on an OSError (full disk) the previous state stays intact."""
-    replace_file(folder / STATE_FILE, json.dumps(asdict(state), indent=1, sort_keys=True) + "\n")
+    state_file(folder).save(state)

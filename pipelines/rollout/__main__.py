@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from pipelines.rollout.journal import Store
 from pipelines.rollout.metrics import RolloutMetrics
 from pipelines.rollout.policy import PolicyError, load_policy
 from pipelines.rollout.server import ServerProbe
+from pipelines.service import flags
+from pipelines.service.loop import Stop
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,14 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(flag, type=kind, help="overrides the policy's value (default: the policy's)")
     p.add_argument("--interval-s", type=float, default=10.0, help="seconds between ticks")
-    p.add_argument("--metrics-port", type=int, default=9109, help="Prometheus /metrics port (0: none)")
+    flags.add_metrics_flags(p, 9109)
     p.add_argument("--once", action="store_true", help="decide what is due now, then exit (default: off)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    flags.setup_logging("pipelines.rollout", sys.stderr)
     overrides = {
         key: getattr(args, key)
         for key in (
@@ -99,19 +100,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return 0
-    metrics.serve(args.metrics_port)
-    stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda n, _f: stopping.append(n))
-    logging.getLogger("pipelines.rollout").info(
-        "%s: rolling out with %s; stable %s, candidate %s",
-        args.model,
-        policy.to_dict(),
-        controller.state.stable,
-        controller.state.candidate,
-    )
-    controller.run(args.interval_s, lambda: bool(stopping))
-    return 0
+
+    def start(stop: Stop) -> None:
+        flags.serve_metrics(metrics.registry, args.metrics_port, args.metrics_host)
+        logging.getLogger("pipelines.rollout").info(
+            "%s: rolling out with %s; stable %s, candidate %s",
+            args.model,
+            policy.to_dict(),
+            controller.state.stable,
+            controller.state.candidate,
+        )
+        controller.run(args.interval_s, stop)
+
+    return flags.run_service("rollout", start)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from pipelines.rollout.metrics import RolloutMetrics
 from pipelines.rollout.policy import Policy, figure, judge, read_snapshot
 from pipelines.rollout.server import LoadState, ServerProbe
 from pipelines.rollout.versions import Versions
+from pipelines.service.loop import Stop, Ticks, run
 
 log = logging.getLogger("pipelines.rollout")
 KILL_AT = "CTR_ROLLOUT_KILL_AT"
@@ -71,10 +72,9 @@ class Controller:
         self.store, self.policy, self.probe, self.clock = store, policy, probe, clock
         self.metrics = metrics or RolloutMetrics()
         self.decisions = store.decisions()
-        saved = store.load_state()
-        if saved is not None and saved.model != model:
-            raise ValueError(f"{store.state_path} is the state of model {saved.model!r}, not {model!r}")
-        self.state = saved or State(model)
+        self.state = store.state_file.open(
+            State(model), {"model": "--model"}, "rolled out", "a new --state-dir"
+        )
         last = self.decisions[-1] if self.decisions else None
         # A decision journalled but not finished (killed before its state was saved): finished on the next tick.
         self.pending = last if last is not None and last["seq"] > self.state.seq else None
@@ -123,7 +123,7 @@ class Controller:
             config_file.apply(self.config_path, self.model, Target.from_dict(record["target"]))
             _kill_point("config", record["seq"])
             state = State.from_dict(record["state"])
-            self.store.save_state(state)
+            self.store.state_file.save(state)
         except (ConfigFileError, OSError, StoreError) as exc:
             self._say("config", f"cannot finish decision {record['seq']} yet: {exc}", logging.ERROR)
             return False
@@ -326,13 +326,7 @@ class Controller:
         self._finish_pending()
         return record
 
-    def run(self, interval_s: float, stop: Callable[[], bool]) -> None:
-        """Tick every `interval_s` until `stop()` (checked between ticks); a failed tick is logged and retried."""
-        while not stop():
-            try:
-                self.tick()
-            except Exception:
-                log.exception("%s: a rollout tick failed; retrying in %g s", self.model, interval_s)
-            deadline = time.monotonic() + interval_s
-            while not stop() and time.monotonic() < deadline:
-                time.sleep(min(0.2, interval_s))
+    def run(self, interval_s: float, stop: Stop | None = None) -> None:
+        """Tick every `interval_s` seconds until `stop` is asked (after the tick under way); a tick that fails is
+        logged and tried again on the next."""
+        run(Ticks(self.tick, interval_s, log, f"{self.model}: a rollout tick"), stop)

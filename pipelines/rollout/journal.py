@@ -5,7 +5,7 @@ A decision is made in three writes, in this order:
 1. one line appended to `decisions.jsonl` (fsync): its sequence number, action, version, reason, figures, the
    config target it sets and the whole state after it;
 2. the model config file, set to that target (pipelines/rollout/config_file.py, atomic);
-3. `state.json`, the state after it (atomic: temporary, fsync, rename, fsync of the folder).
+3. `state.json`, the state after it (atomic: pipelines/service/state_file.py).
 
 A controller killed between 1 and 3 finds a journal line newer than the state when it starts: it completes
 that decision (the config write is idempotent) and takes its state, never deciding or counting it again. A
@@ -15,12 +15,12 @@ line cut short by a kill during 1 was never a decision: it is cut off the journa
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.durable import fsync_folder, replace_file
+from pipelines.durable import append_line, cut
+from pipelines.service.state_file import StateFile
 
 JOURNAL = "decisions.jsonl"
 STATE = "state.json"
@@ -56,7 +56,8 @@ class Store:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        self.journal, self.state_path = folder / JOURNAL, folder / STATE
+        self.journal = folder / JOURNAL
+        self.state_file = StateFile(folder / STATE, State, "a rollout state")
 
     def decisions(self) -> list[dict[str, Any]]:
         """Every committed decision, oldest first; a torn last line (a kill mid-append) is cut off the file."""
@@ -65,10 +66,7 @@ class Store:
         except FileNotFoundError:
             return []
         complete = raw[: raw.rfind(b"\n") + 1]
-        if len(complete) != len(raw):
-            with self.journal.open("r+b") as f:
-                f.truncate(len(complete))
-                os.fsync(f.fileno())
+        cut(self.journal, len(complete))
         found = []
         for n, line in enumerate(complete.splitlines(), 1):
             try:
@@ -84,24 +82,4 @@ class Store:
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one decision and fsync it: once this returns, the decision is made."""
-        with self.journal.open("ab") as f:
-            f.write(json.dumps(record, sort_keys=True).encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if record["seq"] == 1:
-            fsync_folder(self.folder)  # the journal file itself survives a power cut
-
-    def load_state(self) -> State | None:
-        """The saved state, or None when there is none yet."""
-        try:
-            text = self.state_path.read_text()
-        except FileNotFoundError:
-            return None
-        try:
-            return State.from_dict(json.loads(text))
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{self.state_path} is not a rollout state ({exc}); move it away") from exc
-
-    def save_state(self, state: State) -> None:
-        """Replace the state atomically; on an OSError the previous state stays intact."""
-        replace_file(self.state_path, json.dumps(state.to_dict(), indent=1, sort_keys=True) + "\n")
+        append_line(self.journal, record)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 ACTIONS = ("adopt", "load", "shadow", "canary", "promote", "rollback")
 
@@ -49,8 +49,3 @@ class RolloutMetrics:
         shares = target or {}
         self.canary_percent.labels(model).set(float(shares.get("canary_percent", 0.0)))  # type: ignore[arg-type]
         self.shadow_percent.labels(model).set(float(shares.get("shadow_percent", 0.0)))  # type: ignore[arg-type]
-
-    def serve(self, port: int, host: str = "0.0.0.0") -> None:
-        """Expose /metrics on `port` (0: no endpoint)."""
-        if port:
-            start_http_server(port, host, registry=self.registry)

@@ -27,10 +27,16 @@ PROJECT_DOCKERFILES = [d for d in DOCKERFILES if d != OBJECTSTORE]
 # The packages with C extensions (each image's native stage), and the pipelines each image also carries.
 SERVING_PACKAGES = {"ctr_contract", "ctr_store", "ctr_features", "serving"}
 TRAINER_PACKAGES = {"ctr_contract", "ctr_store", "ctr_features", "ctr_model", "training", "export"}
-SERVING_PIPELINES = {"pipelines/__init__.py", "pipelines/durable.py", "pipelines/rollout"}
+SERVING_PIPELINES = {
+    "pipelines/__init__.py",
+    "pipelines/durable.py",
+    "pipelines/service",
+    "pipelines/rollout",
+}
 TRAINER_PIPELINES = {
     "pipelines/__init__.py",
     "pipelines/durable.py",
+    "pipelines/service",
     "pipelines/clicks",
     "pipelines/online",
     "pipelines/live_eval",

@@ -21,6 +21,7 @@ from pipelines.clicks.join import partition_name
 from pipelines.live_eval.figures import entropy
 from pipelines.live_eval.metrics import LiveMetrics
 from pipelines.live_eval.service import LiveEval, Settings
+from pipelines.service.flags import serve_metrics
 from tests.helpers import free_port
 from tests.pipelines.live_world import Version, iso, write_world
 
@@ -108,7 +109,7 @@ def test_figures_equal_an_offline_computation_on_the_same_joined_rows(tmp_path: 
 def test_below_min_rows_only_the_counts_are_shown_and_the_gauges_follow(tmp_path: Path):
     write_world(tmp_path, T0, 40, 100, [STABLE, CANARY])
     metrics, port = LiveMetrics(), free_port()
-    metrics.serve(port, "127.0.0.1")
+    serve_metrics(metrics.registry, port, "127.0.0.1")
     # 30 s of 100 requests/s: stable ~2,400 rows, canary ~600
     _, snap = _evaluate(tmp_path, 40, metrics, min_rows=1000)
     stable, canary = _by_key(snap)[("ctr", 1, "stable")], _by_key(snap)[("ctr", 2, "canary")]

@@ -264,3 +264,12 @@ def test_a_ratio_off_by_chance_on_few_clicks_waits_instead_of_rolling_back() -> 
     assert judge(worse, stable, p).action == "rollback"
     many = {**fig(2, "canary", 0.76, rows=2000, ratio=1.4)}  # 280 predicted for 200 clicks: z = -5.1
     assert judge(many, stable, p).action == "rollback"
+
+
+def test_a_state_folder_of_another_model_is_refused_with_the_flag_to_change(env: Env) -> None:
+    env.controller()  # saves model ctr's fresh state
+    with pytest.raises(ValueError) as e:
+        Controller(env.config, "other", env.eval_state, Store(env.state_dir), POLICY, None)
+    assert str(e.value) == (
+        f"{env.state_dir} was rolled out with --model 'ctr', not 'other'; use that or a new --state-dir"
+    )
