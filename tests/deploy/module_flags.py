@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import REPO_ROOT
 
@@ -46,3 +47,18 @@ def script_module_calls(script: Path) -> list[tuple[str, list[str]]]:
         if re.search(r"(^|\s)-m\s", code):
             calls += module_calls(code.split())
     return calls
+
+
+def flag_value(argv: list[str], name: str) -> str:
+    """The value of the one `NAME=VALUE` argument of `argv` (a compose command)."""
+    [value] = [a.split("=", 1)[1] for a in argv if a.startswith(name + "=")]
+    return value
+
+
+def named_mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """Container path -> (volume, read-only) of a compose service's named volumes."""
+    found = {}
+    for volume in service["volumes"]:
+        source, target, *mode = volume.split(":")
+        found[target] = (source, mode == ["ro"])
+    return found

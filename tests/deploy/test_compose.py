@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from dockerfiles import exec_form, final_stage, healthcheck, single
-from module_flags import accepted_flags, flags, script_module_calls
+from module_flags import accepted_flags, flag_value, flags, named_mounts, script_module_calls
 
 from tests.helpers import REPO_ROOT
 
@@ -233,37 +233,25 @@ def test_bootstrap_trains_once_and_resumes_an_interrupted_export(tmp_path):
     assert _bootstrap(tmp_path / "c", published) == []
 
 
-def _flag(argv: list[str], name: str) -> str:
-    [value] = [a.split("=", 1)[1] for a in argv if a.startswith(name + "=")]
-    return value
-
-
-def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
-    """Container path -> (volume, read-only) of a service's named volumes."""
-    found = {}
-    for volume in service["volumes"]:
-        source, target, *mode = volume.split(":")
-        found[target] = (source, mode == ["ro"])
-    return found
-
-
 def test_live_eval_reads_the_servers_request_logs_and_the_clicks():
     live = SERVICES["live-eval"]
     assert live["entrypoint"] == ["python", "-m", "pipelines.live_eval"]
     assert set(flags(live["command"])) <= accepted_flags("pipelines.live_eval")
     assert SERVICES["model"]["image"] == live["image"]  # the trainer image: pyarrow, ctr_model, pipelines
-    mounts = _mounts(live)
-    logs = _flag(live["command"], "--logs")
-    serving_logs = _flag(SERVICES["serving"]["command"], "--request_log_dir")
+    mounts = named_mounts(live)
+    logs = flag_value(live["command"], "--logs")
+    serving_logs = flag_value(SERVICES["serving"]["command"], "--request_log_dir")
     assert (
         mounts[logs] == ("request-logs", True)
-        and _mounts(SERVICES["serving"])[serving_logs][0] == "request-logs"
+        and named_mounts(SERVICES["serving"])[serving_logs][0] == "request-logs"
     )
-    assert mounts[_flag(live["command"], "--clicks")] == ("clicks", True)
-    state = _flag(live["command"], "--state-dir")
+    assert mounts[flag_value(live["command"], "--clicks")] == ("clicks", True)
+    state = flag_value(live["command"], "--state-dir")
     [(volume, read_only)] = [m for t, m in mounts.items() if state.startswith(t + "/")]
     assert (volume, read_only) == ("live", False)
-    assert _flag(live["command"], "--metrics-port") == "9108" and "9108" in live["healthcheck"]["test"][-1]
+    assert (
+        flag_value(live["command"], "--metrics-port") == "9108" and "9108" in live["healthcheck"]["test"][-1]
+    )
 
 
 def test_rollout_edits_the_config_file_the_overridden_server_reads():
@@ -271,32 +259,33 @@ def test_rollout_edits_the_config_file_the_overridden_server_reads():
     assert rollout["entrypoint"] == ["python", "-m", "pipelines.rollout"]
     assert set(flags(rollout["command"])) <= accepted_flags("pipelines.rollout")
     assert rollout["image"] == SERVICES["serving"]["image"]  # the server's config parser is its own
-    config = _flag(rollout["command"], "--model-config")
+    config = flag_value(rollout["command"], "--model-config")
     # The override runs the image's entrypoint with the config file in place of --model_name/--model_base_path.
     entrypoint = exec_form(
         single(final_stage(REPO_ROOT / "docker" / "Dockerfile.serving"), "ENTRYPOINT").args
     )
     served = ROLLOUT_OVERRIDE["serving"]["entrypoint"]
     assert [a for a in entrypoint if not a.startswith(("--model_name=", "--model_base_path="))] == served[:5]
-    assert _flag(served, "--model_config_file") == config
-    assert float(_flag(served, "--model_config_file_poll_wait_seconds")) > 0
+    assert flag_value(served, "--model_config_file") == config
+    assert float(flag_value(served, "--model_config_file_poll_wait_seconds")) > 0
     assert set(flags(served + SERVICES["serving"]["command"])) <= accepted_flags("serving")
     assert ROLLOUT_OVERRIDE["serving"]["depends_on"] == {
         "model-config": {"condition": "service_completed_successfully"}
     }
     assert set(ROLLOUT_OVERRIDE) == {"serving"}
     # Both see the config file in the models volume: the controller writes it, the server reads it.
-    assert _mounts(rollout)["/models"] == ("models", False)
-    assert _mounts(SERVICES["serving"])["/models"] == ("models", True)
+    assert named_mounts(rollout)["/models"] == ("models", False)
+    assert named_mounts(SERVICES["serving"])["/models"] == ("models", True)
     # The controller reads the figures live-eval writes.
-    live_state = _flag(SERVICES["live-eval"]["command"], "--state-dir")
-    assert _flag(rollout["command"], "--eval-state") == live_state
-    assert _mounts(rollout)["/live"] == ("live", True)
-    state = _flag(rollout["command"], "--state-dir")
-    assert _mounts(rollout)[state] == ("rollout-state", False)
-    assert _flag(rollout["command"], "--server") == "http://serving:8501"
+    live_state = flag_value(SERVICES["live-eval"]["command"], "--state-dir")
+    assert flag_value(rollout["command"], "--eval-state") == live_state
+    assert named_mounts(rollout)["/live"] == ("live", True)
+    state = flag_value(rollout["command"], "--state-dir")
+    assert named_mounts(rollout)[state] == ("rollout-state", False)
+    assert flag_value(rollout["command"], "--server") == "http://serving:8501"
     assert (
-        _flag(rollout["command"], "--metrics-port") == "9109" and "9109" in rollout["healthcheck"]["test"][-1]
+        flag_value(rollout["command"], "--metrics-port") == "9109"
+        and "9109" in rollout["healthcheck"]["test"][-1]
     )
 
 
@@ -304,7 +293,7 @@ def test_model_config_service_writes_a_config_the_server_accepts(tmp_path):
     from serving.repository.model_config import read_model_config
 
     service = SERVICES["model-config"]
-    mounts = _mounts(service)
+    mounts = named_mounts(service)
     [(source, target)] = [
         (v.split(":")[0], v.split(":")[1]) for v in service["volumes"] if v.startswith("./")
     ]
@@ -330,9 +319,9 @@ def test_live_services_run_hardened_and_write_only_their_volumes(name: str):
     service = SERVICES[name]
     assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
     assert service["cap_drop"] == ["ALL"] and service["security_opt"] == ["no-new-privileges:true"]
-    writable = {target for target, (_, read_only) in _mounts(service).items() if not read_only}
-    written = {_flag(service["command"], "--state-dir")}
+    writable = {target for target, (_, read_only) in named_mounts(service).items() if not read_only}
+    written = {flag_value(service["command"], "--state-dir")}
     if name == "rollout":
-        written.add(_flag(service["command"], "--model-config").rsplit("/", 1)[0])
+        written.add(flag_value(service["command"], "--model-config").rsplit("/", 1)[0])
     assert all(any(w == t or w.startswith(t + "/") for t in writable) for w in written), (writable, written)
     assert _duration_s(service["stop_grace_period"]) >= 10

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from dockerfiles import final_stage
 from host_container import compose_default
-from module_flags import accepted_flags, flags
+from module_flags import accepted_flags, flag_value, flags, named_mounts
 
 from tests.helpers import REPO_ROOT
 
@@ -60,23 +60,9 @@ def rendered() -> dict[str, Any]:
     return _config(SETTINGS)
 
 
-def _flag(argv: list[str], name: str) -> str:
-    [value] = [a.split("=", 1)[1] for a in argv if a.startswith(name + "=")]
-    return value
-
-
-def _mounts(service: dict[str, Any]) -> dict[str, tuple[str, bool]]:
-    """Container path -> (volume, read-only) of a service's named volumes."""
-    found = {}
-    for volume in service["volumes"]:
-        source, target, *mode = volume.split(":")
-        found[target] = (source, mode == ["ro"])
-    return found
-
-
 def _volume_at(service: dict[str, Any], path: str) -> tuple[str, bool]:
     """(volume, read-only) of the mount holding `path`."""
-    mounts = _mounts(service)
+    mounts = named_mounts(service)
     [target] = sorted((t for t in mounts if path == t or path.startswith(t + "/")), key=len)[-1:]
     return mounts[target]
 
@@ -112,7 +98,10 @@ def test_settings_come_from_the_environment(rendered):
     }
     for (service, flag), values in expected.items():
         command = SERVICES[service]["command"]
-        found = (compose_default(_flag(command, flag)), _flag(rendered["services"][service]["command"], flag))
+        found = (
+            compose_default(flag_value(command, flag)),
+            flag_value(rendered["services"][service]["command"], flag),
+        )
         assert found == values, (service, flag)
 
 
@@ -123,20 +112,23 @@ def test_each_service_reads_what_the_one_before_it_writes():
     assert set(flags(traffic["command"])) <= accepted_flags(_simulator(traffic))
     assert online["image"] == traffic["image"] == SERVICES["model"]["image"]  # the trainer image
     # The server's request logs and the traffic's clicks, read-only, by the trainer and by live-eval.
-    logs = _volume_at(serving, _flag(serving["command"], "--request_log_dir"))
-    clicks = _volume_at(traffic, _flag(traffic["command"], "--clicks-dir"))
+    logs = _volume_at(serving, flag_value(serving["command"], "--request_log_dir"))
+    clicks = _volume_at(traffic, flag_value(traffic["command"], "--clicks-dir"))
     assert logs == ("request-logs", False) and clicks == ("clicks", False)
     for reader in (online, live):
-        assert _volume_at(reader, _flag(reader["command"], "--logs")) == ("request-logs", True)
-        assert _volume_at(reader, _flag(reader["command"], "--clicks")) == ("clicks", True)
+        assert _volume_at(reader, flag_value(reader["command"], "--logs")) == ("request-logs", True)
+        assert _volume_at(reader, flag_value(reader["command"], "--clicks")) == ("clicks", True)
     # The trainer publishes into the repository the server polls, warm-starting from the bootstrap's version 1.
-    repo = _flag(online["command"], "--repo")
+    repo = flag_value(online["command"], "--repo")
     assert repo == SERVICES["model"]["environment"]["MODEL_BASE_PATH"]
-    assert _volume_at(online, repo) == ("models", False) and _mounts(serving)["/models"] == ("models", True)
-    assert _volume_at(online, _flag(online["command"], "--work")) == ("online", False)
-    assert _volume_at(traffic, _flag(traffic["command"], "--summary")) == ("traffic", False)
+    assert _volume_at(online, repo) == ("models", False) and named_mounts(serving)["/models"] == (
+        "models",
+        True,
+    )
+    assert _volume_at(online, flag_value(online["command"], "--work")) == ("online", False)
+    assert _volume_at(traffic, flag_value(traffic["command"], "--summary")) == ("traffic", False)
     assert online["depends_on"] == {"model": {"condition": "service_completed_successfully"}}
-    assert _flag(traffic["command"], "--url") == "http://serving:8501"
+    assert flag_value(traffic["command"], "--url") == "http://serving:8501"
     assert traffic["depends_on"] == {"serving": {"condition": "service_started"}}
 
 
@@ -169,14 +161,14 @@ def test_online_services_run_hardened_on_the_trainer_images_mount_points(name: s
         i.args for i in final_stage(REPO_ROOT / "docker" / "Dockerfile.trainer") if i.keyword == "RUN"
     )
     [chown] = re.findall(r"chown 10001:10001 ([^&]+)", runs)
-    for target, (_, read_only) in _mounts(service).items():
+    for target, (_, read_only) in named_mounts(service).items():
         assert read_only or target in chown.split(), f"{name} writes {target}, not made for uid 10001"
     assert service["stop_grace_period"] in ("15s", "30s")
 
 
 def test_the_trainers_metrics_port_is_scraped_and_health_checked():
     online = SERVICES["online"]
-    port = _flag(online["command"], "--metrics-port")
+    port = flag_value(online["command"], "--metrics-port")
     assert port in online["healthcheck"]["test"][-1] and online["ports"][0].endswith(f":{port}")
     prometheus = yaml.safe_load((REPO_ROOT / "docker/prometheus/prometheus.yml").read_text())
     [job] = [j for j in prometheus["scrape_configs"] if j["job_name"] == "online"]
