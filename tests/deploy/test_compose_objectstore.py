@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 from dockerfiles import final_stage, healthcheck
-from module_flags import accepted_flags, flags
-from test_compose import SERVICES, _compose_cli, _flag, _mounts
+from module_flags import accepted_flags, flag_value, flags, named_mounts
+from test_compose import SERVICES, _compose_cli
 
 from tests.helpers import REPO_ROOT
 
@@ -43,7 +43,7 @@ def _rendered(env: dict[str, str]) -> dict[str, Any]:
 def test_the_server_reads_the_bucket_the_bootstrap_exports_to():
     base = EXPORTER["environment"]["MODEL_BASE_PATH"]
     assert base == "s3://models/ctr"
-    assert _flag(SERVER["command"], "--model_base_path") == base
+    assert flag_value(SERVER["command"], "--model_base_path") == base
     # Serving's own flags follow the bucket's, so the two servers differ only in where the models come from.
     assert SERVER["command"][2:] == SERVICES["serving"]["command"]
     assert set(flags(SERVER["command"])) <= accepted_flags("serving")
@@ -58,14 +58,14 @@ def test_the_server_reads_the_bucket_the_bootstrap_exports_to():
 
 
 def test_no_volume_holds_models_between_the_exporter_and_the_server():
-    exporter, server = _mounts(EXPORTER), _mounts(SERVER)
+    exporter, server = named_mounts(EXPORTER), named_mounts(SERVER)
     assert {v for v, _ in exporter.values()} == {"s3-artifacts"}
     assert not {v for v, _ in exporter.values()} & {v for v, _ in server.values()}
     assert all(volume != "models" for volume, _ in [*exporter.values(), *server.values()])
-    cache = _flag(SERVER["command"], "--model_cache_dir")
+    cache = flag_value(SERVER["command"], "--model_cache_dir")
     assert server[cache] == ("s3-model-cache", False)
     # The run of `model` is not the run of `model-s3`: two bootstraps never train into one folder.
-    assert _mounts(SERVICES["model"])["/artifacts"][0] != exporter["/artifacts"][0]
+    assert named_mounts(SERVICES["model"])["/artifacts"][0] != exporter["/artifacts"][0]
     assert "/var/cache/ctr-models" in _owned_folders(REPO_ROOT / "docker" / "Dockerfile.serving")
 
 
@@ -94,7 +94,7 @@ def test_the_store_runs_hardened_with_the_images_healthcheck():
     for service in (STORE, SERVER):
         assert service["read_only"] is True and service["tmpfs"] == ["/tmp"]
         assert service["cap_drop"] == ["ALL"] and service["security_opt"] == ["no-new-privileges:true"]
-    assert _mounts(STORE) == {"/data": ("objectstore", False)}
+    assert named_mounts(STORE) == {"/data": ("objectstore", False)}
 
 
 def _bootstrap_s3(
