@@ -66,7 +66,8 @@ def test_a_short_run_measures_every_server_and_their_shares(base: Path, tmp_path
     served = result["served"]
     assert served["canary 0%"]["answered"].get("2", 0) <= 1  # at most the readiness probe, before 1 loaded
     assert 0.04 < served["canary 10%"]["share_version_2"] < 0.16
-    assert served["shadow 10%"]["shadow_scored"] > 0 and served["shadow 10%"]["answered"].get("2", 0) == 0
+    # Shadow scoring answers nothing from version 2: at most the readiness probe, as above
+    assert served["shadow 10%"]["shadow_scored"] > 0 and served["shadow 10%"]["answered"].get("2", 0) <= 1
     assert set(result["paired"]["8"]) == {"shadow 10%"}
     assert result["shadow_p99_ratio_at_8"] == result["paired"]["8"]["shadow 10%"]["p99_ms"]["median"]
 
