@@ -58,12 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="joined partitions are deleted once older than this and out of the window (default 86400)",
     )
     flags.add_metrics_flags(p, 9108)
-    p.add_argument(
-        "--engine",
-        choices=("embedded", "flink"),
-        default="embedded",
-        help="the join: embedded (pipelines/clicks/join.py) or the Flink job's (default embedded)",
-    )
+    flags.add_engine_flag(p)
     flags.add_run_flags(p, "evaluated", parse_time, intervals=True)
     return p
 

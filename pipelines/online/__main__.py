@@ -83,12 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     flags.add_run_flags(p, "trained", parse_time)
     flags.add_metrics_flags(p, 0)
-    p.add_argument(
-        "--engine",
-        choices=("embedded", "flink"),
-        default="embedded",
-        help="the click join: embedded (default) or the same join as a Flink job (needs make flink-venv)",
-    )
+    flags.add_engine_flag(p)
     return p
 
 

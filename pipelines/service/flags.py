@@ -78,6 +78,17 @@ def add_metrics_flags(p: argparse.ArgumentParser, port: int) -> None:
     )
 
 
+def add_engine_flag(p: argparse.ArgumentParser) -> None:
+    """--engine: the click join the service runs (the online trainer's and live evaluation's)."""
+    p.add_argument(
+        "--engine",
+        choices=("embedded", "flink"),
+        default="embedded",
+        help="the click join: embedded (pipelines/clicks/join.py, the default) or the same join as a Flink job "
+        "(pipelines/clicks/flink/; needs make flink-venv)",
+    )
+
+
 def settings(kind: type[T], args: argparse.Namespace, **given: Any) -> T:
     """A service's settings dataclass: each field from the flag of its name, `given` for the others (a field with
     neither keeps its default)."""
