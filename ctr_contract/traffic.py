@@ -61,6 +61,15 @@ def mix32(h: int) -> int:
     return h ^ (h >> 16)
 
 
+def salted_share(salt: bytes, key: str, fraction: float) -> bool:
+    """Whether `key` is in the `fraction` (0 to 1) of ids drawn under `salt`: mix32(crc32(salt + key)), deterministic
+    in the key. The finaliser makes draws under different salts independent of each other and of plain
+    crc32(key), the request log's sample (serving/observability/request_log.py): crc32 is affine, so
+    crc32(salt + key) of the keys of one length is crc32(key) XOR a constant, and a sample of small crc32(key)
+    would all fall on one side of an unmixed salted draw."""
+    return mix32(zlib.crc32(key.encode(), zlib.crc32(salt))) < fraction * 2**32
+
+
 def _drawn(seed: int, request_id: str | None, percent: float) -> bool:
     """`in_share` with the salt's crc32 as `seed`: crc32(id, crc32(salt)) is crc32(salt + id), without the copy."""
     if percent <= 0:
