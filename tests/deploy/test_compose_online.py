@@ -90,7 +90,7 @@ def test_settings_come_from_the_environment(rendered):
         ("online", "--engine"): ("embedded", "flink"),
         ("online", "--train-args"): ("--batch-size 512", "--batch-size 256"),
         ("traffic", "--rate"): ("40", "7"),
-        ("traffic", "--instances"): ("50", "3"),
+        ("traffic", "--instances"): ("100", "3"),
         ("traffic", "--drift-scale"): ("24", "12"),
         ("live-eval", "--attribution-window-s"): ("60", "4"),  # the trainer's window
         ("live-eval", "--min-rows"): ("500", "100"),
