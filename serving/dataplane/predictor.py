@@ -24,6 +24,7 @@ from serving.errors import (
 from serving.observability import tracing
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
+from serving.observability.model_stats import RequestTiming
 from serving.observability.request_log import RequestLog
 from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
@@ -33,6 +34,8 @@ from serving.runtime.servable import LoadedVersion
 from serving.signatures import RAW_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
+# A request's decode step for the routed version's signature: the request at once (a small body), or awaited.
+Decode = Callable[[Signature], "DecodedRequest | Awaitable[DecodedRequest]"]
 FEW_SCORES = 16  # up to this many, Python's isfinite over a list costs less than numpy's per-call overhead
 
 
@@ -78,7 +81,7 @@ class Predictor:
         name: str,
         version: int | None,
         label: str | None,
-        decode: Callable[[Signature], Awaitable[DecodedRequest]],
+        decode: Decode,
         entrypoint: str,
         request_id: str | None = None,
         inputs: Callable[[], Any] | None = None,
@@ -88,7 +91,8 @@ class Predictor:
 
         Args:
             name, version, label: the model spec of the request.
-            decode: turns the request into a DecodedRequest for the routed version's signature.
+            decode: turns the request into a DecodedRequest for the routed version's signature (at once, or
+                awaited: a large body decodes in a child process).
             entrypoint: "REST" or "GRPC" (metric label).
             request_id: the request's id, for the traffic split (a random choice when the client sent none)
                 and the request log; None: not logged.
@@ -97,10 +101,8 @@ class Predictor:
         Returns:
             the scores, the version that produced them and the decoded request.
         """
-        started = time.perf_counter()
-        model_label = name if name == self.manager.name else "unknown"  # bounded label cardinality
+        timing = RequestTiming()  # Triton's statistics extension; its start is the request's
         status = "INTERNAL"
-        timing = self.metrics.model_stats.begin()  # Triton's statistics extension
         route: Route | None = None
         request: DecodedRequest | None = None
         span = tracing.current() if tracing.ACTIVE else None  # the request's span, when sampled
@@ -131,23 +133,26 @@ class Predictor:
             status = "CANCELLED"
             raise
         finally:
+            model_label = name if name == self.manager.name else "unknown"  # bounded label cardinality
             self.metrics.request_count.inc(model_label, status)
             if span is not None:
                 tracing.status(span, status)
-            elapsed_us = (time.perf_counter() - started) * 1e6
-            self.metrics.request_latency.observe(elapsed_us, model_label, "predict", entrypoint)
+            end = time.perf_counter_ns()
+            self.metrics.request_latency.observe(
+                (end - timing.start) / 1e3, model_label, "predict", entrypoint
+            )
             if route is not None and not route.primary.closed:  # an unloaded version's rows are gone
                 self.metrics.model_stats.record(
-                    self.manager.name, route.primary.version, request, timing, status
+                    self.manager.name, route.primary.version, request, timing, status, end
                 )
 
     async def _run(
         self,
         route: Route,
-        decode: Callable[[Signature], Awaitable[DecodedRequest]],
+        decode: Decode,
         entrypoint: str,
         deadline: float | None,
-        timing: Any,
+        timing: RequestTiming,
         span: Any,
     ) -> tuple[DecodedRequest, np.ndarray]:
         """Decode, validate and run the request on `route.primary`, then check its scores."""
@@ -156,8 +161,9 @@ class Predictor:
         servable.inflight += 1
         self.inflight += 1
         try:
-            decode_start = time.perf_counter()
-            request = await decode(servable.backend.signature)
+            decode_start = time.perf_counter() if span is not None else 0.0
+            decoded = decode(servable.backend.signature)
+            request = decoded if type(decoded) is DecodedRequest else await cast(Awaitable, decoded)
             timing.decoded = time.perf_counter_ns()
             if span is not None:
                 tracing.child(span, "decode", decode_start)
@@ -170,7 +176,7 @@ class Predictor:
             # The runner of the request's signature (serving/runtime/servable.py); `LoadedVersion.run` says
             # why there is none.
             runner = servable.runners.get(request.signature)
-            run = servable.run(request) if runner is None else runner.run(request.batch)
+            run = servable.run(request, timing) if runner is None else runner.run(request.batch, timing)
             if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
                 scores = await run
             else:  # cut at the deadline: a run still queued in the batcher is dropped from it

@@ -15,7 +15,6 @@ from typing import cast
 import numpy as np
 
 from serving.observability.model_stats import ModelStatistics, v2_names
-from serving.observability.model_stats import note_batching as note_batching  # the batcher's import
 from serving.observability.process import rss_bytes
 from serving.observability.store_metrics import store_counters
 

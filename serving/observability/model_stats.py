@@ -1,7 +1,7 @@
 """Triton's statistics extension: per (v2 model, version) counts and durations, from every predict.
 
-Each predict is timed in its own task (`begin`, the batcher's `note_batching`) and counted as one update of
-its (v2 model, version)'s row (`record`). The rows are read at a statistics request, through the counter
+Each predict carries its own RequestTiming (made by the predictor, handed to its runner, which adds the
+batcher's queue time and executions) and is counted as one update of its (v2 model, version)'s row (`record`). The rows are read at a statistics request, through the counter
 and gauge serving/observability/metrics.py builds for them (`sync`); the workers of `--num_workers` also
 write them through to their files (serving/observability/metrics_shared.py).
 """
@@ -9,7 +9,6 @@ write them through to their files (serving/observability/metrics_shared.py).
 from __future__ import annotations
 
 import time
-from contextvars import ContextVar
 from typing import Protocol
 
 from serving.requests import DecodedRequest
@@ -43,7 +42,8 @@ class Samples(Protocol):
 
 
 class RequestTiming:
-    """One predict's phases (perf_counter_ns marks); the batcher adds its queue time and executions."""
+    """One predict's phases (perf_counter_ns marks); the batcher adds its queue time and executions
+    (serving/runtime/batcher.py, `run`): passed along the call, no context variable to set or read."""
 
     __slots__ = ("batched", "decoded", "executions", "queue_ns", "ran", "start")
 
@@ -52,19 +52,6 @@ class RequestTiming:
         self.decoded = self.ran = 0
         self.queue_ns = self.executions = 0
         self.batched = False
-
-
-_TIMING: ContextVar[RequestTiming | None] = ContextVar("request_timing", default=None)
-
-
-def note_batching(queue_ns: int, executed: bool) -> None:
-    """Called by the batcher in the request's own task: its time in the queue, and whether its batch's
-    execution is counted on it (one request per batch carries it, so executions add up to the batches)."""
-    timing = _TIMING.get()
-    if timing is not None:
-        timing.batched = True
-        timing.queue_ns += queue_ns
-        timing.executions += executed
 
 
 class StatisticsRow:
@@ -107,17 +94,18 @@ class ModelStatistics:
         self.counts, self.last_inference = counts, last_inference
         self._rows: dict[tuple[str, int, str], StatisticsRow] = {}  # (model, version, signature) -> row
 
-    def begin(self) -> RequestTiming:
-        """Start timing the predict running in this task."""
-        timing = RequestTiming()
-        _TIMING.set(timing)
-        return timing
-
     def record(
-        self, model: str, version: int, request: DecodedRequest | None, timing: RequestTiming, status: str
+        self,
+        model: str,
+        version: int,
+        request: DecodedRequest | None,
+        timing: RequestTiming,
+        status: str,
+        end: int = 0,
     ) -> None:
-        """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name."""
-        end = time.perf_counter_ns()
+        """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name;
+        `end`: when it finished (perf_counter_ns; 0: now)."""
+        end = end or time.perf_counter_ns()
         signature = request.signature if request is not None else DEFAULT_SIGNATURE
         row = self._rows.get((model, version, signature)) or self._row(model, version, signature)
         failed = status != "OK" or request is None

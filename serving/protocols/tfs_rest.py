@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable
 from functools import lru_cache
 
 from serving.codecs.rest_codec import decode_predict, encode_predictions
@@ -100,17 +101,22 @@ class TfsRestApp:
         predictor = self._predictors.get(name) or self.models.lookup(name)
         columnar = False
 
-        async def decode(sig: Signature) -> DecodedRequest:
+        def decode(sig: Signature) -> DecodedRequest | Awaitable[DecodedRequest]:
             nonlocal columnar
-            if len(body) <= BOUNDS_MIN_BYTES:  # nothing to bound, decoded inline: the codec itself
+            if len(body) <= BOUNDS_MIN_BYTES:  # nothing to bound, decoded inline: the codec itself, no await
                 columnar, request = decode_predict(body, sig)
                 return request
-            try:
-                columnar, request = await self.decoder.decode(body, sig)
-            except BodyOverLimits:
-                predictor.metrics.requests_refused.inc("instances")
-                raise
-            return request
+
+            async def bounded() -> DecodedRequest:  # a large body: bounded, in the decoder's child process
+                nonlocal columnar
+                try:
+                    columnar, request = await self.decoder.decode(body, sig)
+                except BodyOverLimits:
+                    predictor.metrics.requests_refused.inc("instances")
+                    raise
+                return request
+
+            return bounded()
 
         prediction = await predictor.predict(
             name, version, label, decode, "REST", request_id, deadline=request_deadline()

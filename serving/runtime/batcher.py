@@ -22,7 +22,8 @@ import numpy as np
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
 from serving.observability import tracing
-from serving.observability.metrics import ServingMetrics, note_batching
+from serving.observability.metrics import ServingMetrics
+from serving.observability.model_stats import RequestTiming
 
 log = logging.getLogger(__name__)
 # Model calls up to this many rows run on the event loop: a call of a few rows of this MLP costs less than
@@ -82,13 +83,17 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._traced: list[Any] = []  # the sampled requests' spans of the batch being taken (tracing on)
 
-    async def run(self, batch: Any) -> np.ndarray:
-        """Queue `batch` and wait for its scores (the servable's runner interface)."""
+    async def run(self, batch: Any, timing: RequestTiming | None = None) -> np.ndarray:
+        """Queue `batch` and wait for its scores (the servable's runner interface); `timing`: the request's
+        statistics (serving/observability/model_stats.py), given its time in the queue and its executions."""
         item = self._enqueue(batch)
         if tracing.ACTIVE:
             item.span = tracing.current()
         scores = await item.future
-        note_batching(int(item.queued_s * 1e9), item.carries_execution)
+        if timing is not None:
+            timing.batched = True
+            timing.queue_ns += int(item.queued_s * 1e9)
+            timing.executions += item.carries_execution
         return scores
 
     @property

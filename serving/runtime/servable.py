@@ -19,6 +19,7 @@ from ctr_features.compiled.raw_batch import RawBatch
 from serving.errors import InvalidArgument, Unavailable
 from serving.observability import tracing
 from serving.observability.metrics import ServingMetrics
+from serving.observability.model_stats import RequestTiming
 from serving.requests import DecodedRequest
 from serving.runtime.backends import Backend, close_backend
 from serving.runtime.batcher import INLINE_MAX_ROWS, DynamicBatcher
@@ -30,8 +31,9 @@ from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 class Runner(Protocol):
     """Runs batches of one signature of one version."""
 
-    async def run(self, batch: Any) -> np.ndarray:
-        """One batch -> its (N, K) scores."""
+    async def run(self, batch: Any, timing: RequestTiming | None = None) -> np.ndarray:
+        """One batch -> its (N, K) scores; `timing`: the request's statistics, which a batcher adds its queue
+        time to."""
         ...
 
     def close(self) -> None:
@@ -84,8 +86,8 @@ class DirectRunner:
         self._predict, self._executor, self._metrics = predict, executor, metrics
         self._model, self._runtime, self._prepare = model_name, runtime, prepare
 
-    async def run(self, batch: Any) -> np.ndarray:
-        """One batch -> its scores, timed as the runtime's latency."""
+    async def run(self, batch: Any, timing: RequestTiming | None = None) -> np.ndarray:
+        """One batch -> its scores, timed as the runtime's latency (`timing`: nothing to add, no queue)."""
         started = prepared = time.perf_counter()
         if self._prepare is not None:
             batch = self._prepare(batch)
@@ -162,14 +164,14 @@ class LoadedVersion:
     ranges: FeatureRanges | None = None
     closed: bool = False  # unloaded: nothing may count anything under its version any more
 
-    async def run(self, request: DecodedRequest) -> np.ndarray:
+    async def run(self, request: DecodedRequest, timing: RequestTiming | None = None) -> np.ndarray:
         """The request's batch -> its (N, K) scores, on the runner of the signature it calls."""
         runner = self.runners.get(request.signature)
         if runner is None and self.closed:  # unreachable: a version unloads after its last request
             raise Unavailable(f"version {self.version} was unloaded; retry")
         if runner is None:  # the codecs refuse a signature the version lacks; this is the last guard
             raise InvalidArgument(f'Serving signature name: "{request.signature}" not found in signature def')
-        return await runner.run(request.batch)
+        return await runner.run(request.batch, timing)
 
     def close(self) -> None:
         """Stop every runner (the version is unloaded; its queues are empty by then), let go of them, and free
