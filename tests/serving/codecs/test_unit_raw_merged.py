@@ -91,3 +91,18 @@ def test_the_native_categorical_columns_equal_the_numpy_transforms(
         assert np.array_equal(transform(merged), numpy_only(RawBatch.concat(parts)))
         assert np.array_equal(merged.entries()[1], numpy_only.entries(merged))  # type: ignore[index]
     assert taken >= 3
+
+
+def test_single_rows_whose_keys_are_strided_views_merge_alike(spec: FeatureSpec, gate: Any) -> None:
+    """A part's (26, 1) keys that are a column of a wider array are no block of bytes: they are joined by numpy
+    instead, to the same keys (row-major) and the same features."""
+    transform = RawTransform(spec.to_dict())
+    parts, _ = one_row_parts(gate, "vocabulary", 20)
+    wide = np.concatenate([p.keys.key for p in parts], axis=1)  # type: ignore[union-attr]
+    strided = [RawBatch.of_scan(p.numeric, wide[:, i : i + 1]) for i, p in enumerate(parts)]
+    assert not strided[0].keys.key.flags.c_contiguous  # type: ignore[union-attr]
+    joined, viewed = RawBatch.concat(parts), RawBatch.concat(strided)
+    assert joined.keys is not None and viewed.keys is not None
+    assert np.array_equal(joined.keys.key, wide) and np.array_equal(viewed.keys.key, wide)
+    assert joined.keys.key.T.flags.c_contiguous and viewed.keys.key.T.flags.c_contiguous
+    assert np.array_equal(transform(joined), transform(viewed))
