@@ -162,6 +162,23 @@ static inline int32_t lookup(const Table *t, uint64_t key, int field) {
     return t->missing;
 }
 
+#define ROWS_SIZES "z, counts and keys must hold 13, 13 and 26 values per row"
+#define CELLS_SIZES "keys must hold 26 values per row, of at least one row"
+
+/* The table of `capsule`, for n >= 1 rows whose sizes (n * 26 * 8, n * width * 4) stay below PY_SSIZE_T_MAX;
+ * NULL with an exception set otherwise (`sizes`: the ValueError's message for n < 1). */
+static Table *table_of(PyObject *capsule, Py_ssize_t n, const char *sizes) {
+    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    Py_ssize_t size;
+    if (!t) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, sizes);
+        return NULL;
+    }
+    if (!mul_size(n, N_CAT * 8, &size, "n") || !mul_size(n, t->width * 4, &size, "n * width")) return NULL;
+    return t;
+}
+
 /* The categorical part of n keyed rows into features `out` (n, width), zeroed, and `found` (n, 26): each value's
  * entry, its lift, and a count in its bucket column. Value (f, r)'s key is the uint64 at k + f * field + r * row
  * (in uint64s): field-major keys have (field, row) = (n, 1), row-major ones (1, 26). */
@@ -193,19 +210,14 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "OO!y*y*n", &capsule, &PyList_Type, &list, &counts, &keys, &n)) return NULL;
     PyObject *result = NULL, *features = NULL, *entries = NULL, *z = NULL;
-    Py_ssize_t n_num, n_cat, cells, size;
-    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    Py_ssize_t n_num, n_cat, cells;
+    Table *t = table_of(capsule, n, ROWS_SIZES);
     if (!t) goto done;
-    if (n < 1) {
-        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
-        goto done;
-    }
-    if (!mul_size(n, N_CAT * 8, &size, "n") || !mul_size(n, t->width * 4, &size, "n * width")) goto done;
     n_num = N_NUM * n;
     n_cat = N_CAT * n;
     cells = n * t->width;
     if (PyList_GET_SIZE(list) != n_num || counts.len != n_num * 8 || keys.len != n_cat * 8) {
-        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
+        PyErr_SetString(PyExc_ValueError, ROWS_SIZES);
         goto done;
     }
     if (!(z = PyList_AsTuple(list))) goto done; /* strong references: __float__ cannot free them */
@@ -253,18 +265,13 @@ static PyObject *cells(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *capsule;
     Py_buffer keys;
-    Py_ssize_t n, size;
+    Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "Oy*n", &capsule, &keys, &n)) return NULL;
     PyObject *result = NULL, *features = NULL, *entries = NULL;
-    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    Table *t = table_of(capsule, n, CELLS_SIZES);
     if (!t) goto done;
-    if (n < 1) {
-        PyErr_SetString(PyExc_ValueError, "keys must hold 26 values per row, of at least one row");
-        goto done;
-    }
-    if (!mul_size(n, N_CAT * 8, &size, "n") || !mul_size(n, t->width * 4, &size, "n * width")) goto done;
     if (keys.len != n * N_CAT * 8) {
-        PyErr_SetString(PyExc_ValueError, "keys must hold 26 values per row, of at least one row");
+        PyErr_SetString(PyExc_ValueError, CELLS_SIZES);
         goto done;
     }
     features = PyByteArray_FromStringAndSize(NULL, n * t->width * 4);
