@@ -217,8 +217,8 @@ static int categorical(Scan *s, uint64_t *out) {
 
 static int grow(Scan *s) {
     if (s->cap > MAX_CELLS / 2) return 0;
-    Py_ssize_t cap = 2 * s->cap;
     int was_inline = s->num == s->num_inline;
+    Py_ssize_t cap = was_inline ? 128 : 2 * s->cap; /* out of the stack: 128 rows, then doubling */
     double *num = PyMem_RawRealloc(was_inline ? NULL : s->num, (size_t)cap * N_NUM * sizeof(double));
     if (!num) return 0;
     if (was_inline) memcpy(num, s->num_inline, sizeof s->num_inline);
