@@ -6,6 +6,9 @@
  * lifts and the bucket counts, into float32 features. No arithmetic but a float32 += 1.0: the same bits as
  * numpy's.
  *
+ * `cells(table, keys, n)`: the same lookups, lifts and bucket counts on any number of keyed rows, for the numpy
+ * transform of a larger batch (ctr_features/compiled/table.py), which adds the counts' columns itself.
+ *
  * 2. `keys(values)` (ctr_features/compiled/value_table.py): the keys (ctr_features/compiled/raw_key.h) of
  * values already decoded (gRPC tensors, REST bodies the native scan declined), so those batches take the
  * few-row transform and the batch-wide lookup too.
@@ -159,6 +162,39 @@ static inline int32_t lookup(const Table *t, uint64_t key, int field) {
     return t->missing;
 }
 
+#define ROWS_SIZES "z, counts and keys must hold 13, 13 and 26 values per row"
+#define CELLS_SIZES "keys must hold 26 values per row, of at least one row"
+
+/* The table of `capsule`, for n >= 1 rows whose sizes (n * 26 * 8, n * width * 4) stay below PY_SSIZE_T_MAX;
+ * NULL with an exception set otherwise (`sizes`: the ValueError's message for n < 1). */
+static Table *table_of(PyObject *capsule, Py_ssize_t n, const char *sizes) {
+    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    Py_ssize_t size;
+    if (!t) return NULL;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, sizes);
+        return NULL;
+    }
+    if (!mul_size(n, N_CAT * 8, &size, "n") || !mul_size(n, t->width * 4, &size, "n * width")) return NULL;
+    return t;
+}
+
+/* The categorical part of n keyed rows into features `out` (n, width), zeroed, and `found` (n, 26): each value's
+ * entry, its lift, and a count in its bucket column. Value (f, r)'s key is the uint64 at k + f * field + r * row
+ * (in uint64s): field-major keys have (field, row) = (n, 1), row-major ones (1, 26). */
+static void categorical(const Table *t, const char *k, Py_ssize_t n, Py_ssize_t field, Py_ssize_t row_step,
+                        float *out, int32_t *found) {
+    for (Py_ssize_t r = 0; r < n; r++) {
+        float *row = out + r * t->width;
+        for (int f = 0; f < N_CAT; f++) {
+            int32_t e = lookup(t, load_u64(k, f * field + r * row_step), f);
+            found[r * N_CAT + f] = e; /* row-major: a row's 26 are contiguous */
+            row[2 * N_NUM + f] = t->entry[e].lift;
+            row[t->entry[e].column] += 1.0f; /* two fields may share a bucket */
+        }
+    }
+}
+
 /* rows(table, z, counts, keys, n) -> (features, entries), or None when a present count has no z-score.
  *
  * z: a list of 13 * n floats or None, field-major (the cached z-score of each count; None: not cached), read
@@ -174,19 +210,14 @@ static PyObject *rows(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     if (!PyArg_ParseTuple(args, "OO!y*y*n", &capsule, &PyList_Type, &list, &counts, &keys, &n)) return NULL;
     PyObject *result = NULL, *features = NULL, *entries = NULL, *z = NULL;
-    Py_ssize_t n_num, n_cat, cells, size;
-    Table *t = PyCapsule_GetPointer(capsule, "ctr.raw_table");
+    Py_ssize_t n_num, n_cat, cells;
+    Table *t = table_of(capsule, n, ROWS_SIZES);
     if (!t) goto done;
-    if (n < 1) {
-        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
-        goto done;
-    }
-    if (!mul_size(n, N_CAT * 8, &size, "n") || !mul_size(n, t->width * 4, &size, "n * width")) goto done;
     n_num = N_NUM * n;
     n_cat = N_CAT * n;
     cells = n * t->width;
     if (PyList_GET_SIZE(list) != n_num || counts.len != n_num * 8 || keys.len != n_cat * 8) {
-        PyErr_SetString(PyExc_ValueError, "z, counts and keys must hold 13, 13 and 26 values per row");
+        PyErr_SetString(PyExc_ValueError, ROWS_SIZES);
         goto done;
     }
     if (!(z = PyList_AsTuple(list))) goto done; /* strong references: __float__ cannot free them */
@@ -215,21 +246,44 @@ static PyObject *rows(PyObject *self, PyObject *args) {
             }
         }
     }
-    for (int f = 0; f < N_CAT; f++) {
-        for (Py_ssize_t r = 0; r < n; r++) {
-            int32_t e = lookup(t, load_u64(k, f * n + r), f);
-            float *row = out + r * t->width;
-            found[r * N_CAT + f] = e; /* row-major: a row's 26 are contiguous */
-            row[2 * N_NUM + f] = t->entry[e].lift;
-            row[t->entry[e].column] += 1.0f; /* two fields may share a bucket */
-        }
-    }
+    categorical(t, k, n, n, 1, out, found); /* field-major keys */
     result = Py_BuildValue("OO", features, entries);
 done:
     Py_XDECREF(z);
     Py_XDECREF(features);
     Py_XDECREF(entries);
     PyBuffer_Release(&counts);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
+/* cells(table, keys, n) -> (features, entries): the categorical part of n keyed rows of any number, for the
+ * numpy transform of a batch (ctr_features/compiled/table.py), which fills in the counts' columns: the float32
+ * (n, width) features with the lifts and bucket counts set and every other column 0, and the int32 (n, 26)
+ * entries. keys: uint64 (n, 26), row-major (a merged batch's, RawBatch.concat), every value keyed. */
+static PyObject *cells(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule;
+    Py_buffer keys;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "Oy*n", &capsule, &keys, &n)) return NULL;
+    PyObject *result = NULL, *features = NULL, *entries = NULL;
+    Table *t = table_of(capsule, n, CELLS_SIZES);
+    if (!t) goto done;
+    if (keys.len != n * N_CAT * 8) {
+        PyErr_SetString(PyExc_ValueError, CELLS_SIZES);
+        goto done;
+    }
+    features = PyByteArray_FromStringAndSize(NULL, n * t->width * 4);
+    entries = PyByteArray_FromStringAndSize(NULL, n * N_CAT * 4);
+    if (!features || !entries) goto done;
+    float *out = (float *)PyByteArray_AS_STRING(features);
+    memset(out, 0, (size_t)(n * t->width) * 4);
+    categorical(t, keys.buf, n, 1, N_CAT, out, (int32_t *)PyByteArray_AS_STRING(entries));
+    result = Py_BuildValue("OO", features, entries);
+done:
+    Py_XDECREF(features);
+    Py_XDECREF(entries);
     PyBuffer_Release(&keys);
     return result;
 }
@@ -270,6 +324,8 @@ static PyMethodDef methods[] = {
     {"table", table, METH_VARARGS, "table(key, code, salts, shift, default, lift, column, width) -> a capsule."},
     {"rows", rows, METH_VARARGS,
      "rows(table, z, counts, keys, n) -> (features, entries) or None: the few-row transform of keyed rows."},
+    {"cells", cells, METH_VARARGS,
+     "cells(table, keys, n) -> (features, entries): the categorical part of the transform of keyed rows."},
     {NULL, NULL, 0, NULL},
 };
 

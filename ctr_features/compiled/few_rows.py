@@ -31,10 +31,11 @@ from ctr_features.compiled.value_table import ValueTable
 from ctr_features.layout import LIFT_START, N_NUM
 
 try:
+    from ctr_features.compiled._table_native import cells as _native_cells
     from ctr_features.compiled._table_native import rows as _native_rows
     from ctr_features.compiled._table_native import table as _native_table
 except ImportError:  # not built (pip install -e . builds it): the Python one-row path and numpy serve alone
-    _native_rows = _native_table = None
+    _native_cells = _native_rows = _native_table = None
 # Up to this many rows a dict per field beats the batch-wide table (its ~20 numpy calls' fixed costs).
 DICT_ROWS = 16
 CACHED_COUNTS = 4096  # per field: the small counts most rows carry; rarer ones take the numpy path
@@ -144,6 +145,18 @@ class OneRowTransform:
         rows = np.frombuffer(entries, np.int32).reshape(n, len(CATEGORICAL_FIELDS))
         batch.remember_entries(self._owner(), rows.T)
         return np.frombuffer(features, np.float32).reshape(n, self._width)
+
+    def categorical(self, batch: RawBatch) -> tuple[np.ndarray, np.ndarray] | None:
+        """For the numpy transform of a keyed batch (`takes`) of any size: its float32 (N, width) features with
+        the categorical columns filled natively (lifts, bucket counts; every other column 0), and its (26, N)
+        entries (a view of row-major ones, as `keyed` leaves them); None when the batch is not keyed."""
+        if not self.takes(batch):
+            return None
+        n = len(batch)
+        rows = np.ascontiguousarray(batch.keys.key.T)  # type: ignore[union-attr]  # a merged batch's: no copy
+        features, entries = _native_cells(self._native, rows, n)  # type: ignore[misc]
+        found = np.frombuffer(entries, np.int32).reshape(n, len(CATEGORICAL_FIELDS)).T
+        return np.frombuffer(features, np.float32).reshape(n, self._width), found
 
     def _full(self, batch: RawBatch) -> np.ndarray:
         """The owner's numpy transform of the batch."""

@@ -4,7 +4,7 @@ What every raw decoder makes (the REST scan and exact path in serving/codecs/, g
 the compiled FeatureSpec (ctr_features/compiled/table.py) and drift binning read. A decoder hands the rows in
 the form it has them: object arrays, a field-major list of str, or only the values' 8-byte keys (the native
 scan's, ctr_features/compiled/value_table.py's `RawKeys`); every other form is made from it once, when first
-read, and kept.
+read, and kept. The row count is kept too (`len` is read several times a request by the batcher).
 
 Not frozen: besides those forms made on demand, the transform leaves its entries on the batch for drift
 (`remember_entries`). The rows a batch holds never change: only what is derived from them is added.
@@ -21,30 +21,58 @@ from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.value_table import RawKeys
 from ctr_features.layout import N_CAT
 
+_new = object.__new__  # a batch made field by field (`_of`, `of_scan`), without __init__'s defaults
+
 
 class RawBatch:
     """A decoded raw request: numeric float64 (13, N), NaN = missing; categorical object str (26, N), "" =
     missing. `RawBatch(numeric, categorical)` from arrays; `of_strings` and `of_keys` from a decoder's forms."""
 
-    __slots__ = ("_categorical", "_entries", "_keyed", "_keys", "_parts", "_strings", "numeric")
+    __slots__ = (
+        "_categorical",
+        "_entries",
+        "_key",
+        "_keyed",
+        "_keys",
+        "_n",
+        "_parts",
+        "_single_parts",
+        "_strings",
+        "numeric",
+    )
 
     def __init__(self, numeric: np.ndarray, categorical: np.ndarray) -> None:
         self.numeric = numeric
+        self._n: int = numeric.shape[1]
         self._categorical: np.ndarray | None = categorical
         self._strings: list[str] | None = None  # the values field-major as a list, when held
-        self._keys: RawKeys | None = None
-        self._keyed = False  # whether `_keys` is known (None then: the values are looked up by dict)
+        self._keys: RawKeys | None = None  # made from `_key` when first read, if only that is held
+        self._key: np.ndarray | None = None  # the keys' array when every value is keyed (`_keys.slow` None)
+        self._keyed = False  # whether the keys are known (None then: the values are looked up by dict)
         self._parts: tuple[RawBatch, ...] = ()  # a merged batch's parts (`concat`)
+        self._single_parts = False  # whether every part holds one row
         self._entries: tuple[object, np.ndarray | list[int]] | None = None
 
     def __len__(self) -> int:
-        return self.numeric.shape[1]
+        return self._n
 
     @staticmethod
     def _of(numeric: np.ndarray, strings: list[str] | None, keys: RawKeys | None, keyed: bool) -> RawBatch:
         """A batch without its object array (made from the list or the keys when first read)."""
-        batch = RawBatch(numeric, cast(np.ndarray, None))
-        batch._categorical, batch._strings, batch._keys, batch._keyed = None, strings, keys, keyed
+        batch = RawBatch.of_scan(numeric, cast(np.ndarray, None))
+        batch._strings, batch._keys, batch._keyed = strings, keys, keyed
+        batch._key = None if keys is None or keys.slow is not None else keys.key
+        return batch
+
+    @staticmethod
+    def of_scan(numeric: np.ndarray, key: np.ndarray) -> RawBatch:
+        """(13, N) counts and the (26, N) uint64 keys of the categorical values, every value keyed, as the
+        native scan makes them (serving/codecs/rest_codec.py): `of_keys` at the fewest Python objects a
+        request (its RawKeys is made only if read; a merged batch joins the parts' arrays)."""
+        batch = _new(RawBatch)
+        batch.numeric, batch._n, batch._key, batch._keyed = numeric, numeric.shape[1], key, True
+        batch._categorical = batch._strings = batch._keys = batch._entries = None
+        batch._parts, batch._single_parts = (), False
         return batch
 
     @staticmethod
@@ -53,7 +81,7 @@ class RawBatch:
         has them already."""
         batch = RawBatch(np.ascontiguousarray(numeric.T), np.ascontiguousarray(categorical.T))
         if keys is not None:
-            batch._keys, batch._keyed = keys, True
+            batch._set_keys(keys)
         return batch
 
     @staticmethod
@@ -80,7 +108,7 @@ class RawBatch:
         """The values as an object array (26, N), made from the list (or the keys) when first read."""
         if self._categorical is None:
             strings = self.strings()
-            self._categorical = np.fromiter(strings, object, len(strings)).reshape(N_CAT, len(self))
+            self._categorical = np.fromiter(strings, object, len(strings)).reshape(N_CAT, self._n)
         return self._categorical
 
     def strings(self) -> list[str]:
@@ -89,7 +117,7 @@ class RawBatch:
             return self._strings
         if self._categorical is not None:  # made from the arrays each time: the batch holds the arrays
             return cast(list[str], self._categorical.ravel().tolist())
-        self._strings = cast(RawKeys, self._keys).strings()  # keys alone: every value keyed
+        self._strings = cast(RawKeys, self.known_keys()).strings()  # keys alone: every value keyed
         return self._strings
 
     @property
@@ -98,15 +126,20 @@ class RawBatch:
         the values are looked up by dict."""
         if not self._keyed:
             if self._strings is not None:  # as decoded: from the list, not the object array
-                self._keys = RawKeys.of_list(self._strings, (N_CAT, len(self)))
+                self._set_keys(RawKeys.of_list(self._strings, (N_CAT, self._n)))
             else:
-                self._keys = RawKeys.of(self.categorical)
-            self._keyed = True
-        return self._keys
+                self._set_keys(RawKeys.of(self.categorical))
+        return self.known_keys()
 
     def known_keys(self) -> RawKeys | None:
         """The keys if already known (from the decoder, or computed), without computing them."""
+        if self._keys is None and self._key is not None:  # the scan's array alone: wrapped once, when read
+            self._keys = RawKeys(self._key, None)
         return self._keys
+
+    def _set_keys(self, keys: RawKeys | None) -> None:
+        self._keys, self._keyed = keys, True
+        self._key = None if keys is None or keys.slow is not None else keys.key
 
     @property
     def keys_known(self) -> bool:
@@ -137,11 +170,23 @@ class RawBatch:
         every part's keys are known: they are joined too, not computed again). The merged batch remembers
         its parts, which get their share of its entries (`remember_entries`)."""
         numeric = np.concatenate([p.numeric for p in parts], axis=1)
-        known = [p._keys if p._keyed else None for p in parts]
+        single = all(p._n == 1 for p in parts)
+        arrays = [p._key for p in parts]
+        if all(k is not None for k in arrays):  # every value keyed (the scan's parts): their arrays joined
+            key = _row_major(cast(list[np.ndarray], arrays), numeric.shape[1], single)
+            merged = RawBatch.of_scan(numeric, key)
+        else:
+            merged = RawBatch._joined_values(parts, numeric)
+        merged._parts, merged._single_parts = tuple(parts), single
+        return merged
+
+    @staticmethod
+    def _joined_values(parts: list[RawBatch], numeric: np.ndarray) -> RawBatch:
+        """`concat` of parts some of whose values are not keyed (else `_row_major`): their lists or arrays, and
+        their keys when every part's are known (joined, not computed again)."""
+        known = [p.known_keys() if p._keyed else None for p in parts]
         keys = RawKeys.concat(cast(list[RawKeys], known)) if all(k is not None for k in known) else None
-        if keys is not None and keys.slow is None:  # every value keyed: the values are made only if read
-            merged = RawBatch.of_keys(numeric, keys)
-        elif all(p._strings is not None for p in parts):  # as decoded: the lists joined field by field
+        if all(p._strings is not None for p in parts):  # as decoded: the lists joined field by field
             lists = [(p.strings(), len(p)) for p in parts]
             if all(n == 1 for _, n in lists):  # single rows (the batcher's usual parts): a transpose
                 strings = list(chain.from_iterable(zip(*(s for s, _ in lists), strict=True)))
@@ -153,8 +198,7 @@ class RawBatch:
         else:
             merged = RawBatch(numeric, np.concatenate([p.categorical for p in parts], axis=1))
             if keys is not None:
-                merged._keys, merged._keyed = keys, True
-        merged._parts = tuple(parts)
+                merged._set_keys(keys)
         return merged
 
     def remember_entries(self, owner: object, entries: np.ndarray | list[int]) -> None:
@@ -162,12 +206,31 @@ class RawBatch:
         RawTransform whose entries they are. Drift bins the categoricals from them instead of looking every
         value up again (serving/observability/drift.py). A merged batch hands each part its columns."""
         self._entries = (owner, entries)
+        if self._single_parts:  # one (26, 1) view per part, made by numpy's iteration, not a slice each
+            for part, column in zip(self._parts, cast(np.ndarray, entries).T[:, :, None], strict=True):
+                part._entries = (owner, column)
+            return
         start = 0
         for part in self._parts:
-            end = start + len(part)
+            end = start + part._n
             part._entries = (owner, cast(np.ndarray, entries)[:, start:end])
             start = end
 
     def entries(self) -> tuple[object, np.ndarray | list[int]] | None:
         """(owner, entries) of `remember_entries`, or None: no transform looked this batch up."""
         return self._entries
+
+
+def _row_major(keys: list[np.ndarray], n: int, single: bool) -> np.ndarray:
+    """(F, n_i) uint64 key arrays joined along N into an (F, n) view of a row-major (n, F) array: the entries
+    looked up from it are row-major too (ValueTable.lookup_keys), so each single-row part's share is contiguous
+    (`remember_entries`; drift joins their bytes). `single`: every part holds one row, whose (F, 1) keys are one
+    row's bytes: they are joined as bytes (read-only then), ~3x faster than np.concatenate of many small arrays."""
+    if single:
+        try:
+            return np.frombuffer(b"".join(keys), np.uint64).reshape(n, -1).T  # type: ignore[arg-type]
+        except (TypeError, BufferError):  # a part's keys are a strided view: not one block of bytes
+            pass
+    out = np.empty((n, keys[0].shape[0]), np.uint64).T
+    np.concatenate(keys, axis=1, out=out)
+    return out

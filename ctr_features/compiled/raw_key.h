@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define RAW_KEY_BYTES 8
 static const uint64_t RAW_EMPTY_KEY = 0x0101010101010101ULL;
@@ -22,6 +23,16 @@ static inline uint64_t raw_key(const unsigned char *c, size_t len) {
     uint64_t key = 0;
     for (size_t j = 0; j < len; j++) key |= (uint64_t)c[j] << (8 * j);
     return len ? key : RAW_EMPTY_KEY;
+}
+
+/* raw_key(c, RAW_KEY_BYTES) in one load (a little-endian uint64 of the 8 bytes). */
+static inline uint64_t raw_key8(const unsigned char *c) {
+    uint64_t key;
+    memcpy(&key, c, RAW_KEY_BYTES);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    key = __builtin_bswap64(key);
+#endif
+    return key;
 }
 
 #endif

@@ -118,10 +118,31 @@ class RawTransform:
         return self._one_row.transform if self._one_row is not None else self._transform
 
     def _transform(self, batch: RawBatch) -> np.ndarray:
-        """The numpy transform of any batch."""
+        """The numpy transform of any batch; the categorical columns of a larger keyed one natively (the
+        few-row transform's lookups, lifts and bucket counts: `OneRowTransform.categorical`)."""
         n = len(batch)
-        entries = self.entries(batch)
+        native = self._one_row.categorical(batch) if n > DICT_ROWS and self._one_row is not None else None
+        if native is None:
+            out, entries = self._categorical(batch, n)
+        else:
+            out, entries = native
         batch.remember_entries(self, entries)
+        # No np.errstate (a context manager per call): counts are within ±2**53 or NaN/±Inf, and none of these operations makes
+        # a NaN or an overflow from them (log1p(inf) = inf, and NaN propagates without a warning).
+        x = batch.numeric
+        v = np.sign(x) * np.log1p(np.abs(x))  # signed_log1p (ctr_features/layout.py)
+        missing = ~np.isfinite(v)
+        # The spec's expressions, elementwise, in float64: the same numbers in either layout. A missing
+        # value's z is replaced by 0 before the clip, so it need not be zeroed before the z-score too.
+        z = np.where(missing, 0.0, (v - self._mean) / self._std)
+        out[:, :N_NUM] = np.minimum(np.maximum(z, -self._clip), self._clip).T  # np.clip, without its wrapper
+        out[:, N_NUM:LIFT_START] = missing.T
+        return out
+
+    def _categorical(self, batch: RawBatch, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 (N, width) features with the categorical columns filled (lifts, bucket counts; every
+        other column 0), and the (26, N) entries, in numpy."""
+        entries = self.entries(batch)
         hits = self._column[entries]  # (26, N): the column each value counts in
         if n <= DICT_ROWS and self._counts_after_lifts:
             # Few rows: the bucket counts of every row at once, as the output's first values (~3 numpy calls
@@ -133,15 +154,5 @@ class RawTransform:
             # Every (row, column) hit, counted at once (two fields may share a bucket; the counts are small
             # integers, exact in float32). numpy >= 1.25's add.at, several times faster than bincount here.
             np.add.at(out.reshape(-1), (hits + np.arange(n) * self.width).ravel(), np.float32(1))
-        # No np.errstate (a context manager per call): counts are within ±2**53 or NaN/±Inf, and none of these operations makes
-        # a NaN or an overflow from them (log1p(inf) = inf, and NaN propagates without a warning).
-        x = batch.numeric
-        v = np.sign(x) * np.log1p(np.abs(x))  # signed_log1p (ctr_features/layout.py)
-        missing = ~np.isfinite(v)
-        # The spec's expressions, elementwise, in float64: the same numbers in either layout. A missing
-        # value's z is replaced by 0 before the clip, so it need not be zeroed before the z-score too.
-        z = np.where(missing, 0.0, (v - self._mean) / self._std)
-        out[:, :N_NUM] = np.minimum(np.maximum(z, -self._clip), self._clip).T  # np.clip, without its wrapper
-        out[:, N_NUM:LIFT_START] = missing.T
         out[:, LIFT_START:HASH_START] = self._lift[entries].T
-        return out
+        return out, entries

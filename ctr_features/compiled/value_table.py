@@ -213,13 +213,21 @@ class ValueTable:
         return out
 
     def lookup_keys(self, keys: RawKeys) -> np.ndarray:
-        """int32 (F, N) codes of the values `keys` name; those it does not (`keys.slow`) are not looked up."""
-        salted = (keys.key ^ self._salts).reshape(-1)
+        """int32 (F, N) codes of the values `keys` name; those it does not (`keys.slow`) are not looked up.
+        Keys row-major in memory (a merged batch's, RawBatch.concat) give codes row-major too (a view)."""
+        key = keys.key
+        if key.ndim == 2 and key.T.flags.c_contiguous and not key.flags.c_contiguous:
+            return self._codes(key.T, self._salts.T).T
+        return self._codes(key, self._salts)
+
+    def _codes(self, key: np.ndarray, salts: np.ndarray) -> np.ndarray:
+        """The codes of `key`, salted by `salts` (broadcast), in the keys' shape."""
+        salted = (key ^ salts).reshape(-1)
         first, second = self._slots(salted)
         out = np.where(self._key[first] == salted, self._code[first], self.default)
         in_second = self._key[second] == salted
         out[in_second] = self._code[second[in_second]]
-        return out.reshape(keys.key.shape)
+        return out.reshape(key.shape)
 
     def _by_dict(self, values: np.ndarray) -> np.ndarray:
         out = np.empty(values.shape, np.int32)

@@ -2,13 +2,13 @@
 serving/codecs/rest_codec.py's `decode_raw_body` calls).
 
 Every body, in row format or columnar (`inputs`), is first scanned by a small C extension
-(serving/codecs/_scan_native.c) straight into the counts and the categorical values' keys, with no Python
-object per value (ctr_features/compiled/few_rows.py transforms a few keyed rows natively too). It takes a strict
-subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up to 8 ASCII characters or
+(serving/codecs/_scan_native.c) straight into the counts and the categorical values' keys, numpy arrays made
+in C, with no Python object per value (ctr_features/compiled/few_rows.py transforms a few keyed rows natively
+too). It takes a strict subset of JSON (integral counts of up to 15 digits, "" or null; categoricals of up to 8 ASCII characters or
 null; no escapes, no repeated or unknown keys; at most MAX_SCAN_ROWS rows) and declines anything else, which
 then goes the one other way: orjson, then the exact path (serving/codecs/raw_codec.py), which serves the body
 or names the instance and field of its error. The values themselves are made from the keys only if something
-reads them (`RawBatch.of_keys`). Without the extension (a source checkout not installed) the exact path serves
+reads them (`RawBatch.of_scan`). Without the extension (a source checkout not installed) the exact path serves
 alone. So this module never raises for a client's mistake, and decides nothing alone.
 
 `client_rows` and `client_columns` write rows as REST clients send them, for the gates that send rows through
@@ -24,8 +24,8 @@ import numpy as np
 
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 
-try:
-    from serving.codecs._scan_native import scan
+try:  # (columnar, counts float64 (13, n), keys uint64 (26, n)) or None; the C module's `scan` gives bytes
+    from serving.codecs._scan_native import arrays as scan
 except ImportError:  # not built: `pip install -e .` (make install) builds it
     scan = None
 NATIVE = scan is not None  # the server logs which decoder it runs (serving/app/server.py)

@@ -15,17 +15,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
-from ctr_features.compiled.value_table import RawKeys
 from serving.codecs import raw_body
 from serving.codecs.raw_codec import decode_rest, looks_raw
 from serving.codecs.v2_codec import check_text
 from serving.errors import InvalidArgument
 from serving.requests import DecodedRequest
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE, Signature
-
-_N_NUM, _N_CAT = len(NUMERIC_FIELDS), len(CATEGORICAL_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -44,26 +40,26 @@ def decode_predict(body: bytes | bytearray, sig: Signature) -> tuple[bool, Decod
     bad instance. Raw rows go straight to columns (`decode_raw_body`) when they can."""
     # Raw rows are objects: a body with no '{' after its first byte near the start is vectors (not worth a
     # scan); a body that only looks raw is declined by the scan itself.
-    if sig.has_raw and body.find(b"{", 1, 256) > 0:
-        found = decode_raw_body(body)
+    if sig.has_raw and body.find(b"{", 1, 256) > 0 and raw_body.scan is not None:
+        # decode_raw_body's steps, inline: a frame and a tuple fewer a request
+        found = raw_body.scan(body, 1, raw_body.MAX_SCAN_ROWS)
         if found is not None:
-            return found[0], DecodedRequest(RAW_SIGNATURE, found[1])
+            return found[0], DecodedRequest(RAW_SIGNATURE, RawBatch.of_scan(found[1], found[2]))
     request = parse_body(body)
     return request.columnar, to_request(request, sig)
 
 
 def decode_raw_body(body: bytes | bytearray) -> tuple[bool, RawBatch] | None:
     """A raw REST body -> (columnar format?, its RawBatch), or None: the exact path's to decode. The native scan
-    (serving/codecs/raw_body.py) takes row and columnar bodies of its JSON subset, and its keys are the batch's."""
-    scan = raw_body.scan
+    (serving/codecs/raw_body.py) takes row and columnar bodies of its JSON subset, and its keys are the batch's.
+    `decode_predict` takes the same steps inline."""
+    scan = raw_body.scan  # the counts float64 (13, n) and keys uint64 (26, n), as numpy arrays
     if scan is None:
         return None
     found = scan(body, 1, raw_body.MAX_SCAN_ROWS)
     if found is None:
         return None
-    n, counts, keys, columnar = found
-    key = np.frombuffer(keys, np.uint64).reshape(_N_CAT, n)
-    return columnar, RawBatch.of_keys(np.frombuffer(counts).reshape(_N_NUM, n), RawKeys(key, None))
+    return found[0], RawBatch.of_scan(found[1], found[2])
 
 
 def parse_body(body: bytes | bytearray) -> PredictBody:

@@ -1,7 +1,7 @@
 """The native code's own checks, one test per finding of the sanitizer fuzzing (docs/raw-features.md, Fuzzing):
 an empty column copies nothing, every size is checked for overflow (an OverflowError), `table()` bounds its
 width, `rows()` reads `z` from its own copy while an item's `__float__` runs, and buffers at any alignment
-read the same values. The fuzz targets (fuzz/targets.py) run the same calls under ASan and UBSan."""
+read the same values; `cells()` is checked as `rows()` is. The fuzz targets (fuzz/targets.py) run the same calls under ASan and UBSan."""
 
 from __future__ import annotations
 
@@ -138,3 +138,29 @@ def test_buffers_at_any_alignment_read_the_same_values() -> None:
         out[:, 26].tolist() == [0.75] * 3
     )  # C1's key 7 is in the table (entry 1); the others miss (entry 0)
     assert out[:, 60].tolist() == [1.0] * 3 and out[:, 100].tolist() == [25.0] * 3
+
+
+def test_cells_check_their_sizes_and_read_keys_row_major() -> None:
+    """`cells()`, the categorical part of a larger batch: its sizes checked as `rows()`' are, its keys row-major
+    (n, 26) at any alignment, and the same lookups, lifts and bucket counts as `rows()` (every other column 0)."""
+    cells = few_rows._native_cells
+    assert cells is not None
+    keys = np.zeros((2, 26), np.uint64)
+    for n in (0, 3):
+        with pytest.raises(ValueError, match="26 values per row"):
+            cells(table(), keys, n)
+    with pytest.raises(OverflowError, match=r"^n is too large$"):
+        cells(table(), keys, sys.maxsize // 208 + 1)
+    with pytest.raises(OverflowError, match=r"^n \* width is too large$"):
+        cells(table(1 << 20), keys, sys.maxsize // ((1 << 20) * 4) + 1)
+    with pytest.raises(ValueError, match="invalid PyCapsule"):
+        cells(b"not a table", keys, 2)
+    features, entries = cells(table(), misaligned(keys.tobytes()), 2)
+    out = np.frombuffer(features, np.float32).reshape(2, WIDTH)
+    assert out[:, 26:52].tolist() == [[0.25] * 26] * 2 and out[:, 100].tolist() == [26.0] * 2
+    assert not out[:, :26].any() and not out[:, 52:100].any() and not out[:, 101:].any()
+    assert np.frombuffer(entries, np.int32).tolist() == [0] * 52
+    z: list[Any] = [0.0] * 26
+    want = rows(table(), z, np.zeros((13, 2)), np.ascontiguousarray(keys.T), 2)
+    assert bytes(entries) == bytes(want[1])
+    assert np.array_equal(out[:, 26:], np.frombuffer(want[0], np.float32).reshape(2, WIDTH)[:, 26:])
