@@ -26,6 +26,19 @@ from serving.http.shared import ConnectionBudget, RequestHandler
 from serving.observability.request_log import request_id_from
 
 MAX_URL_BYTES = 8192
+# The request headers the server reads (every other is counted against --max_headers and dropped).
+READ_HEADERS = frozenset(
+    (
+        b"content-length",
+        b"expect",
+        b"x-request-id",
+        b"traceparent",
+        b"x-request-timeout-ms",
+        b"inference-header-content-length",
+        b"content-encoding",
+        b"accept-encoding",
+    )
+)
 FAIR_SHARE_BYTES = 128 << 10  # a body up to this is read even when the server's body budget is spent
 
 
@@ -53,6 +66,9 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self._closing = self._finished_in_chunk = self._fail_fast = False
         self._writable: asyncio.Future[None] | None = None
         self._discard_left = 0
+        # The timeout of the phase the parser entered in the chunk being read (None: none): its deadline
+        # is set once the chunk is parsed, one clock read however many phases a chunk holds.
+        self._phase_s: float | None = None
         self._reset_request()
 
     def _reset_request(self) -> None:
@@ -114,6 +130,8 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self._tail, self._finished_in_chunk = data[-3:], False
         try:
             self.parser.feed_data(data)
+            if self._phase_s is not None:  # a phase began in this chunk: its deadline, read once for all
+                self.deadline, self._phase_s = time.monotonic() + self._phase_s, None
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not supported", "")
         except httptools.HttpParserCallbackError as exc:
@@ -150,7 +168,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._in_message = True
         self._reset_request()
-        self._set_phase("header", self.limits.header_timeout_s)
+        self._phase, self._phase_s = "header", self.limits.header_timeout_s
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -161,7 +179,10 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self._headers += 1
         if self._headers > self.limits.max_headers:
             raise Rejected(431, f"request has over {self.limits.max_headers} header lines", "header_count")
-        name, value = name.lower(), value.strip(b" \t")  # optional whitespace is no part of a value
+        name = name.lower()
+        if name not in READ_HEADERS:  # Host, Content-Type, User-Agent...: nothing to keep
+            return
+        value = value.strip(b" \t")  # optional whitespace is no part of a value
         if name == b"content-length":
             self._length = int(value)  # llhttp has checked that it is one non-negative integer
         elif name == b"expect" and value.lower() == b"100-continue":
@@ -196,7 +217,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 self._continue_owed = True  # after the answers before it, or it would come out of order
         if self._coding is not None:  # inflated as it arrives: the limit is on the decompressed size
             self._inflater = BodyInflater(self._coding, limit)
-        self._set_phase("body", self.limits.body_timeout_s)
+        self._phase, self._phase_s = "body", self.limits.body_timeout_s
 
     def on_body(self, chunk: bytes) -> None:
         # A compressed body is inflated as it arrives: a bomb is 413 once its output passes --max_body_bytes.
@@ -248,7 +269,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self._chunks, self._size, self._inflater = [], 0, None
         self.pending.append(request)
         self.pending_bytes += len(request.body)
-        self._phase, self.deadline = "busy", NEVER
+        self._phase, self.deadline, self._phase_s = "busy", NEVER, None
         if len(self.pending) >= MAX_PIPELINED or self.pending_bytes > self.limits.max_body_bytes:
             self._pause_reading()  # bounds what one connection holds: 32 requests or one full body
         self._serve_soon()

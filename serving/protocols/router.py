@@ -27,7 +27,7 @@ from serving.http.messages import TRACEPARENT, RequestPath, require_method
 from serving.observability import tracing
 from serving.protocols.rest_body import BodyDecoder
 from serving.protocols.tfs_grpc import tfs_handlers
-from serving.protocols.tfs_rest import TfsRestApp
+from serving.protocols.tfs_rest import TfsRestApp, v1_predict_target
 from serving.protocols.v2_grpc import v2_handler
 from serving.protocols.v2_models import V2Models
 from serving.protocols.v2_rest import V2RestApp
@@ -72,20 +72,11 @@ class RestRouter:
             name = "infer" if path.startswith("/v2") else "predict"
             span, token, answer = tracing.begin_rest(name, TRACEPARENT.get())
         try:
-            route = RequestPath(path)
-            segments = route.segments
-            if segments[:1] == V2_ROOT:
-                if segments == ("v2", ""):  # the protocol's own path for the server metadata
-                    route.segments = V2_ROOT
-                answered = await self.v2.dispatch(method, route, body, header_length, request_id)
-            elif segments in METRICS_PATHS or segments == ("healthz",):
-                require_method(method, "GET")
-                if segments == ("healthz",):
-                    answered = 200, b'{"status": "alive"}', JSON
-                else:
-                    answered = 200, self._metrics_text().encode(), METRICS_TEXT
+            predict = v1_predict_target(path) if method == "POST" else None
+            if predict is not None:  # TF Serving's predict, the hot path: straight to it
+                answered = await self.v1.predict(body, *predict, request_id)
             else:
-                answered = await self.v1.dispatch(method, route, body, request_id)
+                answered = await self._dispatch(method, path, body, request_id, header_length)
         except MethodNotAllowed as exc:
             answered = 405, error_body(exc.message), JSON + b"\r\nallow: " + exc.allow.encode()
         except ServingError as exc:
@@ -105,6 +96,28 @@ class RestRouter:
             span.set_attribute("http.response.status_code", status)
             tracing.end(span, token, None if status < 400 else str(status))
         return status, out, content_type + answer  # answer: the traceparent header line
+
+    async def _dispatch(
+        self,
+        method: str,
+        path: str,
+        body: bytes | bytearray,
+        request_id: str | None,
+        header_length: int | None,
+    ) -> tuple[int, bytes, bytes]:
+        """Every request but a /v1 predict POST: to its protocol by the path's decoded segments."""
+        route = RequestPath(path)
+        segments = route.segments
+        if segments[:1] == V2_ROOT:
+            if segments == ("v2", ""):  # the protocol's own path for the server metadata
+                route.segments = V2_ROOT
+            return await self.v2.dispatch(method, route, body, header_length, request_id)
+        if segments in METRICS_PATHS or segments == ("healthz",):
+            require_method(method, "GET")
+            if segments == ("healthz",):
+                return 200, b'{"status": "alive"}', JSON
+            return 200, self._metrics_text().encode(), METRICS_TEXT
+        return await self.v1.dispatch(method, route, body, request_id)
 
 
 def build_grpc_server(

@@ -49,6 +49,18 @@ def v1_target(raw: str) -> tuple[tuple[str, str | None, str | None, tuple[str, .
     return model_route(segments, ("v1", "models"), labels=True), verb
 
 
+@lru_cache(maxsize=PATHS_CACHED)
+def v1_predict_target(raw: str) -> tuple[str, str | None, str | None] | None:
+    """A raw path's (name, version, label) when it is a /v1 predict (`.../models/{name}[...]:predict`), else
+    None: the router hands such a POST straight to `TfsRestApp.predict`. Cached, as `v1_target`."""
+    if not raw.startswith("/v1/models/"):
+        return None
+    route, verb = v1_target(raw)
+    if route is None or verb != "predict" or route[3]:
+        return None
+    return route[0], route[1], route[2]
+
+
 class TfsRestApp:
     """The /v1/models handlers over the served models (serving/dataplane/model_set.py)."""
 
@@ -69,13 +81,14 @@ class TfsRestApp:
             raise NotFound(f"Malformed request: {method} {path}")
         name, version_text, label, rest = route
         action = V1_ACTIONS[rest, verb]
-        version = None if version_text is None else parse_version(version_text)
         if method != ("POST" if action == ":predict" else "GET"):
+            if version_text is not None:
+                parse_version(version_text)  # a malformed version is a 400 first
             self.models.lookup(name).manager.status(name)  # an unknown model is a 404 before any 405
         if action == ":predict":
             require_method(method, "POST")
-            answer, headers = await self._predict(body, name, version, label, request_id)
-            return 200, answer, JSON + headers
+            return await self.predict(body, name, version_text, label, request_id)
+        version = None if version_text is None else parse_version(version_text)
         if action in (":classify", ":regress"):
             raise Unimplemented(f"{action[1:]} is not served; this model has a predict signature only")
         require_method(method, "GET")
@@ -88,15 +101,17 @@ class TfsRestApp:
             )
         return self._status(name, version, label)
 
-    async def _predict(
+    async def predict(
         self,
         body: bytes | bytearray,
         name: str,
-        version: int | None,
+        version_text: str | None,
         label: str | None,
         request_id: str | None = None,
-    ) -> tuple[bytes, bytes]:
-        """The answer's body and its header lines (`x-model-version`, `x-ctr-fallback`)."""
+    ) -> tuple[int, bytes, bytes]:
+        """One predict POST's (200, answer, content type with `x-model-version` and `x-ctr-fallback`);
+        raises ServingError. `version_text`: the path's version segment (None: none named)."""
+        version = None if version_text is None else parse_version(version_text)
         # The served models' own dict, changed in place (ServedModels.lookup: the answer for a name not in it).
         predictor = self._predictors.get(name) or self.models.lookup(name)
         columnar = False
@@ -127,7 +142,7 @@ class TfsRestApp:
         span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)
-        return answer, answer_headers(prediction.servable.version, prediction.fallback)
+        return 200, answer, JSON + answer_headers(prediction.servable.version, prediction.fallback)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         predictor = self.models.lookup(name)
