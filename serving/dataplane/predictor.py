@@ -297,28 +297,30 @@ def check_request(request: DecodedRequest, sig: Signature, limits: Limits, unit:
         unit: what one row is called in messages ("instance" for REST, "row" for gRPC tensors).
     """
     batch = request.batch
-    if request.signature == RAW_SIGNATURE:
-        empty = f"empty batch: no {unit}s for signature '{RAW_SIGNATURE}'; send at least one"
-    else:
+    raw = request.signature == RAW_SIGNATURE
+    if not raw:
         shape = cast(np.ndarray, batch).shape
         if len(shape) != 2 or shape[1] != sig.width:
             raise InvalidArgument(
                 f"input '{sig.input_name}' has shape {list(shape)}, expected [N, {sig.width}]"
             )
+    n = len(batch)
+    if n == 0:
+        if raw:
+            raise InvalidArgument(
+                f"empty batch: no {unit}s for signature '{RAW_SIGNATURE}'; send at least one"
+            )
         # The two APIs' wordings, kept as clients have seen them.
-        empty = (
+        raise InvalidArgument(
             f"empty batch: no instances for input '{sig.input_name}'; send at least one"
             if unit == "instance"
             else f"empty batch: input '{sig.input_name}' has no {unit}s; send at least one"
         )
-    n = len(batch)
-    if n == 0:
-        raise InvalidArgument(empty)
     if n > limits.max_instances:
         raise InvalidArgument(
             f"batch of {n} {unit}s is over the limit of {limits.max_instances} (--max_instances); split it"
         )
-    if request.signature != RAW_SIGNATURE and not limits.allow_nonfinite:
+    if not raw and not limits.allow_nonfinite:
         _check_finite(cast(np.ndarray, batch), unit)
 
 

@@ -61,6 +61,13 @@ def v1_predict_target(raw: str) -> tuple[str, str | None, str | None] | None:
     return route[0], route[1], route[2]
 
 
+@lru_cache(maxsize=64)
+def _answer_type(version: int, fallback: str | None) -> bytes:
+    """A predict answer's content type and the header lines after it (the answering version, the fallback's
+    reason): the same few for every answer, made once."""
+    return JSON + answer_headers(version, fallback)
+
+
 class TfsRestApp:
     """The /v1/models handlers over the served models (serving/dataplane/model_set.py)."""
 
@@ -136,13 +143,13 @@ class TfsRestApp:
         prediction = await predictor.predict(
             name, version, label, decode, "REST", request_id, deadline=request_deadline()
         )
-        started = time.perf_counter()
+        span = tracing.current() if tracing.ACTIVE else None
+        started = time.perf_counter() if span is not None else 0.0
         # `ctr` alone, whatever the version serves (docs/decisions/0007-v1-rest-answers-ctr.md).
         answer = encode_predictions(prediction.ctr, columnar)
-        span = tracing.current() if tracing.ACTIVE else None
         if span is not None:
             tracing.child(span, "encode", started)
-        return 200, answer, JSON + answer_headers(prediction.servable.version, prediction.fallback)
+        return 200, answer, _answer_type(prediction.servable.version, prediction.fallback)
 
     def _status(self, name: str, version: int | None, label: str | None) -> tuple[int, bytes, bytes]:
         predictor = self.models.lookup(name)

@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,15 +30,21 @@ log = logging.getLogger(__name__)
 INLINE_MAX_ROWS = 16
 
 
-@dataclass
 class _Pending:
-    features: Any  # one signature's batch: np.ndarray (n, F), or a RawBatch in the `raw` signature's batcher
-    future: asyncio.Future[np.ndarray]
-    enqueued: float  # perf_counter seconds
-    deadline: float
-    queued_s: float = 0.0  # its wait, once taken into a batch
-    carries_execution: bool = False  # its batch's one execution is counted on it (statistics extension)
-    span: Any = None  # its request's span when traced (serving/observability/tracing.py)
+    """One queued request of the batcher (a plain slotted class: one is made per request)."""
+
+    __slots__ = ("carries_execution", "deadline", "enqueued", "features", "future", "queued_s", "span")
+
+    def __init__(
+        self, features: Any, future: asyncio.Future[np.ndarray], enqueued: float, deadline: float
+    ) -> None:
+        self.features = features  # one signature's batch: np.ndarray (n, F), or a RawBatch (`raw` signature)
+        self.future = future
+        self.enqueued = enqueued  # perf_counter seconds
+        self.deadline = deadline
+        self.queued_s = 0.0  # its wait, once taken into a batch
+        self.carries_execution = False  # its batch's one execution is counted on it (statistics extension)
+        self.span: Any = None  # its request's span when traced (serving/observability/tracing.py)
 
 
 class DynamicBatcher:
