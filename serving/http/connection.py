@@ -57,6 +57,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self.pending_bytes, self.busy = 0, False
         self.deadline, self.write_deadline, self._phase = NEVER, NEVER, "header"
         self._task: asyncio.Task[None] | None = None  # held so the running task is not garbage-collected
+        self._idle: asyncio.Future[None] | None = None  # what the task waits on between requests
         # Taken once, at connect: asyncio.get_running_loop() makes a getpid() system call every time.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_message = False
@@ -111,6 +112,9 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         self._chunks = []
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
+        idle, self._idle = self._idle, None
+        if idle is not None and not idle.done():  # the task waiting for a request ends
+            idle.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self.parser is None:  # a final answer is queued or sent: drop what the client still sends
@@ -276,12 +280,29 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
 
     # --- answering -----------------------------------------------------------------------------
     def _serve_soon(self) -> None:
-        if not self.busy:
-            self.busy = True
+        if self.busy:
+            return
+        self.busy = True
+        idle = self._idle
+        if idle is not None:  # the connection's task waits for this request: wake it
+            self._idle = None
+            idle.set_result(None)
+        else:
             assert self._loop is not None  # requests arrive only after connection_made
-            self._task = self._loop.create_task(self._serve_pending())
+            self._task = self._loop.create_task(self._serve())
 
-    async def _serve_pending(self) -> None:
+    async def _serve(self) -> None:
+        """The connection's one task: answer what is pending, in order, then wait for the next request.
+        Waking a waiting task costs half what a new task a request did; it ends with the connection."""
+        while await self._serve_pending():
+            assert self._loop is not None
+            self._idle = self._loop.create_future()
+            await self._idle  # set by _serve_soon (a request) or connection_lost
+            if self.transport is None:
+                return
+
+    async def _serve_pending(self) -> bool:
+        """Answer the pending requests; True while the connection may take more."""
         try:
             while self.pending and self.transport is not None:
                 if self._write_paused:
@@ -294,7 +315,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 self.budget.release_body(len(request.body))
                 if request.error:
                     self._write_final(request.error)
-                    return
+                    return False
                 head_only = request.method == "HEAD"
                 method = "GET" if head_only else request.method  # HEAD: GET's headers, no body
                 # Set only when sent, or to clear a previous request's on this task: most requests send
@@ -308,7 +329,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 )
                 self.budget.count_freed(len(request.body))
                 if self.transport is None:
-                    return
+                    return False
                 date, extra = self.budget.date_header(), self.budget.extra_headers
                 if request.accept is not None and len(body) > self.limits.compress_min_bytes:
                     body = compress(body, request.accept)
@@ -327,7 +348,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 )
                 if not request.keep_alive:
                     self._linger()
-                    return
+                    return False
                 self._maybe_resume_reading()
                 if self.pending:
                     await asyncio.sleep(0)  # a pipelining client takes turns with the others, not 32 at once
@@ -337,8 +358,10 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         finally:
             self.busy = False
         if self._closing:
-            return
+            return False
         if self._eof:
             self.close()
-        elif not self._in_message and self.transport is not None:
+            return False
+        if not self._in_message and self.transport is not None:
             self._set_phase("keepalive", self.limits.keepalive_timeout_s)
+        return self.transport is not None
