@@ -25,9 +25,12 @@ from serving.observability.metrics import ServingMetrics
 from serving.observability.model_stats import RequestTiming
 
 log = logging.getLogger(__name__)
-# Model calls up to this many rows run on the event loop: a call of a few rows of this MLP costs less than
-# the hand-over to a worker thread and back. Bigger ones go to the thread so the loop keeps serving others.
-INLINE_MAX_ROWS = 16
+# Model calls up to this many rows run on the event loop: a call of up to 64 rows of this MLP (~60 µs with
+# its transform) costs less than the hand-over to a worker thread and back (a queue, a futex wake, the loop's
+# self-pipe). Single raw rows at 64 connections, one worker, 2 cores (2026-12-05): 16 -> 64 took the server's
+# CPU from 32.6 to 29.3 µs a request and its p99 from 7.3 to 4.5 ms. Bigger ones (ranking requests) go to
+# the thread so the loop keeps serving others meanwhile.
+INLINE_MAX_ROWS = 64
 
 
 class _Pending:
