@@ -15,6 +15,7 @@ from serving.app.flags import (
     add_http_flags,
     add_store_flags,
     add_traffic_flags,
+    add_watch_flags,
     base_path_flag,
     bool_flag,
     labels_flag,
@@ -77,6 +78,7 @@ class ServerConfig:
     request_log_dir: Path | None = None
     request_log_sample_rate: float = 0.0
     request_log_max_bytes: int = 64 << 20
+    model_statistics: bool = True  # Triton's statistics extension (serving/observability/model_stats.py)
     # TLS for gRPC and REST (serving/app/tls.py)
     ssl_config_file: Path | None = None
     # Several models from TF Serving's model config file (serving/repository/model_config.py)
@@ -302,31 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("debug", "info", "warning", "error"),
         help="the least severe log lines written; debug also keeps TensorFlow's C++ log (--backend tf)",
     )
-    watch = p.add_argument_group("drift metrics and request logs (the daily loop: docs/daily-loop.md)")
-    watch.add_argument(
-        "--drift_window",
-        type=int,
-        default=10_000,
-        help="recent rows the drift PSI gauges cover, over all workers; 0 = off",
-    )
-    watch.add_argument(
-        "--request_log_dir",
-        type=Path,
-        default=None,
-        help="write sampled requests and responses here as JSON lines (default: none, no request log)",
-    )
-    watch.add_argument(
-        "--request_log_sample_rate",
-        type=float,
-        default=0.0,
-        help="share of requests logged, by a hash of the request id; 0 = off",
-    )
-    watch.add_argument(
-        "--request_log_max_bytes",
-        type=int,
-        default=64 << 20,
-        help="start a new request log file once one holds this many bytes",
-    )
+    add_watch_flags(p)
     add_http_flags(p)
     add_traffic_flags(p)
     breaker = p.add_argument_group("circuit breaking and fallback (docs/serving-fallback.md)")

@@ -146,3 +146,41 @@ def add_traffic_flags(p: argparse.ArgumentParser) -> None:
             help=f"percent of unlabelled predicts that {what}, by a hash of the client's x-request-id; "
             "a model's '# ctr-traffic:' line in --model_config_file overrides it",
         )
+
+
+def add_watch_flags(p: argparse.ArgumentParser) -> None:
+    """What watches the answered requests: drift, the sampled request log, Triton's statistics."""
+    watch = p.add_argument_group("drift metrics, request logs and statistics (docs/daily-loop.md)")
+    watch.add_argument(
+        "--drift_window",
+        type=int,
+        default=10_000,
+        help="recent rows the drift PSI gauges cover, over all workers; 0 = off",
+    )
+    watch.add_argument(
+        "--request_log_dir",
+        type=Path,
+        default=None,
+        help="write sampled requests and responses here as JSON lines (default: none, no request log)",
+    )
+    watch.add_argument(
+        "--request_log_sample_rate",
+        type=float,
+        default=0.0,
+        help="share of requests logged, by a hash of the request id; 0 = off",
+    )
+    watch.add_argument(
+        "--request_log_max_bytes",
+        type=int,
+        default=64 << 20,
+        help="start a new request log file once one holds this many bytes",
+    )
+    watch.add_argument(
+        "--model_statistics",
+        type=bool_flag,
+        nargs="?",
+        const=True,
+        default=True,
+        help="keep Triton's statistics of every predict (v2 .../stats, gRPC ModelStatistics); false: nothing "
+        "is counted on the request path and those calls answer that statistics are off",
+    )

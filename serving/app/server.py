@@ -199,7 +199,7 @@ def model_builder(
             download_timeout_s=cfg.model_download_timeout_seconds,
         )
         drift, request_log = watch(manager)
-        return Predictor(manager, router, limits, metrics, drift, request_log)
+        return Predictor(manager, router, limits, metrics, drift, request_log, cfg.model_statistics)
 
     return build
 

@@ -64,11 +64,13 @@ class Predictor:
         metrics: ServingMetrics,
         drift: DriftMonitor | None = None,
         request_log: RequestLog | None = None,
+        statistics: bool = True,
     ) -> None:
         """`router`: the model's routing, which `manager` tells of its versions; `drift`, `request_log`: what
-        watches the answered requests (serving/observability/drift.py and request_log.py; None: off)."""
+        watches the answered requests (serving/observability/drift.py and request_log.py; None: off);
+        `statistics`: keep Triton's statistics of each predict (serving/observability/model_stats.py)."""
         self.manager, self.router, self.limits, self.metrics = manager, router, limits, metrics
-        self.drift, self.request_log = drift, request_log
+        self.drift, self.request_log, self.statistics = drift, request_log, statistics
         self.draining = False
         self.inflight = 0  # exported by the ctr_serving_inflight_requests gauge at scrape time
         metrics.inflight.track(lambda: float(self.inflight), manager.name)
@@ -101,7 +103,9 @@ class Predictor:
         Returns:
             the scores, the version that produced them and the decoded request.
         """
-        timing = RequestTiming()  # Triton's statistics extension; its start is the request's
+        # Triton's statistics of the request (None: off), whose start is the request's.
+        timing = RequestTiming() if self.statistics else None
+        started = time.perf_counter_ns() if timing is None else timing.start
         status = "INTERNAL"
         route: Route | None = None
         request: DecodedRequest | None = None
@@ -138,10 +142,9 @@ class Predictor:
             if span is not None:
                 tracing.status(span, status)
             end = time.perf_counter_ns()
-            self.metrics.request_latency.observe(
-                (end - timing.start) / 1e3, model_label, "predict", entrypoint
-            )
-            if route is not None and not route.primary.closed:  # an unloaded version's rows are gone
+            self.metrics.request_latency.observe((end - started) / 1e3, model_label, "predict", entrypoint)
+            # An unloaded version's rows are gone.
+            if timing is not None and route is not None and not route.primary.closed:
                 self.metrics.model_stats.record(
                     self.manager.name, route.primary.version, request, timing, status, end
                 )
@@ -152,7 +155,7 @@ class Predictor:
         decode: Decode,
         entrypoint: str,
         deadline: float | None,
-        timing: RequestTiming,
+        timing: RequestTiming | None,
         span: Any,
     ) -> tuple[DecodedRequest, np.ndarray]:
         """Decode, validate and run the request on `route.primary`, then check its scores."""
@@ -164,7 +167,8 @@ class Predictor:
             decode_start = time.perf_counter() if span is not None else 0.0
             decoded = decode(servable.backend.signature)
             request = decoded if type(decoded) is DecodedRequest else await cast(Awaitable, decoded)
-            timing.decoded = time.perf_counter_ns()
+            if timing is not None:
+                timing.decoded = time.perf_counter_ns()
             if span is not None:
                 tracing.child(span, "decode", decode_start)
                 tracing.annotate(
@@ -181,7 +185,8 @@ class Predictor:
                 scores = await run
             else:  # cut at the deadline: a run still queued in the batcher is dropped from it
                 scores = await _until(run, deadline)
-            timing.ran = time.perf_counter_ns()
+            if timing is not None:
+                timing.ran = time.perf_counter_ns()
         finally:
             self.inflight -= 1
             if servable.retired:  # the last request on a retired version unloads it

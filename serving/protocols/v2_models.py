@@ -12,7 +12,7 @@ from typing import Any
 
 from serving.codecs.v2_codec import PLATFORMS, RAW_SUFFIX, io_spec, split_model_name
 from serving.dataplane.predictor import Predictor
-from serving.errors import InvalidArgument, NotFound, ServingError
+from serving.errors import InvalidArgument, NotFound, ServingError, Unimplemented
 from serving.repository.policy import VersionPolicy
 from serving.runtime.batcher import DynamicBatcher
 from serving.runtime.servable import LoadedVersion
@@ -120,7 +120,11 @@ class V2Models:
         return [name, name + RAW_SUFFIX] if has_raw else [name]
 
     def statistics(self, v2_name: str | None, version: int | None) -> dict[str, Any]:
-        """Triton's statistics of every loaded version of one v2 model (all models when `v2_name` is None)."""
+        """Triton's statistics of every loaded version of one v2 model (all models when `v2_name` is None);
+        Unimplemented (501) when the server keeps none (`--model_statistics=false`)."""
+        served = list(self.predictors().values())
+        if served and not served[0].statistics:
+            raise Unimplemented("model statistics are off on this server (--model_statistics=false)")
         if v2_name is not None:
             predictor, _ = self.lookup(v2_name)
             servable, _ = self.resolve(v2_name, version)
@@ -133,7 +137,6 @@ class V2Models:
                 for p in self.predictors().values()
                 for name in self.v2_names(p)
             ]
-        served = list(self.predictors().values())
         table = served[0].metrics.statistics() if served else {}
         return {"model_stats": [_model_stats(table, n, v) for n, versions in targets for v in versions]}
 

@@ -20,11 +20,13 @@ from onnx import TensorProto, helper
 from ctr_contract.repository import ONNX_MODEL, RAW_ONNX_MODEL
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from serving.codecs.raw_codec import decode_rest
+from serving.dataplane.model_set import ServedModels
 from serving.dataplane.predictor import Predictor
 from serving.dataplane.validation import Limits
-from serving.errors import InvalidArgument, NotFound, ServingError, Unavailable
+from serving.errors import InvalidArgument, NotFound, ServingError, Unavailable, Unimplemented
 from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
+from serving.protocols.v2_models import V2Models
 from serving.repository.manager import ModelManager
 from serving.repository.policy import VersionPolicy
 from serving.requests import DecodedRequest
@@ -88,9 +90,10 @@ def run_with_predictor(
     test: Callable[[Predictor], Awaitable[T]],
     batching: BatchingOptions | None = None,
     drift: DriftMonitor | None = None,
+    statistics: bool = True,
 ) -> T:
     """Load `base` into a ModelManager (ONNX Runtime backend) and run `test` against a Predictor over it;
-    `drift`: what watches its answers."""
+    `drift`: what watches its answers; `statistics`: Triton's statistics kept (`--model_statistics`)."""
 
     async def main() -> T:
         metrics = ServingMetrics()
@@ -109,7 +112,7 @@ def run_with_predictor(
             )
             await manager.poll_once()
             limits = Limits(max_instances=64, allow_nonfinite=False)
-            predictor = Predictor(manager, router, limits, metrics, drift)
+            predictor = Predictor(manager, router, limits, metrics, drift, statistics=statistics)
             try:
                 return await test(predictor)
             finally:
@@ -292,3 +295,26 @@ def test_a_two_output_version_answers_both_and_drift_watches_ctr_alone(tmp_path:
     assert [s.shape for s in drift.scores] == [(1, 1), (3, 1), (2, 1)]
     for x, scores in zip(rows, drift.scores, strict=True):
         np.testing.assert_allclose(scores, reference_outputs(WEIGHTS, x)["ctr"], atol=1e-6)
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_statistics_are_kept_only_when_on_and_a_v2_statistics_call_says_they_are_off(
+    base: Path, statistics: bool
+) -> None:
+    batch = np.random.default_rng(3).random((2, WIDTH), dtype=np.float32)
+    options = BatchingOptions(max_batch_size=8, batch_timeout_s=0.0, max_enqueued_batches=4, timeout_s=5.0)
+
+    async def test(p: Predictor) -> None:
+        for _ in range(3):
+            await p.predict("ctr", None, None, features_of(batch), "REST")
+        v2 = V2Models(ServedModels.one(p).current)
+        if statistics:
+            assert p.metrics.statistics()[("ctr", "1")]["inference_count"] == 6
+            assert p.metrics.statistics()[("ctr", "1")]["success"] == 3
+            assert v2.statistics("ctr", None)["model_stats"][0]["inference_count"] == 6
+        else:
+            assert p.metrics.statistics() == {}
+            with pytest.raises(Unimplemented, match="--model_statistics=false"):
+                v2.statistics("ctr", None)
+
+    run_with_predictor(base, test, options, statistics=statistics)
