@@ -8,7 +8,7 @@ is a dict lookup and an integer add, with no lock, because only the event-loop t
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
@@ -136,9 +136,17 @@ class Histogram(Metric):
         return s
 
     def observe(self, value: float, *labels: str) -> None:
-        counts, total = self.series.get(labels) or self._series(labels)
-        counts[bisect.bisect_left(self.bounds, value)] += 1
-        total[0] += value
+        series = self.series.get(labels)
+        if series is None:
+            series = self._series(labels)
+        series[0][bisect_left(self.bounds, value)] += 1
+        series[1][0] += value
+
+    def labels(self, *labels: str) -> HistogramSeries:
+        """One label set's series, bound once for a caller that observes it often: its `observe(value)` is
+        `observe(value, *labels)` without the label tuple's lookup. The series appears at its first observation,
+        as with `observe`."""
+        return HistogramSeries(self, labels)
 
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
         """Observe every element of `values` (e.g. the (N, 1) scores of one batch) in one vectorised pass."""
@@ -171,6 +179,25 @@ class Histogram(Metric):
             lines.append(f"{self.name}_sum{base} {_fmt(total[0])}")
             lines.append(f"{self.name}_count{base} {cumulative}")
         return lines
+
+
+class HistogramSeries:
+    """A Histogram's series of one label set (`Histogram.labels`)."""
+
+    __slots__ = ("bounds", "counts", "histogram", "labels", "total")
+
+    def __init__(self, histogram: Histogram, labels: tuple[str, ...]) -> None:
+        self.histogram, self.labels, self.bounds = histogram, labels, histogram.bounds
+        self.counts: list[int] | None = None  # the series' lists, from its first observation
+        self.total: list[float] = []
+
+    def observe(self, value: float) -> None:
+        counts = self.counts
+        if counts is None:
+            counts, self.total = self.histogram._series(self.labels)
+            self.counts = counts
+        counts[bisect_left(self.bounds, value)] += 1
+        self.total[0] += value
 
 
 class ServingMetrics:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.mmap_dict import MmapedDict
 
-from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetrics
+from serving.observability.metrics import Counter, Gauge, Histogram, HistogramSeries, ServingMetrics
 from serving.observability.model_stats import FAIL_FIELDS, SUCCESS_FIELDS, ModelStatistics, StatisticsRow
 
 log = logging.getLogger(__name__)
@@ -121,11 +121,23 @@ class SharedHistogram(_WriteThrough, Histogram):
         self._write(labels, i, counts[i])
         self._write(labels, SUM_SLOT, total[0])
 
+    def labels(self, *labels: str) -> HistogramSeries:
+        return SharedHistogramSeries(self, labels)
+
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
         series = counts, total = self._series(labels)
         for i in self._add_many(series, values):
             self._write(labels, i, counts[i])
         self._write(labels, SUM_SLOT, total[0])
+
+
+class SharedHistogramSeries(HistogramSeries):
+    """A shared histogram's series of one label set: each observation written through too."""
+
+    __slots__ = ()
+
+    def observe(self, value: float) -> None:
+        self.histogram.observe(value, *self.labels)
 
 
 class SharedModelStatistics(ModelStatistics):
@@ -134,6 +146,7 @@ class SharedModelStatistics(ModelStatistics):
 
     counts: SharedCounter
     last_inference: SharedGauge
+    writes_through = True
 
     def _publish(self, row: StatisticsRow, failed: bool) -> None:
         for field in FAIL_FIELDS if failed else SUCCESS_FIELDS:

@@ -67,6 +67,17 @@ _STOP = object()
 _ID_PREFIX = os.urandom(6).hex()  # per process: ids of different workers and restarts never collide
 _SERVER_PREFIX = f"{_ID_PREFIX}-"
 _ID_COUNTER = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    """A forked process (a `--num_workers` worker, a restarted one) draws its own prefix: the parent imported
+    this module before forking, and its prefix and counter would otherwise be every worker's."""
+    global _ID_PREFIX, _SERVER_PREFIX, _ID_COUNTER
+    _ID_PREFIX = os.urandom(6).hex()
+    _SERVER_PREFIX, _ID_COUNTER = f"{_ID_PREFIX}-", itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 MAX_ID_CHARS = 128
 
