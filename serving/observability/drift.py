@@ -34,7 +34,7 @@ import logging
 import math
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from ctr_contract.repository import DRIFT_REFERENCE_PATH
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
-from serving.observability.drift_window import RingBuffer, shared_windows
+from serving.observability.drift_window import RingBuffer, joined, rows_of, shared_windows
 from serving.observability.metrics import escape_label_value as esc
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
@@ -123,11 +123,7 @@ class Reference:
         """`raw_codes` of a batch from its counts (13, N) and the entries (26, N) `transform` gave its values
         (RawBatch.remember_entries): one gather instead of a lookup of every value. None when some bin's
         value has no entry of `transform` (the batch is then binned by `raw_codes`)."""
-        by_entry = self.codes_by_entry(transform)
-        if by_entry is None:
-            return None
-        codes = by_entry[entries if self._every_categorical else entries[self._categorical_rows]]
-        return np.concatenate([self._numeric_codes(numeric), np.where(codes < 0, self._other, codes)]).T
+        return self.entry_rows(transform, numeric, entries, np.zeros((numeric.shape[1], 0), np.float32))
 
     def entry_rows(
         self, transform: Any, numeric: np.ndarray, entries: np.ndarray, scores: np.ndarray
@@ -284,13 +280,13 @@ class DriftMonitor:
             )
             if singles:
                 one_counts, one_entries, one_scores = zip(*singles, strict=True)
-                numeric.append(_rows_of(one_counts, np.float64, N_NUMERIC))
-                entries.append(_rows_of(one_entries, np.int32, N_CATEGORICAL))
-                raw_scores.append(_rows_of(one_scores, np.float32, 1).T)
+                numeric.append(rows_of(one_counts, np.float64, N_NUMERIC))
+                entries.append(rows_of(one_entries, np.int32, N_CATEGORICAL))
+                raw_scores.append(rows_of(one_scores, np.float32, 1).T)
             # One gather for every pending request of a transform: looking each one-row request's values up
             # apart paused the event loop for longer than the requests took. A version swapped in since these
             # rows were kept may have a bin of a value their transform lacks: they are then left out.
-            rows = ref.entry_rows(owner, _joined(numeric, 1), _joined(entries, 1), _joined(raw_scores, 0))
+            rows = ref.entry_rows(owner, joined(numeric, 1), joined(entries, 1), joined(raw_scores, 0))
             if rows is not None:
                 self.raw.append(rows)
         if raw:
@@ -392,24 +388,6 @@ class DriftMonitor:
         if ref is not None and len(scores) >= MIN_ROWS:
             lines.append(f"ctr_serving_score_drift_psi{{{m}}} {_psi_of(scores, *ref.score):.6g}")
         return "\n".join(lines) + "\n"
-
-
-def _rows_of(columns: Sequence[np.ndarray], dtype: type, height: int) -> np.ndarray:
-    """(height, 1) columns (or lists of `height`) side by side, (height, N) of `dtype`: their bytes joined when every column is
-    contiguous and of `dtype` (the usual case, faster than np.concatenate of many small arrays), else
-    concatenated."""
-    try:
-        data = b"".join(columns)  # type: ignore[arg-type]  # numpy arrays are bytes-like
-    except (TypeError, BufferError):  # a merged batch's column is a strided view, or a list: not bytes-like
-        data = b""
-    if len(data) != len(columns) * height * np.dtype(dtype).itemsize:  # another dtype among them
-        return np.concatenate([np.asarray(c, dtype).reshape(height, -1) for c in columns], 1)
-    return np.frombuffer(data, dtype).reshape(-1, height).T
-
-
-def _joined(parts: Sequence[np.ndarray], axis: int) -> np.ndarray:
-    """The parts concatenated along `axis`, without a copy when there is one part (the singles' join)."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis)
 
 
 def _psi_of(values: np.ndarray, edges: np.ndarray, shares: np.ndarray) -> float:

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.mmap_dict import MmapedDict
 
-from serving.observability.metrics import Counter, Gauge, Histogram, HistogramSeries, ServingMetrics
+from serving.observability.metrics import Counter, Gauge, Histogram, ServingMetrics
 from serving.observability.model_stats import FAIL_FIELDS, SUCCESS_FIELDS, ModelStatistics, StatisticsRow
 
 log = logging.getLogger(__name__)
@@ -121,23 +121,14 @@ class SharedHistogram(_WriteThrough, Histogram):
         self._write(labels, i, counts[i])
         self._write(labels, SUM_SLOT, total[0])
 
-    def labels(self, *labels: str) -> HistogramSeries:
-        return SharedHistogramSeries(self, labels)
+    def labels(self, *labels: str) -> Callable[[float], None]:
+        return lambda value: self.observe(value, *labels)  # written through too
 
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
         series = counts, total = self._series(labels)
         for i in self._add_many(series, values):
             self._write(labels, i, counts[i])
         self._write(labels, SUM_SLOT, total[0])
-
-
-class SharedHistogramSeries(HistogramSeries):
-    """A shared histogram's series of one label set: each observation written through too."""
-
-    __slots__ = ()
-
-    def observe(self, value: float) -> None:
-        self.histogram.observe(value, *self.labels)
 
 
 class SharedModelStatistics(ModelStatistics):

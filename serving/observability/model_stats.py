@@ -9,6 +9,7 @@ write them through to their files (serving/observability/metrics_shared.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from serving.requests import DecodedRequest
@@ -168,3 +169,16 @@ class ModelStatistics:
             for field in fields:
                 self.counts.values[(*row.key, field)] = getattr(row, field)
             self.last_inference.values[row.key] = row.last_inference
+
+    def table(
+        self, merged: Callable[[Samples], dict[tuple[str, ...], float]]
+    ) -> dict[tuple[str, str], dict[str, float]]:
+        """(v2 model, version) -> the statistics extension's fields, and `last_inference` (ms since the epoch);
+        `merged(samples)`: the values of `counts` or `last_inference` (all workers' with --num_workers)."""
+        table: dict[tuple[str, str], dict[str, float]] = {}
+        self.sync()
+        for (model, version, stat), value in merged(self.counts).items():
+            table.setdefault((model, version), {})[stat] = value
+        for (model, version), value in merged(self.last_inference).items():
+            table.setdefault((model, version), {})["last_inference"] = value
+        return table
