@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from ctr_contract.repository import DRIFT_REFERENCE_PATH
 from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
-from serving.observability.drift_window import RingBuffer, shared_windows
+from serving.observability.drift_window import RingBuffer, joined, rows_of, shared_windows
 from serving.observability.metrics import escape_label_value as esc
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
@@ -123,16 +123,30 @@ class Reference:
         """`raw_codes` of a batch from its counts (13, N) and the entries (26, N) `transform` gave its values
         (RawBatch.remember_entries): one gather instead of a lookup of every value. None when some bin's
         value has no entry of `transform` (the batch is then binned by `raw_codes`)."""
+        return self.entry_rows(transform, numeric, entries, np.zeros((numeric.shape[1], 0), np.float32))
+
+    def entry_rows(
+        self, transform: Any, numeric: np.ndarray, entries: np.ndarray, scores: np.ndarray
+    ) -> np.ndarray | None:
+        """The window's rows (N, 39 + K) float32 of a batch's counts (13, N), entries (26, N) and scores (N, K):
+        `entry_codes` and the scores, written in place (no concatenation of the parts); None as there."""
         by_entry = self.codes_by_entry(transform)
         if by_entry is None:
             return None
-        codes = by_entry[entries if self._every_categorical else entries[self._categorical_rows]]
-        return np.concatenate([self._numeric_codes(numeric), np.where(codes < 0, self._other, codes)]).T
+        k, c = len(self._numeric_rows), len(self._categorical_rows)
+        out = np.empty((k + c + scores.shape[1], numeric.shape[1]), np.float32)  # (40, N)
+        out[:k] = self._numeric_codes(numeric, np.float64)  # cast as `astype` casts
+        codes = out[k : k + c]
+        codes[:] = by_entry[entries if self._every_categorical else entries[self._categorical_rows]]
+        np.copyto(codes, self._other, where=codes < 0)
+        out[k + c :] = scores.T
+        return out.T
 
-    def _numeric_codes(self, numeric: np.ndarray) -> np.ndarray:
+    def _numeric_codes(self, numeric: np.ndarray, dtype: type = np.float32) -> np.ndarray:
         # No np.errstate (a cost at every flush) is needed: log1p of |x| >= 0, inf or NaN warns of nothing.
         x = numeric if self._numeric_rows == list(range(len(NUMERIC_FIELDS))) else numeric[self._numeric_rows]
-        return np.where(np.isfinite(x), np.copysign(np.log1p(np.abs(x)), x), -np.inf).astype(np.float32)
+        codes = np.where(np.isfinite(x), np.copysign(np.log1p(np.abs(x)), x), -np.inf)
+        return codes if dtype is np.float64 else codes.astype(dtype)
 
     def codes_by_entry(self, transform: Any) -> np.ndarray | None:
         """float32 entry -> bin code of the entry's field (-1: "other") for `transform`'s entries (its
@@ -150,8 +164,8 @@ class Reference:
         return by_entry
 
 
-# One transform's rows waiting for the flush: (counts, entries, scores) arrays, appended per request.
-_Pending = tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]
+# One transform's rows waiting for the flush, (counts, entries, scores) a request: batches', then single rows'.
+_Pending = tuple[list[tuple[np.ndarray, Any, np.ndarray]], list[tuple[np.ndarray, Any, np.ndarray]]]
 
 
 class DriftMonitor:
@@ -178,11 +192,12 @@ class DriftMonitor:
         # batches' (counts, entries, scores), then single rows' (the usual requests) counts (13, 1) float64,
         # entries (26, 1) int32 and score (1, 1) float32, contiguous: joined as bytes at the flush, faster than
         # concatenating many small arrays (the flush pauses the event loop).
-        self._entries: dict[object, tuple[_Pending, _Pending]] = {}
+        self._entries: dict[object, _Pending] = {}
         self._raw: list[tuple[Any, np.ndarray]] = []
         self._pending_rows = self._pending_requests = 0
         self._tick_scheduled = False
         self._reference: tuple[Path, int, Reference | None] | None = None
+        self._reference_parts: tuple[str, ...] = ()  # the parts of the folder of `_reference`'s path
         self._recheck_at = 0.0  # when the reference file is looked at again (a new version's at once)
         self._warned: set[Path] = set()  # versions whose missing reference was logged
         # A version loaded without a reference is named at once, not at the first flush or scrape; with no
@@ -198,12 +213,23 @@ class DriftMonitor:
 
     def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
         """Hot path: remember one request's batch (features (N, width), or raw rows) and its scores (N, 1)."""
+        batch = request.batch
         if request.signature == RAW_SIGNATURE:
-            self._observe_raw(cast(RawBatch, request.batch), scores)
+            # A raw batch whose transform left its entries (RawBatch.remember_entries) is kept as its counts
+            # and entries, binned by entry at the flush (the batch itself, with its 26 strings a row, is freed
+            # with its request, not all at once at the flush); another, as the batch, whose values are looked up.
+            found = batch.entries()  # type: ignore[union-attr]
+            pending = None if found is None else self._entries.get(found[0])
+            if pending is None:
+                pending = self._entries_of(found)
+            if pending is None:
+                self._raw.append((batch, scores))
+            else:
+                pending[len(scores) == 1].append((batch.numeric, found[1], scores))  # type: ignore[index,union-attr]
         else:
-            self._features.append(cast(np.ndarray, request.batch))
+            self._features.append(batch)  # type: ignore[arg-type]
             self._feature_scores.append(scores)
-        self._pending_rows += len(request.batch)
+        self._pending_rows += len(scores)  # the batch's rows: an array's len costs no Python call
         self._pending_requests += 1
         if self._pending_rows >= FLUSH_ROWS or self._pending_requests >= FLUSH_REQUESTS:
             self.flush()
@@ -212,25 +238,18 @@ class DriftMonitor:
             self._tick_scheduled = True
             asyncio.get_running_loop().call_later(FLUSH_S, self._tick)
 
-    def _observe_raw(self, batch: RawBatch, scores: np.ndarray) -> None:
-        """Keep a raw batch's counts and entries when its transform's entries can be binned (the batch itself,
-        with its 26 strings a row, is freed with its request, not all at once at the flush), else the batch."""
-        found = batch.entries()
-        pending = None if found is None else self._entries.get(found[0])
-        if found is not None and pending is None:  # a transform first seen since the flush
-            ref = self.reference()
-            if ref is not None and ref.raw_numeric and ref.codes_by_entry(found[0]) is not None:
-                pending = self._entries[found[0]] = (([], [], []), ([], [], []))
-        if found is None or pending is None:
-            self._raw.append((batch, scores))
-            return
-        entries = found[1]
-        if isinstance(entries, list):  # one row's, as the one-row transform left them
-            entries = np.fromiter(entries, np.int32, len(entries)).reshape(-1, 1)
-        numeric, codes, kept_scores = pending[1] if len(batch) == 1 else pending[0]
-        numeric.append(batch.numeric)
-        codes.append(entries)
-        kept_scores.append(scores)
+    def _entries_of(self, found: tuple[object, Any] | None) -> _Pending | None:
+        """The pending rows of the transform in `found` (RawBatch.entries), first seen since the flush; None
+        when the batch is to be binned by its values (no entries, or the reference has a bin of a value the
+        transform has no entry for)."""
+        if found is None:
+            return None
+        ref = self.reference()
+        if ref is None or not ref.raw_numeric or ref.codes_by_entry(found[0]) is None:
+            return None
+        pending: _Pending = ([], [])
+        self._entries[found[0]] = pending
+        return pending
 
     def flush(self) -> None:
         """Copy the pending batches into the ring buffers: a few array operations per FLUSH_ROWS rows."""
@@ -255,17 +274,21 @@ class DriftMonitor:
         ref = self.reference()
         if ref is None or not ref.raw_numeric:
             return
-        for owner, ((numeric, entries, raw_scores), singles) in by_owner.items():
-            if singles[0]:
-                numeric = [*numeric, _rows_of(singles[0], np.float64, N_NUMERIC)]
-                entries = [*entries, _rows_of(singles[1], np.int32, N_CATEGORICAL)]
-                raw_scores = [*raw_scores, _rows_of(singles[2], np.float32, 1).T]
+        for owner, (batches, singles) in by_owner.items():
+            numeric, entries, raw_scores = (
+                ([*part] for part in zip(*batches, strict=True)) if batches else ([], [], [])
+            )
+            if singles:
+                one_counts, one_entries, one_scores = zip(*singles, strict=True)
+                numeric.append(rows_of(one_counts, np.float64, N_NUMERIC))
+                entries.append(rows_of(one_entries, np.int32, N_CATEGORICAL))
+                raw_scores.append(rows_of(one_scores, np.float32, 1).T)
             # One gather for every pending request of a transform: looking each one-row request's values up
             # apart paused the event loop for longer than the requests took. A version swapped in since these
             # rows were kept may have a bin of a value their transform lacks: they are then left out.
-            codes = ref.entry_codes(owner, _joined(numeric, 1), _joined(entries, 1)) if numeric else None
-            if codes is not None:
-                self.raw.append(np.hstack([codes, _joined(raw_scores, 0)]))
+            rows = ref.entry_rows(owner, joined(numeric, 1), joined(entries, 1), joined(raw_scores, 0))
+            if rows is not None:
+                self.raw.append(rows)
         if raw:
             # One RawBatch of every pending request, binned at once: binning each request's 39 columns apart
             # paused the event loop at every flush, and raw requests' p99 with it.
@@ -281,11 +304,17 @@ class DriftMonitor:
         version_dir = self.version_dir()
         if version_dir is None:
             return None
-        path = version_dir / DRIFT_REFERENCE_PATH
         now = time.monotonic()
-        if self._reference is not None and self._reference[0] == path and now < self._recheck_at:
-            # A stat at every flush would cost the predict path: a flush comes every few requests.
-            return self._reference[2]
+        held = self._reference
+        # The same version as last time: its parts compared (no path joined, nor compared as a whole, per flush).
+        if held is not None and self._reference_parts == version_dir.parts:
+            if now < self._recheck_at:
+                # A stat at every flush would cost the predict path: a flush comes every few requests.
+                return held[2]
+            path = held[0]
+        else:
+            path = version_dir / DRIFT_REFERENCE_PATH
+            self._reference_parts = version_dir.parts
         self._recheck_at = now + REFERENCE_CHECK_S
         try:
             stamp = path.stat().st_mtime_ns
@@ -359,24 +388,6 @@ class DriftMonitor:
         if ref is not None and len(scores) >= MIN_ROWS:
             lines.append(f"ctr_serving_score_drift_psi{{{m}}} {_psi_of(scores, *ref.score):.6g}")
         return "\n".join(lines) + "\n"
-
-
-def _rows_of(columns: list[np.ndarray], dtype: type, height: int) -> np.ndarray:
-    """(height, 1) columns side by side, (height, N) of `dtype`: their bytes joined when every column is
-    contiguous and of `dtype` (the usual case, faster than np.concatenate of many small arrays), else
-    concatenated."""
-    try:
-        data = b"".join(columns)  # type: ignore[arg-type]  # numpy arrays are bytes-like
-    except (TypeError, BufferError):  # a merged batch's column is a strided view, not bytes-like
-        data = b""
-    if len(data) != len(columns) * height * np.dtype(dtype).itemsize:  # another dtype among them
-        return np.concatenate(columns, 1).astype(dtype, copy=False)
-    return np.frombuffer(data, dtype).reshape(-1, height).T
-
-
-def _joined(parts: list[np.ndarray], axis: int) -> np.ndarray:
-    """The parts concatenated along `axis`, without a copy when there is one part (the singles' join)."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis)
 
 
 def _psi_of(values: np.ndarray, edges: np.ndarray, shares: np.ndarray) -> float:

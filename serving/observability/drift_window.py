@@ -1,4 +1,5 @@
-"""The recent-rows window behind the drift gauges (serving/observability/drift.py): a ring buffer of float32 rows.
+"""The recent-rows window behind the drift gauges (serving/observability/drift.py): a ring buffer of float32 rows,
+and the joins of the pending rows that go into it.
 
 In one process the ring is a plain array. Under `--num_workers N` it is a memory-mapped .npy file in the run's
 shared metrics directory, `<prefix>_<pid>.npy`, with the count of rows ever written in `<prefix>_<pid>.rows.npy`,
@@ -8,6 +9,7 @@ so that the worker answering a scrape reads every live worker's rows (`shared_wi
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +91,21 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def rows_of(columns: Sequence[np.ndarray], dtype: type, height: int) -> np.ndarray:
+    """(height, 1) columns (or lists of `height`) side by side, (height, N) of `dtype`: their bytes joined when every column is
+    contiguous and of `dtype` (the usual case, faster than np.concatenate of many small arrays), else
+    concatenated."""
+    try:
+        data = b"".join(columns)  # type: ignore[arg-type]  # numpy arrays are bytes-like
+    except (TypeError, BufferError):  # a merged batch's column is a strided view, or a list: not bytes-like
+        data = b""
+    if len(data) != len(columns) * height * np.dtype(dtype).itemsize:  # another dtype among them
+        return np.concatenate([np.asarray(c, dtype).reshape(height, -1) for c in columns], 1)
+    return np.frombuffer(data, dtype).reshape(-1, height).T
+
+
+def joined(parts: Sequence[np.ndarray], axis: int) -> np.ndarray:
+    """The parts concatenated along `axis`, without a copy when there is one part (the singles' join)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis)

@@ -8,13 +8,13 @@ is a dict lookup and an integer add, with no lock, because only the event-loop t
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
-from serving.observability.model_stats import ModelStatistics, v2_names
+from serving.observability.model_stats import ModelStatistics, Samples, v2_names
 from serving.observability.process import rss_bytes
 from serving.observability.store_metrics import store_counters
 
@@ -130,15 +130,26 @@ class Histogram(Metric):
         self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
 
     def _series(self, labels: tuple[str, ...]) -> tuple[list[int], list[float]]:
-        s = self.series.get(labels)
-        if s is None:
-            s = self.series[labels] = ([0] * (len(self.bounds) + 1), [0.0])
-        return s
+        if labels not in self.series:
+            self.series[labels] = ([0] * (len(self.bounds) + 1), [0.0])
+        return self.series[labels]
 
     def observe(self, value: float, *labels: str) -> None:
         counts, total = self.series.get(labels) or self._series(labels)
-        counts[bisect.bisect_left(self.bounds, value)] += 1
+        counts[bisect_left(self.bounds, value)] += 1
         total[0] += value
+
+    def labels(self, *labels: str) -> Callable[[float], None]:
+        """`observe(value, *labels)` bound to one label set; its series appears at its first observation."""
+        bounds, bound = self.bounds, cast(list[Any], [])
+
+        def observe(value: float) -> None:
+            if not bound:
+                bound.extend(self._series(labels))
+            bound[0][bisect_left(bounds, value)] += 1
+            bound[1][0] += value
+
+        return observe
 
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
         """Observe every element of `values` (e.g. the (N, 1) scores of one batch) in one vectorised pass."""
@@ -174,11 +185,9 @@ class Histogram(Metric):
 
 
 class ServingMetrics:
-    """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`).
-
-    `_counter`, `_gauge` and `_histogram` build each metric; serving/observability/metrics_shared.py overrides them so that
-    the workers of `--num_workers N` write through to shared files.
-    """
+    """The server's metrics: TF Serving's names first, then ours (`ctr_serving_*`). `_counter`, `_gauge` and
+    `_histogram` build each metric; serving/observability/metrics_shared.py overrides them so that the workers
+    of `--num_workers N` write through to shared files."""
 
     def __init__(self) -> None:
         self.request_count = self._counter(
@@ -376,14 +385,7 @@ class ServingMetrics:
 
     def statistics(self) -> dict[tuple[str, str], dict[str, float]]:
         """(v2 model, version) -> the statistics extension's fields, and `last_inference` (ms since the epoch)."""
-        table: dict[tuple[str, str], dict[str, float]] = {}
-        self.model_stats.sync()
-        counts, last = cast(Counter, self.model_stats.counts), cast(Gauge, self.model_stats.last_inference)
-        for (model, version, stat), value in self.merged(counts).items():
-            table.setdefault((model, version), {})[stat] = value
-        for (model, version), value in self.merged(last).items():
-            table.setdefault((model, version), {})["last_inference"] = value
-        return table
+        return self.model_stats.table(cast(Callable[[Samples], dict[tuple[str, ...], float]], self.merged))
 
     def metrics(self) -> list[Metric]:
         """Every metric, in exposition order."""

@@ -121,6 +121,9 @@ class SharedHistogram(_WriteThrough, Histogram):
         self._write(labels, i, counts[i])
         self._write(labels, SUM_SLOT, total[0])
 
+    def labels(self, *labels: str) -> Callable[[float], None]:
+        return lambda value: self.observe(value, *labels)  # written through too
+
     def observe_many(self, values: np.ndarray, *labels: str) -> None:
         series = counts, total = self._series(labels)
         for i in self._add_many(series, values):
@@ -134,6 +137,7 @@ class SharedModelStatistics(ModelStatistics):
 
     counts: SharedCounter
     last_inference: SharedGauge
+    writes_through = True
 
     def _publish(self, row: StatisticsRow, failed: bool) -> None:
         for field in FAIL_FIELDS if failed else SUCCESS_FIELDS:

@@ -9,6 +9,7 @@ write them through to their files (serving/observability/metrics_shared.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from serving.requests import DecodedRequest
@@ -77,6 +78,7 @@ class StatisticsRow:
         self.last_inference = 0.0
 
 
+_NONE: dict = {}  # what a missing level of the rows' dicts reads as (never written to)
 FAIL_FIELDS = ("fail", "fail_ns")  # what a failed predict adds to; a successful one adds to the rest
 SUCCESS_FIELDS = tuple(f for f in STAT_FIELDS if f not in FAIL_FIELDS)
 
@@ -90,9 +92,13 @@ class ModelStatistics:
     counters (serving/observability/metrics_shared.py, `_publish`).
     """
 
+    writes_through = False  # whether `_publish` writes each updated row out (the workers' statistics)
+
     def __init__(self, counts: Samples, last_inference: Samples) -> None:
         self.counts, self.last_inference = counts, last_inference
-        self._rows: dict[tuple[str, int, str], StatisticsRow] = {}  # (model, version, signature) -> row
+        self._rows: dict[
+            str, dict[int, dict[str, StatisticsRow]]
+        ] = {}  # model -> version -> signature -> row
 
     def record(
         self,
@@ -106,43 +112,73 @@ class ModelStatistics:
         """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name;
         `end`: when it finished (perf_counter_ns; 0: now)."""
         end = end or time.perf_counter_ns()
-        signature = request.signature if request is not None else DEFAULT_SIGNATURE
-        row = self._rows.get((model, version, signature)) or self._row(model, version, signature)
-        failed = status != "OK" or request is None
-        if failed:
-            row.fail += 1
-            row.fail_ns += end - timing.start
-        else:
-            assert request is not None
-            decoded, ran = timing.decoded or end, timing.ran or end
+        start = timing.start
+        if status == "OK" and request is not None:
+            signature = request.signature
+            # Per model, per version: a dict lookup on values the caller has, no key tuple made a predict.
+            row = self._rows.get(model, _NONE).get(version, _NONE).get(signature)
+            if row is None:
+                row = self._row(model, version, signature)
+            decoded, ran, queue_ns = timing.decoded or end, timing.ran or end, timing.queue_ns
+            infer = ran - decoded - queue_ns
             row.success += 1
-            row.success_ns += end - timing.start
+            row.success_ns += end - start
             row.inference_count += len(request.batch)
             row.execution_count += timing.executions if timing.batched else 1
-            row.queue_ns += timing.queue_ns
-            row.compute_input_ns += decoded - timing.start
-            row.compute_infer_ns += max(0, ran - decoded - timing.queue_ns)
+            row.queue_ns += queue_ns
+            row.compute_input_ns += decoded - start
+            row.compute_infer_ns += infer if infer > 0 else 0
             row.compute_output_ns += end - ran
+            row.last_inference = time.time() * 1e3
+            if self.writes_through:
+                self._publish(row, False)
+            return
+        signature = request.signature if request is not None else DEFAULT_SIGNATURE
+        row = self._rows.get(model, _NONE).get(version, _NONE).get(signature)
+        if row is None:
+            row = self._row(model, version, signature)
+        row.fail += 1
+        row.fail_ns += end - start
         row.last_inference = time.time() * 1e3
-        self._publish(row, failed)
+        if self.writes_through:
+            self._publish(row, True)
 
     def _row(self, model: str, version: int, signature: str) -> StatisticsRow:
         v2_name = v2_names(model)[1] if signature == RAW_SIGNATURE else model
-        row = self._rows[(model, version, signature)] = StatisticsRow((v2_name, str(version)))
+        row = StatisticsRow((v2_name, str(version)))
+        self._rows.setdefault(model, {}).setdefault(version, {})[signature] = row
         return row
+
+    def rows(self) -> list[StatisticsRow]:
+        """Every (v2 model, version)'s row."""
+        return [
+            row for by_version in self._rows.values() for rows in by_version.values() for row in rows.values()
+        ]
 
     def forget(self, model: str, version: int) -> None:
         """Drop the rows of an unloaded version (serving/observability/metrics.py, `forget_version`)."""
-        for key in [k for k in self._rows if k[0] == model and k[1] == version]:
-            del self._rows[key]
+        self._rows.get(model, {}).pop(version, None)
 
     def _publish(self, row: StatisticsRow, failed: bool) -> None:
-        """After each update of `row`: nothing in one process (the rows are read at `sync()`)."""
+        """After each update of `row` when `writes_through` (in one process the rows are read at `sync()`)."""
 
     def sync(self) -> None:
         """Copy the rows into `counts` and `last_inference` (a predict touched a field: it is there)."""
-        for row in self._rows.values():
+        for row in self.rows():
             fields = (FAIL_FIELDS if row.fail else ()) + (SUCCESS_FIELDS if row.success else ())
             for field in fields:
                 self.counts.values[(*row.key, field)] = getattr(row, field)
             self.last_inference.values[row.key] = row.last_inference
+
+    def table(
+        self, merged: Callable[[Samples], dict[tuple[str, ...], float]]
+    ) -> dict[tuple[str, str], dict[str, float]]:
+        """(v2 model, version) -> the statistics extension's fields, and `last_inference` (ms since the epoch);
+        `merged(samples)`: the values of `counts` or `last_inference` (all workers' with --num_workers)."""
+        table: dict[tuple[str, str], dict[str, float]] = {}
+        self.sync()
+        for (model, version, stat), value in merged(self.counts).items():
+            table.setdefault((model, version), {})[stat] = value
+        for (model, version), value in merged(self.last_inference).items():
+            table.setdefault((model, version), {})["last_inference"] = value
+        return table

@@ -24,11 +24,11 @@ same choice, and a test can count the lines it expects. Each worker writes its o
 DIR/requests-<pid>-<n>.jsonl, and starts the next file once one holds `--request_log_max_bytes`.
 
 A predict never waits for the disk and never fails because of it: lines go into a bounded queue that one
-writer thread drains. A full queue (slow disk), or a write that fails (full disk, unwritable directory),
+writer thread drains every WRITE_EVERY_S, all its lines in one write (a predict wakes no thread). A full queue (slow disk), or a write that fails (full disk, unwritable directory),
 drops the line and counts it in `ctr_serving_request_log_dropped_total` (alert: CtrServingRequestLogDropping);
 every other line is counted in `ctr_serving_request_log_lines_total`.
 
-Shipping the files (docs/daily-loop.md): before each line, the writer compares the path it opened with the file
+Shipping the files (docs/daily-loop.md): before each write, the writer compares the path it opened with the file
 it holds (device and inode), and does the same once a second when idle. A file that was removed or renamed
 (`mv`, logrotate's default style) is closed and the line goes to a new file, DIR/requests-<pid>-<n+1>.jsonl: no
 line goes into a file that is no longer in the folder, and a renamed file is let go within a second. A file
@@ -44,10 +44,10 @@ import io
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -59,21 +59,34 @@ import orjson
 log = logging.getLogger(__name__)
 
 QUEUE_LINES = 10_000  # lines waiting for the writer; beyond this a slow disk costs lines, not latency
+# How often the writer takes the queued lines, all at once: a predict only appends to the queue (no lock, no
+# thread woken a line), and the writer makes one write a file for all of them.
+WRITE_EVERY_S = 0.05
 RETRY_OPEN_S = 1.0  # after a failed open, lines are dropped for this long before the next try
 IDLE_CHECK_S = 1.0  # with no line to write, how often the writer checks that its file is still in the folder
-_STOP = object()
 
 
 _ID_PREFIX = os.urandom(6).hex()  # per process: ids of different workers and restarts never collide
 _SERVER_PREFIX = f"{_ID_PREFIX}-"
 _ID_COUNTER = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    """A forked process (a `--num_workers` worker, a restarted one) draws its own prefix: the parent imported
+    this module before forking, and its prefix and counter would otherwise be every worker's."""
+    global _ID_PREFIX, _SERVER_PREFIX, _ID_COUNTER
+    _ID_PREFIX = os.urandom(6).hex()
+    _SERVER_PREFIX, _ID_COUNTER = f"{_ID_PREFIX}-", itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 MAX_ID_CHARS = 128
 
 
 def new_request_id() -> str:
     """A fresh request id, unique across processes (random prefix + counter): no clock or random read per id."""
-    return f"{_ID_PREFIX}-{next(_ID_COUNTER):x}"
+    return "%s%x" % (_SERVER_PREFIX, next(_ID_COUNTER))  # noqa: UP031  # the fastest of the formats
 
 
 def server_made(request_id: str) -> bool:
@@ -109,8 +122,13 @@ class RequestLog:
     ) -> None:
         """`on_drop(n)` / `on_write(n)` count lines; they run on the event loop's thread (metrics have no lock)."""
         self.directory, self.rate, self.max_bytes = directory, sample_rate, max_bytes
+        self._below = (
+            sample_rate * 2**32 if sample_rate > 0 else -1.0
+        )  # `sampled`: crc32 of the id below this
         self._on_drop, self._on_write = on_drop, on_write
-        self._queue: queue.Queue[Any] = queue.Queue(queue_lines)
+        self._queue: deque[tuple[Any, ...]] = deque()  # appended by the event loop, taken by the writer
+        self._queue_lines = queue_lines
+        self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._file: io.FileIO | None = None
@@ -130,11 +148,10 @@ class RequestLog:
         """Write what is queued (within `timeout_s`) and close the file."""
         if self._thread is None:
             return
-        try:
-            self._queue.put(_STOP, timeout=timeout_s)
-        except queue.Full:
-            log.warning("request log: the writer is stuck; %d queued lines are lost", self._queue.qsize())
+        self._stopping.set()
         self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("request log: the writer is stuck; %d queued lines are lost", len(self._queue))
 
     def record(
         self,
@@ -152,7 +169,7 @@ class RequestLog:
         Returns the line's time stamp (for `record_shadow`); None when the request is not sampled or the line
         was dropped.
         """
-        if not sampled(request_id, self.rate):
+        if not zlib.crc32(request_id.encode()) < self._below:  # `sampled(request_id, self.rate)`
             return None
         stamp = time.time()
         entry = (request_id, stamp, model_name, version, label, canary, False, fallback, inputs(), outputs)
@@ -165,34 +182,40 @@ class RequestLog:
         self._put((request_id, stamp, model_name, version, "shadow", False, True, None, None, outputs))
 
     def _put(self, entry: tuple[Any, ...]) -> bool:
-        try:
-            self._queue.put_nowait(entry)
-        except queue.Full:
+        if len(self._queue) >= self._queue_lines:
             self._on_drop(1)
             return False
+        self._queue.append(entry)  # atomic: the writer takes lines from the other end
         return True
 
     # --- the writer thread ---------------------------------------------------------------------
     def _drain(self) -> None:
+        checked = time.monotonic()
         while True:
-            try:
-                entry = self._queue.get(timeout=IDLE_CHECK_S)
-            except queue.Empty:
+            stopping = self._stopping.wait(WRITE_EVERY_S)
+            if self._queue:
+                self._write([self._queue.popleft() for _ in range(len(self._queue))])
+                checked = time.monotonic()
+            elif time.monotonic() - checked >= IDLE_CHECK_S:
                 self._check_file()  # a quiet server lets go of a shipped (renamed) file too
-                continue
-            if entry is _STOP:
+                checked = time.monotonic()
+            if stopping and not self._queue:
                 break
-            self._write(entry)
         self._close()
 
-    def _write(self, entry: tuple[Any, ...]) -> None:
-        try:
-            line = self._line(*entry)
-        except TypeError as exc:  # orjson.JSONEncodeError is a TypeError: inputs of a kind we cannot write
-            log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
-            self._count(self._on_drop, 1)
-            return
-        self._append(line)
+    def _write(self, entries: list[tuple[Any, ...]]) -> None:
+        lines = []
+        for entry in entries:
+            try:
+                lines.append(self._line(*entry))
+            except (
+                TypeError
+            ) as exc:  # orjson.JSONEncodeError is a TypeError: inputs of a kind we cannot write
+                log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
+                self._count(self._on_drop, 1)
+        start = 0
+        while start < len(lines):
+            start = self._append(lines, start)
 
     def _line(
         self,
@@ -224,27 +247,58 @@ class RequestLog:
             default=_plain,
         )
 
-    def _append(self, line: bytes) -> None:
+    def _append(self, lines: list[bytes], start: int) -> int:
+        """Write `lines[start:]` up to the one that fills the file (`max_bytes`) in one write; returns where the
+        next write starts. A line goes to the file it would go to written alone: a file is closed once it
+        holds max_bytes, and its path is checked before each write."""
+        f = self._current_file_or_none()
+        if f is None:
+            self._count(self._on_drop, len(lines) - start)
+            return len(lines)
+        end, size = start, self._size
+        while end < len(lines) and (end == start or size < self.max_bytes):
+            size += len(lines[end])
+            end += 1
+        data = b"".join(lines[start:end])
+        written = 0
         try:
-            f = self._current_file()
-            if f is None:
-                self._count(self._on_drop, 1)
-                return
-            view = memoryview(line)
-            while view:  # unbuffered: a line is on disk (or failed) when write returns
-                view = view[f.write(view) :]
-            self._size += len(line)
-            self._count(self._on_write, 1)
-        except OSError as exc:  # ENOSPC, EFBIG, EIO: drop the line, start a fresh file later
+            view = memoryview(data)
+            while written < len(data):  # unbuffered: a line is on disk (or failed) when write returns
+                written += f.write(view[written:]) or 0
+        except OSError as exc:  # ENOSPC, EFBIG, EIO: drop the lines, start a fresh file later
+            done, at = 0, 0
+            for line in lines[start:end]:  # the lines written whole before the failure
+                at += len(line)
+                if at > written:
+                    break
+                done += 1
+            self._size += written
+            if done:
+                self._count(self._on_write, done)
             log.warning(
                 "request log: dropping lines, cannot write %s: %s", getattr(self._file, "name", "?"), exc
             )
-            self._count(self._on_drop, 1)
+            self._count(self._on_drop, end - start - done)
             self._close(quiet=True)
             self._retry_at = time.monotonic() + RETRY_OPEN_S
-            return
+            return end
+        self._size += len(data)
+        self._count(self._on_write, end - start)
         if self._size >= self.max_bytes:
             self._close()
+        return end
+
+    def _current_file_or_none(self) -> io.FileIO | None:
+        """The file to write to (`_current_file`); None, the lines dropped, when it cannot be had."""
+        try:
+            return self._current_file()
+        except OSError as exc:
+            log.warning(
+                "request log: dropping lines, cannot write %s: %s", getattr(self._file, "name", "?"), exc
+            )
+            self._close(quiet=True)
+            self._retry_at = time.monotonic() + RETRY_OPEN_S
+            return None
 
     def _check_file(self) -> None:
         """Close the file when its path no longer names it (removed, renamed); follow a truncation."""

@@ -99,9 +99,17 @@ class Router:
         no route; past `deadline`, or a breaker not closed (or not made yet), the fallback judges it."""
         now = time.monotonic()
         breaker = self.breakers.get(version)
-        in_time = deadline is None or now <= deadline
-        if in_time and breaker is not None and breaker.state == "closed" and version in self.loaded:
-            breaker.record(now, None)
+        if (
+            breaker is not None
+            and breaker.state == "closed"
+            and (deadline is None or now <= deadline)
+            and version in self.loaded
+        ):
+            # `record(now, None)` of a closed breaker, at the fewest operations in the last outcome's bucket.
+            if breaker.since <= now < breaker.until:
+                breaker.totals[breaker.slot] += 1
+            else:
+                breaker.record(now, None)
             return
         if self.fallback is not None:
             self.fallback.succeeded(version, deadline)
@@ -196,37 +204,43 @@ class Breaker:
         self.state = "closed"
         self.reason = ""  # why it opened: the most frequent failure reason in the window then
         self.opened_at = 0.0
-        self._width = options.window_s / BUCKETS
+        self.width = options.window_s / BUCKETS
         self._epochs = [-1] * BUCKETS  # the bucket number each slot holds now
-        self._totals = [0] * BUCKETS
+        self.totals = [0] * BUCKETS
+        # The last outcome's slot, and a span of time within its bucket (from that outcome to just short of the
+        # bucket's end, where float rounding cannot yet give the next bucket number); empty when the window was
+        # emptied. A success in it only adds to the slot's total (Router.succeeded).
+        self.slot, self.since, self.until = 0, 0.0, 0.0
         self._failures: list[Counter[str]] = [Counter() for _ in range(BUCKETS)]
         self._ticks = 0  # routed requests seen while half-open
         self._probe_successes = 0
 
     def _slot(self, now: float) -> int:
-        epoch = int(now / self._width)
+        epoch = int(now / self.width)
         slot = epoch % BUCKETS
         if self._epochs[slot] != epoch:
-            self._epochs[slot], self._totals[slot] = epoch, 0
+            self._epochs[slot], self.totals[slot] = epoch, 0
             self._failures[slot].clear()
+        self.slot, self.since, self.until = slot, now, (epoch + 1) * self.width * (1 - 1e-12)
         return slot
 
     def _reset(self) -> None:
         self._epochs = [-1] * BUCKETS
+        self.until = 0.0
 
     def window(self, now: float) -> tuple[int, Counter[str]]:
         """(outcomes, failures by reason) over the last --fallback_window_s."""
-        current, total, failures = int(now / self._width), 0, Counter[str]()
+        current, total, failures = int(now / self.width), 0, Counter[str]()
         for slot in range(BUCKETS):
             if current - BUCKETS < self._epochs[slot] <= current:
-                total += self._totals[slot]
+                total += self.totals[slot]
                 failures.update(self._failures[slot])
         return total, failures
 
     def record(self, now: float, reason: str | None) -> bool:
         """Count one outcome (`reason` None: a success); True when this outcome opened the breaker."""
         slot = self._slot(now)
-        self._totals[slot] += 1
+        self.totals[slot] += 1
         if reason is None:
             if self.state == "half_open":
                 self._probe_successes += 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.observability.request_log import RequestLog, sampled
+from serving.observability.request_log import RequestLog, new_request_id, sampled, server_made
 from tests.serving.model_repo import WIDTH
 from tests.serving.server_process import ServerProcess, http
 
@@ -144,11 +144,11 @@ def test_a_stuck_writer_never_blocks_record_and_counts_the_overflow(tmp_path: Pa
 
     async def scenario() -> list[float]:
         log = RequestLog(tmp_path, 1.0, 1 << 20, on_drop=dropped.append, queue_lines=3)
-        log._append = lambda line: stuck.wait(10)  # type: ignore[method-assign]
+        log._append = lambda lines, start: stuck.wait(10) and len(lines)  # type: ignore[method-assign]
         log.start()
         outputs = np.zeros((1, 1), np.float32)
         log.record("first", "ctr", 1, lambda: {"instances": []}, outputs)
-        while not log._queue.empty():  # the writer took the first line and hangs on it
+        while log._queue:  # the writer took the first line and hangs on it
             await asyncio.sleep(0.01)
         took = []
         for i in range(9):
@@ -291,3 +291,19 @@ def test_files_renamed_under_concurrent_traffic_keep_every_line(
     assert lines + counter(server, "ctr_serving_request_log_dropped_total") == len(ids) == lines
     found = shipped_ids(logs, [])
     assert sorted(found) == sorted(ids) and moved >= 3
+
+
+def test_a_forked_worker_makes_ids_of_its_own_prefix() -> None:
+    """`--num_workers` forks its workers after this module is imported: their made ids must not collide."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then exit without unwinding
+        os.write(write, new_request_id().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child_id = os.read(read, 256).decode()
+    os.close(read)
+    parent_id = new_request_id()
+    assert child_id.rsplit("-", 1)[0] != parent_id.rsplit("-", 1)[0]
+    assert server_made(parent_id) and not server_made(child_id)
