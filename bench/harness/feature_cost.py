@@ -3,7 +3,9 @@ against all of them together, paired round by round in one run (`python -m bench
 
 One worker, batching on, `--intra_op_threads=1`, 64 connections; every server on the same repository (the
 model's latest version copied as versions 1 and 2; without the split, the latest is served). The setups:
-    all off         one version, --drift_window=0, --fallback_error_rate=0, no tracing, no request log
+    all off         one version, --drift_window=0, --fallback_error_rate=0, --model_statistics=false, no
+                    tracing, no request log
+    statistics      Triton's statistics at their default (--model_statistics=true)
     drift           --drift_window at its default (10,000 rows)
     fallback        the circuit breakers at their defaults (--fallback_error_rate=0.5)
     tracing 1%      --tracing_config with sample_ratio 0.01, spans exported to a local OTLP sink
@@ -13,8 +15,7 @@ model's latest version copied as versions 1 and 2; without the split, the latest
     all on          every one of the above together
     all off, gzip offered   the client sends `Accept-Encoding: gzip` (a one-row answer is below the compression
                     threshold, so what is paid is the header's handling)
-Triton's statistics have no switch: every setup keeps them (their cost is in the profile,
-bench/harness/profile.py). The goal: "all on" loses at most 5% QPS against "all off".
+The goal: "all on" loses at most 5% QPS against "all off".
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from bench.sections.serving_tracing import SpanSink, paired
 CONNECTIONS = 64
 ALL_OFF, ALL_ON, GZIP = "all off", "all on", "gzip offered"
 DRIFT_AND_CANARY = "drift and canary 10%"
-OFF_FLAGS = ("--drift_window=0", "--fallback_error_rate=0")
+OFF_FLAGS = ("--drift_window=0", "--fallback_error_rate=0", "--model_statistics=false")
 CANARY_FLAGS = (
     "--model_version_policy=specific:1,2",
     "--version_labels=stable=1,canary=2",
@@ -45,6 +46,7 @@ def feature_flags(tracing: Path, logs: Path) -> dict[str, tuple[str, ...]]:
     """Each feature's flags at its defaults (on where it is off by default); `tracing`: the tracing config
     file; `logs`: the request log's folder."""
     return {
+        "statistics": ("--model_statistics=true",),
         "drift": ("--drift_window=10000",),
         "fallback": ("--fallback_error_rate=0.5",),
         "tracing 1%": (f"--tracing_config={tracing}",),

@@ -32,6 +32,7 @@ def test_each_setup_turns_its_feature_back_on_and_all_on_every_one(tmp_path) -> 
     setups = {s.name: s.cmd for s in servers(tmp_path / "ctr", tmp_path / "work", sink_port=4317)}
     assert list(setups) == [
         ALL_OFF,
+        "statistics",
         "drift",
         "fallback",
         "tracing 1%",
@@ -44,14 +45,19 @@ def test_each_setup_turns_its_feature_back_on_and_all_on_every_one(tmp_path) -> 
         name: [
             a
             for a in cmd
-            if a.startswith(("--drift", "--fallback", "--tracing", "--canary", "--request_log"))
+            if a.startswith(
+                ("--drift", "--fallback", "--tracing", "--canary", "--request_log", "--model_statistics")
+            )
         ]
         for name, cmd in setups.items()
     }
-    assert flags[ALL_OFF] == ["--drift_window=0", "--fallback_error_rate=0"]
-    assert flags["drift"] == ["--fallback_error_rate=0", "--drift_window=10000"]
-    assert flags["canary 10%"] == ["--drift_window=0", "--fallback_error_rate=0", "--canary_percent=10"]
+    off = ["--drift_window=0", "--fallback_error_rate=0", "--model_statistics=false"]
+    assert flags[ALL_OFF] == off
+    assert flags["statistics"] == off[:2] + ["--model_statistics=true"]
+    assert flags["drift"] == ["--fallback_error_rate=0", "--model_statistics=false", "--drift_window=10000"]
+    assert flags["canary 10%"] == off + ["--canary_percent=10"]
     assert flags[ALL_ON] == [
+        "--model_statistics=true",
         "--drift_window=10000",
         "--fallback_error_rate=0.5",
         f"--tracing_config={tmp_path / 'work' / 'tracing_1.json'}",
