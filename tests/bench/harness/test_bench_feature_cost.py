@@ -53,9 +53,9 @@ def test_each_setup_turns_its_feature_back_on_and_all_on_every_one(tmp_path) -> 
     }
     off = ["--drift_window=0", "--fallback_error_rate=0", "--model_statistics=false"]
     assert flags[ALL_OFF] == off
-    assert flags["statistics"] == off[:2] + ["--model_statistics=true"]
+    assert flags["statistics"] == [*off[:2], "--model_statistics=true"]
     assert flags["drift"] == ["--fallback_error_rate=0", "--model_statistics=false", "--drift_window=10000"]
-    assert flags["canary 10%"] == off + ["--canary_percent=10"]
+    assert flags["canary 10%"] == [*off, "--canary_percent=10"]
     assert flags[ALL_ON] == [
         "--model_statistics=true",
         "--drift_window=10000",
