@@ -4,6 +4,7 @@ checkout of the project (the code before a change), all interleaved in the same 
     python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT [--before_model PATH]] [--rounds 3] [--seconds 3]
     python -m bench.raw_served MODEL_BASE_PATH --profile [--before CHECKOUT] [--seconds 10]
     python -m bench.raw_served MODEL_BASE_PATH --features [--rounds 6] [--seconds 3]
+    python -m bench.raw_served MODEL_BASE_PATH --in_process [--before CHECKOUT [--before_model PATH]] [--rounds 3]
 
 Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
 connections (rows/s, p99): the points of issue 19's goals, with the server process's CPU time per request (the
@@ -14,6 +15,9 @@ runs.
 `--profile`: instead, where each server's CPU goes under single raw rows at 64 connections, by module
 (bench/harness/profile.py: py-spy for user space, perf for the kernel's share). `--features`: instead, what
 each optional feature costs a single raw row, off against on at its defaults (bench/harness/feature_cost.py).
+`--in_process`: instead, the Python path alone, in process (bench/guard/in_process.py): CPU µs a single raw row
+at 64 fake connections, batching on, server defaults, `--rounds` runs of 5 rounds of 30,000 requests a checkout,
+the checkouts taking turns.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.guard import in_process
 from bench.harness import feature_cost, procs
 from bench.harness import profile as pyspy
 from bench.harness.inputs import PROJECT_ROOT
@@ -138,6 +143,26 @@ def profile(servers: list[Server], script: Path, seconds: int, work: Path, comma
     return "\n".join(out)
 
 
+def in_process_report(checkouts: dict[str, tuple[Path, Path]], runs: int) -> str:
+    """Each checkout's in-process CPU a single raw row, `runs` runs of 5 rounds each, the checkouts taking
+    turns (the order reversed every other run): median (min to max) and, with two, the ratio of medians."""
+    figures: dict[str, list[float]] = {tag: [] for tag in checkouts}
+    for run in range(runs):
+        for tag, (checkout, model) in list(checkouts.items())[:: 1 if run % 2 == 0 else -1]:
+            figures[tag] += in_process.measure(checkout, model, 5, 30_000, 64)
+    lines = ["| checkout | CPU µs a request: median (min to max) | rounds |", "|---|---|---|"]
+    for tag, values in figures.items():
+        values.sort()
+        name = "--before" if tag else "this checkout"
+        lines.append(
+            f"| {name} | {values[len(values) // 2]:.2f} ({values[0]:.2f} to {values[-1]:.2f}) | {len(values)} |"
+        )
+    if len(figures) == 2:
+        ours, before = (sorted(v)[len(v) // 2] for v in figures.values())
+        lines.append(f"\nthis checkout / --before: {ours / before:.3f} of the CPU a request")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_base_path", type=Path, help="e.g. artifacts/models/ctr")
@@ -151,6 +176,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="where each server's CPU goes, by module")
     parser.add_argument("--features", action="store_true", help="each feature off vs on at its defaults")
+    parser.add_argument("--in_process", action="store_true", help="the Python path alone, CPU µs a raw row")
     args = parser.parse_args()
     base = base_path_of(args.model_base_path.resolve())
     if args.features:
@@ -162,6 +188,9 @@ def main() -> None:
     checkouts = {"": (PROJECT_ROOT, base)} | (
         {"before, ": (args.before.resolve(), before_base)} if args.before else {}
     )
+    if args.in_process:
+        print(in_process_report(checkouts, args.rounds))
+        return
     servers = [
         our_server(f"{tag}batching {'on' if on else 'off'}", model, on, checkout=path)
         for tag, (path, model) in checkouts.items()

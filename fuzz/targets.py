@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-NAMES = ("scan", "keys", "table", "rows", "differential")
+NAMES = ("scan", "keys", "table", "rows", "cells", "differential")
 MODULES = ("ctr_features.compiled._table_native", "serving.codecs._scan_native")
 N_NUM, N_CAT, HASH_START = 13, 26, 52
 EMPTY_KEY = 0x0101010101010101
@@ -35,6 +35,7 @@ ERRORS = {
     "n is too large",
     "n * width is too large",
     "z, counts and keys must hold 13, 13 and 26 values per row",
+    "keys must hold 26 values per row, of at least one row",
 }
 
 
@@ -320,10 +321,60 @@ def fuzz_differential(data: bytes) -> None:
     assert key.ravel().tolist() == [key_of(v) for v in values]
 
 
+def fuzz_cells(data: bytes) -> None:
+    """cells() (a merged batch's categorical columns) on a table from the bytes, against the plain lookups;
+    sizes that do not match the keys are refused."""
+    from ctr_features.compiled._table_native import cells, table
+
+    b = Bytes(data)
+    shift, width = 60 + b.int() % 3, 53 + b.int(2) % 200
+    slots, entries = 1 << (64 - shift), 1 + b.int() % 6
+    key = b"".join(b.int(8).to_bytes(8, "little") if b.int() & 1 else bytes(8) for _ in range(slots))
+    code = b"".join((b.int() % entries).to_bytes(4, "little") for _ in range(slots))
+    salts, lift = b.take(N_CAT * 8), b.take(entries * 4)
+    column = b"".join(
+        (HASH_START + b.int(2) % (width - HASH_START)).to_bytes(4, "little") for _ in range(entries)
+    )
+    default = b.int() % entries
+    built = table(key, code, salts, shift, default, lift, column, width)
+    rows = real = 1 + b.int() % 6
+    n = (0, -1, sys.maxsize // 208 + 1, rows + 1, rows, rows)[b.int() % 6]
+    keyed = []
+    for i in range(N_CAT * rows):  # row-major: row r's field f at r * N_CAT + f
+        if b.int() % 2:
+            keyed.append(b.int(8))
+        else:  # a key the table holds for this field, so the lookup hits
+            slot, f = b.int(2) % slots, i % N_CAT
+            keyed.append(int.from_bytes(key[slot * 8 : slot * 8 + 8], "little") ^ _salt(salts, f))
+    try:
+        features, found = cells(built, _buffer(struct.pack(f"<{len(keyed)}Q", *keyed), b.int() % 8), n)
+    except (ValueError, OverflowError) as exc:
+        assert str(exc) in ERRORS and n != real, (str(exc), n)
+        return
+    assert n == real
+    out = [[0.0] * width for _ in range(n)]
+    want_entries = []
+    for r in range(n):
+        for f in range(N_CAT):
+            e = _lookup(key, code, salts, default, shift, keyed[r * N_CAT + f], f)
+            want_entries.append(e)
+            out[r][2 * N_NUM + f] = struct.unpack("<f", lift[e * 4 : e * 4 + 4])[0]
+            out[r][int.from_bytes(column[e * 4 : e * 4 + 4], "little", signed=True)] += 1.0
+    assert list(struct.unpack(f"<{n * N_CAT}i", found)) == want_entries
+    got = struct.unpack(f"<{n * width}f", features)
+    want = [x for row in out for x in row]
+    assert all(g == w or (g != g and w != w) for g, w in zip(got, want, strict=True))
+
+
+def _salt(salts: bytes, field: int) -> int:
+    return int.from_bytes(salts[field * 8 : field * 8 + 8], "little")
+
+
 TARGETS = {
     "scan": fuzz_scan,
     "keys": fuzz_keys,
     "table": fuzz_table,
     "rows": fuzz_rows,
+    "cells": fuzz_cells,
     "differential": fuzz_differential,
 }
