@@ -276,9 +276,16 @@ def fuzz_rows_on(built: Any, b: Bytes, width: int, raw: list[bytes], default: in
 
 def fuzz_rows(data: bytes) -> None:
     """A consistent table (entries, codes and columns in range) from the bytes, then rows() on it."""
+    b = Bytes(data)
+    built, width, raw, default, shift = _consistent_table(b)
+    fuzz_rows_on(built, b, width, raw, default, shift)
+
+
+def _consistent_table(b: Bytes) -> tuple[Any, int, list[bytes], int, int]:
+    """A table whose entries, codes and columns are in range, from the bytes: (the table, its width, its raw
+    parts [key, code, salts, lift, column], its default entry, its shift)."""
     from ctr_features.compiled._table_native import table
 
-    b = Bytes(data)
     shift, width = 60 + b.int() % 3, 53 + b.int(2) % 200
     slots, entries = 1 << (64 - shift), 1 + b.int() % 6
     key = b"".join(b.int(8).to_bytes(8, "little") if b.int() & 1 else bytes(8) for _ in range(slots))
@@ -289,7 +296,7 @@ def fuzz_rows(data: bytes) -> None:
     )
     default = b.int() % entries
     built = table(key, code, salts, shift, default, lift, column, width)
-    fuzz_rows_on(built, b, width, [key, code, salts, lift, column], default, shift)
+    return built, width, [key, code, salts, lift, column], default, shift
 
 
 def fuzz_differential(data: bytes) -> None:
@@ -324,19 +331,11 @@ def fuzz_differential(data: bytes) -> None:
 def fuzz_cells(data: bytes) -> None:
     """cells() (a merged batch's categorical columns) on a table from the bytes, against the plain lookups;
     sizes that do not match the keys are refused."""
-    from ctr_features.compiled._table_native import cells, table
+    from ctr_features.compiled._table_native import cells
 
     b = Bytes(data)
-    shift, width = 60 + b.int() % 3, 53 + b.int(2) % 200
-    slots, entries = 1 << (64 - shift), 1 + b.int() % 6
-    key = b"".join(b.int(8).to_bytes(8, "little") if b.int() & 1 else bytes(8) for _ in range(slots))
-    code = b"".join((b.int() % entries).to_bytes(4, "little") for _ in range(slots))
-    salts, lift = b.take(N_CAT * 8), b.take(entries * 4)
-    column = b"".join(
-        (HASH_START + b.int(2) % (width - HASH_START)).to_bytes(4, "little") for _ in range(entries)
-    )
-    default = b.int() % entries
-    built = table(key, code, salts, shift, default, lift, column, width)
+    built, width, (key, code, salts, lift, column), default, shift = _consistent_table(b)
+    slots = len(key) // 8
     rows = real = 1 + b.int() % 6
     n = (0, -1, sys.maxsize // 208 + 1, rows + 1, rows, rows)[b.int() % 6]
     keyed = []
