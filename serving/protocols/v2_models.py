@@ -40,7 +40,11 @@ class V2Models:
         self.predictors = predictors
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        """Triton's server metadata; `statistics` is listed only while the server keeps them."""
+        served = list(self.predictors().values())
+        kept = not served or served[0].statistics
+        extensions = EXTENSIONS if kept else [e for e in EXTENSIONS if e != "statistics"]
+        return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": extensions}
 
     def all_ready(self) -> bool:
         """Ready when every configured model has an available version and the server is not draining."""

@@ -312,7 +312,9 @@ def test_statistics_are_kept_only_when_on_and_a_v2_statistics_call_says_they_are
             assert p.metrics.statistics()[("ctr", "1")]["inference_count"] == 6
             assert p.metrics.statistics()[("ctr", "1")]["success"] == 3
             assert v2.statistics("ctr", None)["model_stats"][0]["inference_count"] == 6
+            assert "statistics" in v2.server_metadata()["extensions"]
         else:
+            assert "statistics" not in v2.server_metadata()["extensions"]
             assert p.metrics.statistics() == {}
             with pytest.raises(Unimplemented, match="--model_statistics=false"):
                 v2.statistics("ctr", None)
