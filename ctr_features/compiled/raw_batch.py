@@ -35,8 +35,6 @@ class RawBatch:
         "_keyed",
         "_keys",
         "_n",
-        "_parts",
-        "_single_parts",
         "_strings",
         "numeric",
     )
@@ -49,8 +47,6 @@ class RawBatch:
         self._keys: RawKeys | None = None  # made from `_key` when first read, if only that is held
         self._key: np.ndarray | None = None  # the keys' array when every value is keyed (`_keys.slow` None)
         self._keyed = False  # whether the keys are known (None then: the values are looked up by dict)
-        self._parts: tuple[RawBatch, ...] = ()  # a merged batch's parts (`concat`)
-        self._single_parts = False  # whether every part holds one row
         self._entries: tuple[object, np.ndarray | list[int]] | None = None
 
     def __len__(self) -> int:
@@ -72,7 +68,6 @@ class RawBatch:
         batch = _new(RawBatch)
         batch.numeric, batch._n, batch._key, batch._keyed = numeric, numeric.shape[1], key, True
         batch._categorical = batch._strings = batch._keys = batch._entries = None
-        batch._parts, batch._single_parts = (), False
         return batch
 
     @staticmethod
@@ -167,8 +162,7 @@ class RawBatch:
     @staticmethod
     def concat(parts: list[RawBatch]) -> RawBatch:
         """The batches one after another (what the dynamic batcher runs as one call): two copies (three when
-        every part's keys are known: they are joined too, not computed again). The merged batch remembers
-        its parts, which get their share of its entries (`remember_entries`)."""
+        every part's keys are known: they are joined too, not computed again)."""
         numeric = np.concatenate([p.numeric for p in parts], axis=1)
         single = all(p._n == 1 for p in parts)
         arrays = [p._key for p in parts]
@@ -177,7 +171,6 @@ class RawBatch:
             merged = RawBatch.of_scan(numeric, key)
         else:
             merged = RawBatch._joined_values(parts, numeric)
-        merged._parts, merged._single_parts = tuple(parts), single
         return merged
 
     @staticmethod
@@ -204,17 +197,9 @@ class RawBatch:
     def remember_entries(self, owner: object, entries: np.ndarray | list[int]) -> None:
         """Keep the transform's entries of this batch: (26, N) ints, or one row's 26 as a list. `owner`: the
         RawTransform whose entries they are. Drift bins the categoricals from them instead of looking every
-        value up again (serving/observability/drift.py). A merged batch hands each part its columns."""
+        value up again (serving/observability/drift.py, told of the batch the model ran: a merged batch's
+        parts need none of their own)."""
         self._entries = (owner, entries)
-        if self._single_parts:  # one (26, 1) view per part, made by numpy's iteration, not a slice each
-            for part, column in zip(self._parts, cast(np.ndarray, entries).T[:, :, None], strict=True):
-                part._entries = (owner, column)
-            return
-        start = 0
-        for part in self._parts:
-            end = start + part._n
-            part._entries = (owner, cast(np.ndarray, entries)[:, start:end])
-            start = end
 
     def entries(self) -> tuple[object, np.ndarray | list[int]] | None:
         """(owner, entries) of `remember_entries`, or None: no transform looked this batch up."""
@@ -224,7 +209,7 @@ class RawBatch:
 def _row_major(keys: list[np.ndarray], n: int, single: bool) -> np.ndarray:
     """(F, n_i) uint64 key arrays joined along N into an (F, n) view of a row-major (n, F) array: the entries
     looked up from it are row-major too (ValueTable.lookup_keys), so each single-row part's share is contiguous
-    (`remember_entries`; drift joins their bytes). `single`: every part holds one row, whose (F, 1) keys are one
+    (drift joins their bytes when it keeps single rows apart). `single`: every part holds one row, whose (F, 1) keys are one
     row's bytes: they are joined as bytes (read-only then), ~3x faster than np.concatenate of many small arrays."""
     if single:
         try:

@@ -66,8 +66,8 @@ class WorkerRole:
 
 def _runner_factory(
     cfg: ServerConfig, metrics: ServingMetrics, executor: ThreadPoolExecutor, model_name: str
-) -> Callable[[Backend], dict[str, Runner]]:
-    """Each loaded version's runner per signature, all sharing the inference thread."""
+) -> Callable[[Backend, int, DriftMonitor | None], dict[str, Runner]]:
+    """Each loaded version's runner per signature, sharing the inference thread, telling drift of batches."""
     batching = None
     if cfg.enable_batching:
         batching = BatchingOptions(
@@ -76,7 +76,9 @@ def _runner_factory(
             max_enqueued_batches=cfg.max_enqueued_batches,
             timeout_s=cfg.rest_api_timeout_in_ms / 1e3 or float("inf"),  # 0: no deadline
         )
-    return lambda backend: build_runners(backend, batching, executor, metrics, model_name)
+    return lambda backend, version, drift: build_runners(
+        backend, batching, executor, metrics, model_name, version, drift, cfg.model_statistics
+    )
 
 
 def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
@@ -175,6 +177,7 @@ def model_builder(
         """One model's router, version manager and predictor, each complete when made; all share the metrics,
         the limits and the threads. `watch`: the drift monitor and request log of the model's answers."""
         metrics.start_at_zero(spec.name)  # each model's alerted counters exist at 0 from its start
+        runners = _runner_factory(cfg, metrics, run_executor, spec.name)
         router = Router(
             spec.name,
             spec.labels,
@@ -192,7 +195,8 @@ def model_builder(
             metrics,
             disk_executor,
             router,
-            make_runners=_runner_factory(cfg, metrics, run_executor, spec.name),
+            # `drift` is bound below (it reads the manager's newest version); nothing loads before `build` returns
+            make_runners=lambda backend, version: runners(backend, version, drift),
             manifest_wait_s=cfg.manifest_wait_timeout_seconds,
             load_timeout_s=cfg.model_load_timeout_seconds,
             cache_root=cfg.model_cache_dir,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, cast
@@ -30,13 +29,13 @@ from serving.repository.manager import ModelManager
 from serving.requests import DecodedRequest
 from serving.routing.route import Route
 from serving.routing.router import Router
+from serving.runtime.batcher import all_finite
 from serving.runtime.servable import LoadedVersion
 from serving.signatures import RAW_SIGNATURE, Signature
 
 log = logging.getLogger(__name__)
 # A request's decode step for the routed version's signature: the request at once (a small body), or awaited.
 Decode = Callable[[Signature], "DecodedRequest | Awaitable[DecodedRequest]"]
-FEW_SCORES = 16  # up to this many, Python's isfinite over a list costs less than numpy's per-call overhead
 
 
 class Prediction(NamedTuple):
@@ -180,7 +179,7 @@ class Predictor:
             # The runner of the request's signature (serving/runtime/servable.py); `LoadedVersion.run` says
             # why there is none.
             runner = servable.runners.get(request.signature)
-            run = servable.run(request, timing) if runner is None else runner.run(request.batch, timing)
+            run = servable.run(request) if runner is None else runner.run(request.batch)
             if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
                 scores = await run
             else:  # cut at the deadline: a run still queued in the batcher is dropped from it
@@ -194,7 +193,7 @@ class Predictor:
             else:
                 servable.inflight -= 1
         # No NaN leaves, nor is observed: the output check (and the ranges) only when a score is not finite.
-        if not _all_finite(scores):
+        if not all_finite(scores):
             features = None if request.signature == RAW_SIGNATURE else cast(np.ndarray, request.batch)
             check_outputs(
                 scores, self.metrics, self.manager.name, _unit(entrypoint), features, servable.ranges
@@ -210,16 +209,13 @@ class Predictor:
         inputs: Callable[[], Any] | None,
         label: str | None,
     ) -> np.ndarray:
-        """Count the answered scores; feed drift, the request log and shadow scoring. Returns the `ctr` columns."""
-        sig = route.primary.backend.signature  # `ctr` alone is watched, whatever else is served
+        """Feed the request log and shadow scoring (the version's runner fed the predicted-CTR histogram and
+        drift with its batch: serving/runtime/batcher.py). Returns the `ctr` columns."""
+        sig = route.primary.backend.signature  # `ctr` alone is logged, whatever else is served
         ctr = sig.score(scores) if sig.extra_outputs else scores
-        if len(ctr) == 1:
-            self.metrics.predicted_ctr.observe(float(ctr[0, 0]), self.manager.name)
-        else:
-            self.metrics.predicted_ctr.observe_many(ctr, self.manager.name)
         logged_at = None
-        if self.drift is not None or self.request_log is not None:
-            logged_at = self._watch(route, request, ctr, request_id, inputs, label)
+        if self.request_log is not None and request_id is not None:
+            logged_at = self._log(route, request, ctr, request_id, inputs, label)
         if route.shadow:
             self.shadow.offer(request, request_id, self.request_log, logged_at)
         return ctr
@@ -228,22 +224,20 @@ class Predictor:
         """The drift gauges (serving/observability/drift.py) for the metrics page; empty with `--drift_window 0`."""
         return self.drift.render() if self.drift is not None else ""
 
-    def _watch(
+    def _log(
         self,
         route: Route,
         request: DecodedRequest,
         scores: np.ndarray,
-        request_id: str | None,
+        request_id: str,
         inputs: Callable[[], Any] | None,
         label: str | None,
     ) -> float | None:
-        """Feed the drift window and the request log; a failure here is logged and never fails the predict.
-        Returns the time of the request's log line (None: not logged)."""
+        """Feed the request log; a failure here is logged and never fails the predict. Returns the time of the
+        request's log line (None: not logged)."""
         why = route.why
         try:
-            if self.drift is not None:
-                self.drift.observe(request, scores)
-            if self.request_log is not None and request_id is not None:
+            if self.request_log is not None:
                 return self.request_log.record(
                     request_id,
                     self.manager.name,
@@ -255,8 +249,8 @@ class Predictor:
                     route.fallback,
                 )
         except Exception:
-            log.exception("drift tracking and request logging are off from now on: they failed on a request")
-            self.drift = self.request_log = None
+            log.exception("request logging is off from now on: it failed on a request")
+            self.request_log = None
         return None
 
     async def drain(self, grace_s: float) -> bool:
@@ -277,14 +271,6 @@ async def _until(run: Awaitable[np.ndarray], deadline: float) -> np.ndarray:
         raise DeadlineExceeded(
             "the model did not answer within the request's x-request-timeout-ms; retry with a longer timeout"
         ) from None
-
-
-def _all_finite(scores: np.ndarray) -> bool:
-    """Whether every score is finite: a few by Python's isfinite over a list (numpy's `isfinite().all()` has a
-    fixed cost of a few µs), more by numpy."""
-    if scores.size <= FEW_SCORES:
-        return all(map(math.isfinite, scores.ravel().tolist()))
-    return bool(np.isfinite(scores).all())
 
 
 def _unit(entrypoint: str) -> str:

@@ -199,7 +199,7 @@ class ShadowScorer:
                 runtime = servable.backend.runtime
                 self.metrics.runtime_latency.observe(elapsed_us, self.manager.name, "predict", runtime)
             else:  # more: the version's runner (its batcher, or the inference thread)
-                outputs = await servable.run(DecodedRequest(key, batch))
+                outputs = await servable.run(DecodedRequest(key, batch), watched=False)
             scores = signature.score(outputs)
         except Overloaded:
             self._drop("busy", len(jobs))

@@ -212,9 +212,13 @@ class DriftMonitor:
         asyncio.get_running_loop().call_later(REFERENCE_CHECK_S, self._watch_reference)
 
     def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
-        """Hot path: remember one request's batch (features (N, width), or raw rows) and its scores (N, 1)."""
-        batch = request.batch
-        if request.signature == RAW_SIGNATURE:
+        """Remember one request's batch and its scores (N, 1): `observe_batch` of its signature."""
+        self.observe_batch(request.signature, request.batch, scores)
+
+    def observe_batch(self, signature: str, batch: Any, scores: np.ndarray) -> None:
+        """Hot path, once a model call (serving/runtime/batcher.py): remember the batch the model ran
+        (features (N, width), or raw rows) and its `ctr` scores (N, 1)."""
+        if signature == RAW_SIGNATURE:
             # A raw batch whose transform left its entries (RawBatch.remember_entries) is kept as its counts
             # and entries, binned by entry at the flush (the batch itself, with its 26 strings a row, is freed
             # with its request, not all at once at the flush); another, as the batch, whose values are looked up.

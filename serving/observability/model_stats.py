@@ -1,7 +1,9 @@
 """Triton's statistics extension: per (v2 model, version) counts and durations, from every predict.
 
-Each predict carries its own RequestTiming (made by the predictor, handed to its runner, which adds the
-batcher's queue time and executions) and is counted as one update of its (v2 model, version)'s row (`record`). The rows are read at a statistics request, through the counter
+Each model call (a batch of requests, or one request with batching off) is one update of its (v2 model,
+version)'s row by the runner (`executed`: rows, executions, queue and compute time, serving/runtime/
+batcher.py), and each predict one more by the predictor (`record`: success or failure, the request's
+time, its decode and its answer's), from its RequestTiming. The rows are read at a statistics request, through the counter
 and gauge serving/observability/metrics.py builds for them (`sync`); the workers of `--num_workers` also
 write them through to their files (serving/observability/metrics_shared.py).
 """
@@ -43,16 +45,13 @@ class Samples(Protocol):
 
 
 class RequestTiming:
-    """One predict's phases (perf_counter_ns marks); the batcher adds its queue time and executions
-    (serving/runtime/batcher.py, `run`): passed along the call, no context variable to set or read."""
+    """One predict's phases (perf_counter_ns marks): its start, its batch decoded, its scores back."""
 
-    __slots__ = ("batched", "decoded", "executions", "queue_ns", "ran", "start")
+    __slots__ = ("decoded", "ran", "start")
 
     def __init__(self) -> None:
         self.start = time.perf_counter_ns()
         self.decoded = self.ran = 0
-        self.queue_ns = self.executions = 0
-        self.batched = False
 
 
 class StatisticsRow:
@@ -109,27 +108,20 @@ class ModelStatistics:
         status: str,
         end: int = 0,
     ) -> None:
-        """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name;
-        `end`: when it finished (perf_counter_ns; 0: now)."""
+        """Count one finished predict of `model` (status "OK": it answered scores) under its v2 model name:
+        its time, and its decode's and answer's (its queue and compute time, its rows and its execution are
+        its runner's `executed`); `end`: when it finished (perf_counter_ns; 0: now)."""
         end = end or time.perf_counter_ns()
         start = timing.start
         if status == "OK" and request is not None:
-            signature = request.signature
             # Per model, per version: a dict lookup on values the caller has, no key tuple made a predict.
-            row = self._rows.get(model, _NONE).get(version, _NONE).get(signature)
+            row = self._rows.get(model, _NONE).get(version, _NONE).get(request.signature)
             if row is None:
-                row = self._row(model, version, signature)
-            decoded, ran, queue_ns = timing.decoded or end, timing.ran or end, timing.queue_ns
-            infer = ran - decoded - queue_ns
+                row = self._row(model, version, request.signature)
             row.success += 1
             row.success_ns += end - start
-            row.inference_count += len(request.batch)
-            row.execution_count += timing.executions if timing.batched else 1
-            row.queue_ns += queue_ns
-            row.compute_input_ns += decoded - start
-            row.compute_infer_ns += infer if infer > 0 else 0
-            row.compute_output_ns += end - ran
-            row.last_inference = time.time() * 1e3
+            row.compute_input_ns += (timing.decoded or end) - start
+            row.compute_output_ns += end - (timing.ran or end)
             if self.writes_through:
                 self._publish(row, False)
             return
@@ -142,6 +134,22 @@ class ModelStatistics:
         row.last_inference = time.time() * 1e3
         if self.writes_through:
             self._publish(row, True)
+
+    def executed(self, row: StatisticsRow, rows: int, requests: int, queued_ns: int, ran_ns: int) -> None:
+        """One model call of `row`'s version: `rows` rows of `requests` requests, which waited `queued_ns` in
+        all in the batcher's queue, run (transform and model) in `ran_ns`, which each request counts."""
+        row.inference_count += rows
+        row.execution_count += 1
+        row.queue_ns += queued_ns
+        row.compute_infer_ns += requests * ran_ns
+        row.last_inference = time.time() * 1e3
+        if self.writes_through:
+            self._publish(row, False)
+
+    def row(self, model: str, version: int, signature: str) -> StatisticsRow:
+        """The row of (`model`, `version`, `signature`), made when missing."""
+        found = self._rows.get(model, _NONE).get(version, _NONE).get(signature)
+        return found if found is not None else self._row(model, version, signature)
 
     def _row(self, model: str, version: int, signature: str) -> StatisticsRow:
         v2_name = v2_names(model)[1] if signature == RAW_SIGNATURE else model

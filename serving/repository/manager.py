@@ -71,7 +71,7 @@ class ModelManager:
         metrics: ServingMetrics,
         disk_executor: Executor,
         watcher: VersionWatcher,
-        make_runners: Callable[[Backend], dict[str, Runner]] | None = None,
+        make_runners: Callable[[Backend, int], dict[str, Runner]] | None = None,
         manifest_wait_s: float = 600.0,
         load_timeout_s: float = 600.0,
         cache_root: Path | None = None,
@@ -97,7 +97,7 @@ class ModelManager:
         self.metrics, self._disk_executor, self._watcher = metrics, disk_executor, watcher
         # A loaded version's runner per signature (serving/runtime/servable.py); None: each request runs
         # alone, large ones on the event loop's default thread pool.
-        self._make_runners = make_runners or (lambda b: build_runners(b, None, None, metrics, name))
+        self._make_runners = make_runners or (lambda b, v: build_runners(b, None, None, metrics, name, v))
         self.load_timeout_s = load_timeout_s  # 0: no limit
         self.loaded: dict[int, LoadedVersion] = {}
         self.states = VersionStates(name, metrics, manifest_wait_s)
@@ -261,7 +261,7 @@ class ModelManager:
             self.states.settle_failure(state, attempt.error, attempt.stamp, attempt.digest)
             return False
         servable = LoadedVersion(
-            version, attempt.backend, self._make_runners(attempt.backend), ranges=attempt.ranges
+            version, attempt.backend, self._make_runners(attempt.backend, version), ranges=attempt.ranges
         )
         self.loaded[version] = servable
         self.states.available(state)

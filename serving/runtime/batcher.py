@@ -5,12 +5,24 @@ A batch closes when it holds `max_batch_size` rows or when its oldest request ha
 under load and adds no wait when idle). The queue is bounded (`max_enqueued_batches` full batches); a request that does
 not fit is refused at once with 429 instead of piling up latency. One batch runs at a time; a large one runs in a
 worker thread, so the event loop keeps parsing the next requests while the model runs (ORT releases the GIL).
+
+What a version's runner reports of each model call (BatchWatch) is the watching done once a batch, not once a
+request. The predicted-CTR histogram and the drift window see every row the model scored, and Triton's statistics
+count executions, rows, queue and compute time: all are fed from the batch the runner ran (a dynamic
+batcher's merged requests, or one request when batching is off), in one call each. A single raw row at 64
+connections comes in batches of tens, and what was a histogram update, a drift entry and a statistics update
+per request is one of each per batch (the predictor still counts each request's success, decode and answer
+time: serving/observability/model_stats.py). Only the `ctr` output is watched, whatever else a version
+serves, and a batch with a score that is not finite is not watched at all: the requests with such a score are
+refused (serving/dataplane/output_check.py) and no NaN reaches a histogram or the window. A shadow version's
+batches are not the model's answers and are run unwatched (`watched=False`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,8 +33,10 @@ import numpy as np
 
 from serving.errors import DeadlineExceeded, Overloaded, ServingError
 from serving.observability import tracing
+from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
-from serving.observability.model_stats import RequestTiming
+from serving.observability.model_stats import ModelStatistics, StatisticsRow
+from serving.signatures import Signature
 
 log = logging.getLogger(__name__)
 # Model calls up to this many rows run on the event loop: a call of up to 64 rows of this MLP (~60 µs with
@@ -31,12 +45,87 @@ log = logging.getLogger(__name__)
 # CPU from 32.6 to 29.3 µs a request and its p99 from 7.3 to 4.5 ms. Bigger ones (ranking requests) go to
 # the thread so the loop keeps serving others meanwhile.
 INLINE_MAX_ROWS = 64
+FEW_SCORES = 16  # up to this many, Python's isfinite over a list costs less than numpy's per-call overhead
+
+
+class BatchWatch:
+    """The watching of one signature of one version: `answered(batch, scores)` after each model call."""
+
+    __slots__ = (
+        "_drift",
+        "_histogram",
+        "_model",
+        "_row",
+        "_signature",
+        "_signature_key",
+        "_stats",
+        "_version",
+    )
+
+    def __init__(
+        self,
+        model_name: str,
+        version: int,
+        signature: Signature,
+        signature_key: str,
+        metrics: ServingMetrics,
+        drift: DriftMonitor | None,
+        statistics: ModelStatistics | None,
+    ) -> None:
+        """`signature`: the version's outputs (its `ctr` columns are watched); `signature_key`: the signature
+        the runner serves (`serving_default` features or `raw` rows); `drift`: the model's drift window (None:
+        `--drift_window 0`); `statistics`: Triton's statistics (None: `--model_statistics=false`)."""
+        self._model, self._version = model_name, version
+        self._signature, self._signature_key = signature, signature_key
+        self._histogram, self._drift, self._stats = metrics.predicted_ctr, drift, statistics
+        self._row: StatisticsRow | None = None  # the version's statistics row, found at the first batch
+
+    def answered(self, batch: Any, scores: np.ndarray, requests: int, queued_ns: int, ran_ns: int) -> None:
+        """The model scored `batch` (before any transform) as `scores` (N, K), for `requests` requests that
+        waited `queued_ns` in all, in a call of `ran_ns` (transform and model): count the execution, the
+        `ctr` column in the histogram and keep the rows in the drift window; never raises (a failing drift
+        window is turned off)."""
+        stats = self._stats
+        if stats is not None:
+            row = self._row
+            if row is None:
+                row = self._row = stats.row(self._model, self._version, self._signature_key)
+            stats.executed(row, len(scores), requests, queued_ns, ran_ns)
+        ctr = self._signature.score(scores) if self._signature.extra_outputs else scores
+        if not all_finite(ctr):
+            return
+        if len(ctr) == 1:
+            self._histogram.observe(float(ctr[0, 0]), self._model)
+        else:
+            self._histogram.observe_many(ctr, self._model)
+        if self._drift is not None:
+            try:
+                self._drift.observe_batch(self._signature_key, batch, ctr)
+            except Exception:
+                log.exception("drift tracking of %s is off from now on: it failed on a batch", self._model)
+                self._drift = None
+
+
+def all_finite(scores: np.ndarray) -> bool:
+    """Whether every score is finite: a few by Python's isfinite over a list (numpy's `isfinite().all()` has a
+    fixed cost of a few µs), more by numpy."""
+    if scores.size <= FEW_SCORES:
+        return all(map(math.isfinite, scores.ravel().tolist()))
+    return bool(np.isfinite(scores).all())
 
 
 class _Pending:
     """One queued request of the batcher (a plain slotted class: one is made per request)."""
 
-    __slots__ = ("carries_execution", "deadline", "enqueued", "features", "future", "queued_s", "span")
+    __slots__ = (
+        "deadline",
+        "enqueued",
+        "features",
+        "future",
+        "queued_s",
+        "span",
+        "watched",
+    )
 
     def __init__(
         self, features: Any, future: asyncio.Future[np.ndarray], enqueued: float, deadline: float
@@ -46,8 +135,8 @@ class _Pending:
         self.enqueued = enqueued  # perf_counter seconds
         self.deadline = deadline
         self.queued_s = 0.0  # its wait, once taken into a batch
-        self.carries_execution = False  # its batch's one execution is counted on it (statistics extension)
         self.span: Any = None  # its request's span when traced (serving/observability/tracing.py)
+        self.watched = True  # its rows are the model's answers (a shadow version's are not: BatchWatch)
 
 
 class DynamicBatcher:
@@ -72,8 +161,11 @@ class DynamicBatcher:
         metrics: ServingMetrics,
         model_name: str,
         runtime: str,
+        watch: BatchWatch | None = None,
     ) -> None:
+        """`watch`: told of every batch the model scored (BatchWatch; None: nothing is)."""
         self._run, self._concat, self._executor, self._metrics = run, concat, executor, metrics
+        self._watch = watch
         self._prepare = prepare  # run on the loop before `run` (servable.SignatureCall.prepare)
         self._model, self._runtime = model_name, runtime
         self.max_batch_size, self._batch_timeout_s, self._timeout_s = (
@@ -91,18 +183,15 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._traced: list[Any] = []  # the sampled requests' spans of the batch being taken (tracing on)
 
-    async def run(self, batch: Any, timing: RequestTiming | None = None) -> np.ndarray:
-        """Queue `batch` and wait for its scores (the servable's runner interface); `timing`: the request's
-        statistics (serving/observability/model_stats.py), given its time in the queue and its executions."""
+    async def run(self, batch: Any, watched: bool = True) -> np.ndarray:
+        """Queue `batch` and wait for its scores (the servable's runner interface); `watched`: its rows count
+        as the model's answers (BatchWatch)."""
         item = self._enqueue(batch)
+        if not watched:
+            item.watched = False
         if tracing.ACTIVE:
             item.span = tracing.current()
-        scores = await item.future
-        if timing is not None:
-            timing.batched = True
-            timing.queue_ns += int(item.queued_s * 1e9)
-            timing.executions += item.carries_execution
-        return scores
+        return await item.future
 
     @property
     def batch_timeout_s(self) -> float:
@@ -194,7 +283,6 @@ class DynamicBatcher:
                 tracing.child(item.span, "queue_wait", item.enqueued, now)
                 self._traced.append(item.span)
             self._metrics.queuing_latency.observe(item.queued_s * 1e6, "batch_threads")
-            item.carries_execution = not batch
             batch.append(item)
             rows += len(item.features)
         return batch
@@ -202,7 +290,7 @@ class DynamicBatcher:
     async def _execute(self, batch: list[_Pending]) -> None:
         # (sum n_i, F) -> (sum n_i, K), then split back per request.
         parts = [b.features for b in batch]
-        features = parts[0] if len(parts) == 1 else self._concat(parts)
+        features = merged = parts[0] if len(parts) == 1 else self._concat(parts)
         self._metrics.batch_size.observe(len(features), self._model)
         started = time.perf_counter()
         traced = self._traced  # filled by _take_batch; mostly empty, and then left as it is
@@ -229,11 +317,19 @@ class DynamicBatcher:
         if traced:
             _trace_batch(traced, started, prepared if self._prepare is not None else None, ran, len(features))
         start = 0
+        unwatched = False
         for item in batch:
             end = start + len(item.features)
             if not item.future.done():
                 item.future.set_result(scores[start:end])
+            unwatched |= not item.watched
             start = end
+        if self._watch is not None:
+            if not unwatched:
+                queued_ns = int(sum(item.queued_s for item in batch) * 1e9)
+                self._watch.answered(merged, scores, len(batch), queued_ns, int((ran - started) * 1e9))
+            else:  # a shadow version's batch among the answers: each answer apart
+                _watch_apart(self._watch, batch, scores, int((ran - started) * 1e9))
 
 
 def _trace_batch(spans: list[Any], started: float, prepared: float | None, ran: float, rows: int) -> None:
@@ -242,6 +338,15 @@ def _trace_batch(spans: list[Any], started: float, prepared: float | None, ran: 
     if prepared is not None:
         tracing.child(span, "transform", started, prepared)
     tracing.child(span, "model_run", prepared or started, ran)
+
+
+def _watch_apart(watch: BatchWatch, batch: list[_Pending], scores: np.ndarray, ran_ns: int) -> None:
+    start = 0
+    for item in batch:
+        end = start + len(item.features)
+        if item.watched:
+            watch.answered(item.features, scores[start:end], 1, int(item.queued_s * 1e9), ran_ns)
+        start = end
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -18,11 +18,12 @@ import numpy as np
 from ctr_features.compiled.raw_batch import RawBatch
 from serving.errors import InvalidArgument, Unavailable
 from serving.observability import tracing
+from serving.observability.drift import DriftMonitor
 from serving.observability.metrics import ServingMetrics
-from serving.observability.model_stats import RequestTiming
+from serving.observability.model_stats import ModelStatistics
 from serving.requests import DecodedRequest
 from serving.runtime.backends import Backend, close_backend
-from serving.runtime.batcher import INLINE_MAX_ROWS, DynamicBatcher
+from serving.runtime.batcher import INLINE_MAX_ROWS, BatchWatch, DynamicBatcher
 from serving.runtime.input_range import FeatureRanges
 from serving.runtime.spec_backend import SpecBackend
 from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
@@ -31,9 +32,9 @@ from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 class Runner(Protocol):
     """Runs batches of one signature of one version."""
 
-    async def run(self, batch: Any, timing: RequestTiming | None = None) -> np.ndarray:
-        """One batch -> its (N, K) scores; `timing`: the request's statistics, which a batcher adds its queue
-        time to."""
+    async def run(self, batch: Any, watched: bool = True) -> np.ndarray:
+        """One batch -> its (N, K) scores; `watched`: the scores are the model's answers, which its BatchWatch
+        sees (a shadow version's are not)."""
         ...
 
     def close(self) -> None:
@@ -81,22 +82,26 @@ class DirectRunner:
         model_name: str,
         runtime: str,
         prepare: Callable[[Any], Any] | None = None,
+        watch: BatchWatch | None = None,
     ) -> None:
-        """`prepare`: run on the loop before `predict` (SignatureCall.prepare)."""
+        """`prepare`: run on the loop before `predict` (SignatureCall.prepare); `watch`: told of each
+        request's scores (None: nothing is)."""
         self._predict, self._executor, self._metrics = predict, executor, metrics
         self._model, self._runtime, self._prepare = model_name, runtime, prepare
+        self._watch = watch
 
-    async def run(self, batch: Any, timing: RequestTiming | None = None) -> np.ndarray:
-        """One batch -> its scores, timed as the runtime's latency (`timing`: nothing to add, no queue)."""
+    async def run(self, batch: Any, watched: bool = True) -> np.ndarray:
+        """One batch -> its scores, timed as the runtime's latency."""
         started = prepared = time.perf_counter()
+        features = batch
         if self._prepare is not None:
-            batch = self._prepare(batch)
+            features = self._prepare(batch)
             prepared = time.perf_counter()
-        if len(batch) <= INLINE_MAX_ROWS:
-            scores = self._predict(batch)
+        if len(features) <= INLINE_MAX_ROWS:
+            scores = self._predict(features)
         else:
             loop = asyncio.get_running_loop()
-            scores = await loop.run_in_executor(self._executor, self._predict, batch)
+            scores = await loop.run_in_executor(self._executor, self._predict, features)
         ran = time.perf_counter()
         self._metrics.runtime_latency.observe((ran - started) * 1e6, self._model, "predict", self._runtime)
         span = tracing.current() if tracing.ACTIVE else None
@@ -104,6 +109,8 @@ class DirectRunner:
             if self._prepare is not None:
                 tracing.child(span, "transform", started, prepared)
             tracing.child(span, "model_run", prepared, ran, **{"ctr.batch_size": len(batch)})
+        if self._watch is not None and watched:
+            self._watch.answered(batch, scores, 1, 0, int((ran - started) * 1e9))
         return scores
 
     def close(self) -> None:
@@ -126,13 +133,20 @@ def build_runners(
     executor: Executor | None,
     metrics: ServingMetrics,
     model_name: str,
+    version: int = 0,
+    drift: DriftMonitor | None = None,
+    statistics: bool = True,
 ) -> dict[str, Runner]:
-    """One runner per signature of `backend`: batchers (each signature queues apart), or direct runners."""
+    """One runner per signature of `backend`: batchers (each signature queues apart), or direct runners; each
+    tells a BatchWatch of the model's answers: the predicted-CTR histogram, `drift` (the model's drift
+    window, None: off) and, with `statistics`, Triton's statistics of `version`'s executions."""
     runners: dict[str, Runner] = {}
     for key, call in signature_calls(backend).items():
+        stats: ModelStatistics | None = metrics.model_stats if statistics else None
+        watch = BatchWatch(model_name, version, backend.signature, key, metrics, drift, stats)
         if batching is None:
             runners[key] = DirectRunner(
-                call.predict, executor, metrics, model_name, backend.runtime, call.prepare
+                call.predict, executor, metrics, model_name, backend.runtime, call.prepare, watch
             )
         else:
             runners[key] = DynamicBatcher(
@@ -147,6 +161,7 @@ def build_runners(
                 metrics=metrics,
                 model_name=model_name,
                 runtime=backend.runtime,
+                watch=watch,
             )
     return runners
 
@@ -164,14 +179,15 @@ class LoadedVersion:
     ranges: FeatureRanges | None = None
     closed: bool = False  # unloaded: nothing may count anything under its version any more
 
-    async def run(self, request: DecodedRequest, timing: RequestTiming | None = None) -> np.ndarray:
-        """The request's batch -> its (N, K) scores, on the runner of the signature it calls."""
+    async def run(self, request: DecodedRequest, watched: bool = True) -> np.ndarray:
+        """The request's batch -> its (N, K) scores, on the runner of the signature it calls (`watched`:
+        Runner.run)."""
         runner = self.runners.get(request.signature)
         if runner is None and self.closed:  # unreachable: a version unloads after its last request
             raise Unavailable(f"version {self.version} was unloaded; retry")
         if runner is None:  # the codecs refuse a signature the version lacks; this is the last guard
             raise InvalidArgument(f'Serving signature name: "{request.signature}" not found in signature def')
-        return await runner.run(request.batch, timing)
+        return await runner.run(request.batch, watched)
 
     def close(self) -> None:
         """Stop every runner (the version is unloaded; its queues are empty by then), let go of them, and free

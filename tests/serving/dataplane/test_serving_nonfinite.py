@@ -108,7 +108,7 @@ def test_grpc_undecodable_string_is_invalid_argument_naming_the_field(server: Se
 
 
 def test_rest_single_row_nonfinite_output_is_a_500_too(server: ServerProcess) -> None:
-    # One row's few scores are checked without numpy (serving/dataplane/predictor.py, _all_finite).
+    # One row's few scores are checked without numpy (serving/runtime/batcher.py, all_finite).
     before = _nonfinite_count(server)
     status, body = http(server.url("/v1/models/ctr:predict"), {"instances": _rows()[1:2].tolist()})
     message = NONFINITE_REST.replace("instance 1 is", "instance 0 is").replace("2 of 3", "1 of 1")

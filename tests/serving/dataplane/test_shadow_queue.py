@@ -86,7 +86,9 @@ def run(
                 metrics,
                 disk,
                 router,
-                make_runners=lambda backend: build_runners(backend, batching, inference, metrics, "ctr"),
+                make_runners=lambda backend, version: build_runners(
+                    backend, batching, inference, metrics, "ctr", version
+                ),
             )
             await manager.poll_once()
             assert sorted(manager.loaded) == [1, 2]

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -108,7 +108,9 @@ def run_with_predictor(
                 metrics,
                 disk,
                 router,
-                make_runners=lambda backend: build_runners(backend, batching, inference, metrics, "ctr"),
+                make_runners=lambda backend, version: build_runners(
+                    backend, batching, inference, metrics, "ctr", version, drift, statistics
+                ),
             )
             await manager.poll_once()
             limits = Limits(max_instances=64, allow_nonfinite=False)
@@ -264,12 +266,12 @@ def test_without_batching_every_signature_runs_directly(base: Path) -> None:
 
 
 class _DriftRecorder:
-    """Stands in for the drift monitor: keeps the scores each request hands it."""
+    """Stands in for the drift monitor: keeps the scores each model call hands it."""
 
     def __init__(self) -> None:
         self.scores: list[np.ndarray] = []
 
-    def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
+    def observe_batch(self, signature: str, batch: Any, scores: np.ndarray) -> None:
         self.scores.append(scores)
 
 
@@ -292,9 +294,10 @@ def test_a_two_output_version_answers_both_and_drift_watches_ctr_alone(tmp_path:
         assert (sum(counts), total) == (1, [6.0])  # one model call of the three requests' 6 rows
 
     run_with_predictor(base, test, batching, drift)  # type: ignore[arg-type]
-    assert [s.shape for s in drift.scores] == [(1, 1), (3, 1), (2, 1)]
-    for x, scores in zip(rows, drift.scores, strict=True):
-        np.testing.assert_allclose(scores, reference_outputs(WEIGHTS, x)["ctr"], atol=1e-6)
+    # Drift is told of the model call (serving/runtime/batcher.py): its 6 rows' `ctr` column alone.
+    assert [s.shape for s in drift.scores] == [(6, 1)]
+    expected = reference_outputs(WEIGHTS, np.concatenate(rows))["ctr"]
+    np.testing.assert_allclose(drift.scores[0], expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("statistics", [True, False])

@@ -71,18 +71,18 @@ def test_codes_from_entries_equal_codes_from_values_on_every_gate_row_kind(
             assert codes is not None and np.array_equal(codes, looked_up(ref, batch)), (name, n)
 
 
-def test_a_merged_batch_gives_each_request_its_entries(spec: FeatureSpec, ref: Reference) -> None:
+def test_a_merged_batch_s_entries_give_its_requests_codes(spec: FeatureSpec, ref: Reference) -> None:
     (numeric, categorical), _ = build_raw_rows(spec, MIN_ROWS, None)
     transform = RawTransform(spec.to_dict())
     parts = [
         RawBatch.from_rows(numeric[i : i + k], categorical[i : i + k]) for i, k in ((0, 1), (5, 3), (40, 2))
     ]
-    transform(RawBatch.concat(parts))  # what the dynamic batcher runs
-    for part in parts:
-        found = part.entries()
-        assert found is not None
-        codes = ref.entry_codes(transform, part.numeric, np.asarray(found[1]))
-        assert codes is not None and np.array_equal(codes, looked_up(ref, part))
+    merged = RawBatch.concat(parts)
+    transform(merged)  # what the dynamic batcher runs; drift is told of `merged` (BatchWatch)
+    found = merged.entries()
+    assert found is not None and found[0] is transform
+    codes = ref.entry_codes(transform, merged.numeric, np.asarray(found[1]))
+    assert codes is not None and np.array_equal(codes, looked_up(ref, merged))
 
 
 def test_the_window_holds_the_same_rows_either_way_and_a_bin_the_spec_lacks_falls_back_to_lookups(
