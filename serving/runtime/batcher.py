@@ -55,6 +55,7 @@ class BatchWatch:
         "_drift",
         "_histogram",
         "_model",
+        "_observe_ctr",
         "_row",
         "_signature",
         "_signature_key",
@@ -78,6 +79,7 @@ class BatchWatch:
         self._model, self._version = model_name, version
         self._signature, self._signature_key = signature, signature_key
         self._histogram, self._drift, self._stats = metrics.predicted_ctr, drift, statistics
+        self._observe_ctr = metrics.predicted_ctr.labels(model_name)
         self._row: StatisticsRow | None = None  # the version's statistics row, found at the first batch
 
     def answered(self, batch: Any, scores: np.ndarray, requests: int, queued_ns: int, ran_ns: int) -> None:
@@ -92,12 +94,18 @@ class BatchWatch:
                 row = self._row = stats.row(self._model, self._version, self._signature_key)
             stats.executed(row, len(scores), requests, queued_ns, ran_ns)
         ctr = self._signature.score(scores) if self._signature.extra_outputs else scores
-        if not all_finite(ctr):
-            return
-        if len(ctr) == 1:
-            self._histogram.observe(float(ctr[0, 0]), self._model)
-        else:
+        if (
+            ctr.size <= FEW_SCORES
+        ):  # a few (a canary's batch, batching off): in Python, no numpy call's fixed cost
+            values = ctr.ravel().tolist()
+            if not all(map(math.isfinite, values)):
+                return
+            for value in values:
+                self._observe_ctr(value)
+        elif np.isfinite(ctr).all():
             self._histogram.observe_many(ctr, self._model)
+        else:
+            return
         if self._drift is not None:
             try:
                 self._drift.observe_batch(self._signature_key, batch, ctr)
