@@ -90,7 +90,7 @@ def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
 
             def _initialize_channel_and_stub(self) -> None:
                 super()._initialize_channel_and_stub()
-                self._client = _BytesStub(self._channel)
+                self._client = _BytesStub(self._channel)  # type: ignore[assignment]
 
             def _translate_data(self, data: Any) -> Any:
                 return data
@@ -132,24 +132,6 @@ _TRACEPARENT = re.compile(
 TRACE_ID_LIMIT = (1 << 64) - 1
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOTHING = (None, None, b"")  # an unsampled root: no span, nothing answered
-
-
-def _ratio(ratio: float | None) -> float | None:
-    """The root sampling ratio of a parent-based ratio sampler (the file's, or OTEL_TRACES_SAMPLER's
-    parentbased_* ones); None for any other sampler, which the SDK then runs on every request."""
-    if ratio is not None:
-        return float(ratio)
-    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
-    fixed = {"parentbased_always_on": 1.0, "parentbased_always_off": 0.0}
-    if name in fixed:
-        return fixed[name]
-    if name == "parentbased_traceidratio":
-        try:
-            value = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
-        except ValueError:
-            return 1.0  # as the SDK does with an argument that is no number
-        return value if 0.0 <= value <= 1.0 else 1.0
-    return None
 
 
 class RequestSpan:
@@ -239,7 +221,9 @@ def request_starter(
                 return _NOTHING
             trace_id = getrandbits(64) << 64 | low or 1
         span_id = getrandbits(64) or 1
-        span = RequestSpan(name, (trace_id, span_id), parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish)
+        span = RequestSpan(
+            name, (trace_id, span_id), parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish
+        )
         return span, current.set(span), sampled % (trace_id, span_id)
 
     return start
@@ -269,7 +253,9 @@ def _queue_sizes(settings: dict[str, Any]) -> tuple[tuple[int, int], float]:
 
 
 def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> dict[str, Any]:
-    """The provider and the calls tracing.py makes on the request path (`start`, `record`, `set_error`)."""
+    """The provider and the calls tracing.py makes on the request path (`starter`, `child`, `batch`,
+    `set_error`). `settings["sample_ratio"]`: a parent-based ratio sampler's root ratio (tracing.root_ratio),
+    None for any other OTEL_TRACES_SAMPLER (the SDK's, on every request)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).addFilter(_OncePerMinute())
     exporter, protocol, endpoint = _exporter(settings)
@@ -277,13 +263,12 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     scope = InstrumentationScope("ctr-serving")
     sizes, delay_s = _queue_sizes(settings)
     queue = SpanQueue(exporter, resource, scope, on_drop, sizes, delay_s)
-    ratio = _ratio(settings["sample_ratio"])
+    ratio = None if settings["sample_ratio"] is None else float(settings["sample_ratio"])
     provider = TracerProvider(sampler=_sampler(ratio), resource=resource)
     provider.add_span_processor(queue)
     tracer = provider.get_tracer("ctr-serving")
     propagator = TraceContextTextMapPropagator()
     offset_ns = time.time_ns() - time.perf_counter_ns()  # perf_counter stamps to span times
-    put = queue.put
 
     def now_ns() -> int:
         return offset_ns + time.perf_counter_ns()
@@ -306,7 +291,10 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
 
         return start
 
-    # Spans are finished when they are made (from timestamps taken on the way): records, queued as they are.
+    # Spans are finished when they are made (from timestamps taken on the way): records, queued as they are
+    # (SpanQueue.put, written out: these run several times a sampled request).
+    records, (max_size, batch_size), wake, put = queue.records, sizes, queue.wake.set, queue.put
+
     def finish(span: RequestSpan) -> None:
         parent = span.parent
         put(
@@ -325,21 +313,68 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
             )
         )
 
-    def record(parent: Any, name: str, start_ns: int, end_ns: int, attributes: Any, linked: Any) -> Any:
-        """A finished child of `parent` (a RequestSpan, what record returned, an SDK span) queued; returns its
-        (trace id, span id), the parent of others."""
+    def child(parent: Any, name: str, start_s: float, end_s: float | None = None, **attributes: Any) -> Any:
+        """tracing.child: a finished child of `parent` (a RequestSpan, what child or batch returned, an SDK
+        span) from perf_counter stamps (end: now), queued; returns its (trace id, span id)."""
         if parent.__class__ is tuple:
             trace_id, up = parent
         elif parent.__class__ is RequestSpan:
             trace_id, up = parent.trace_id, parent.span_id
         else:  # the SDK's span
             context = parent.get_span_context()
+            if not context.trace_flags.sampled:  # recorded, not sampled: neither it nor its children leave
+                return parent
             trace_id, up = context.trace_id, context.span_id
-            if not context.trace_flags.sampled:  # recorded, not sampled: never exported
-                return trace_id, up
         span_id = getrandbits(64) or 1
-        links = tuple((s.trace_id, s.span_id, False, None) for s in map(_ids, linked)) if linked else ()
-        put((trace_id, span_id, up, False, name, INTERNAL, start_ns, end_ns, attributes, links, None))
+        end_ns = time.perf_counter_ns() if end_s is None else int(end_s * 1e9)
+        if len(records) >= max_size:
+            on_drop(1)
+            return trace_id, span_id
+        records.append(
+            (
+                trace_id,
+                span_id,
+                up,
+                False,
+                name,
+                INTERNAL,
+                offset_ns + int(start_s * 1e9),
+                offset_ns + end_ns,
+                attributes or None,
+                (),
+                None,
+            )
+        )
+        if len(records) == batch_size:
+            wake()
+        return trace_id, span_id
+
+    def batch(parents: list[Any], start_s: float, end_s: float, rows: int) -> Any:
+        """tracing.batch: the span of one model call, the child of the first traced request and linked to
+        each of them; returns its (trace id, span id)."""
+        first = parents[0]
+        if first.__class__ is not RequestSpan and not first.get_span_context().trace_flags.sampled:
+            return first  # the SDK's, recorded but not sampled: neither the batch nor its children leave
+        ids = [(p.trace_id, p.span_id) if p.__class__ is RequestSpan else p.context[:2] for p in parents]
+        trace_id, up = ids[0]
+        span_id = getrandbits(64) or 1
+        start_ns, end_ns = offset_ns + int(start_s * 1e9), offset_ns + int(end_s * 1e9)
+        links = tuple((t, s, False, None) for t, s in ids)
+        put(
+            (
+                trace_id,
+                span_id,
+                up,
+                False,
+                "batch",
+                INTERNAL,
+                start_ns,
+                end_ns,
+                {"ctr.batch_size": rows},
+                links,
+                None,
+            )
+        )
         return trace_id, span_id
 
     def set_error(span: Any, code: str) -> None:
@@ -351,14 +386,9 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
         "starter": sdk_starter
         if ratio is None
         else functools.partial(request_starter, ratio, now_ns, finish),
-        "record": record,
+        "child": child,
+        "batch": batch,
         "set_error": set_error,
-        "offset_ns": offset_ns,
         "protocol": protocol,
         "endpoint": endpoint,
     }
-
-
-def _ids(span: Any) -> Any:
-    """What has a span's trace_id and span_id: a RequestSpan itself, an SDK span's context."""
-    return span if span.__class__ is RequestSpan else span.get_span_context()
