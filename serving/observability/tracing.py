@@ -45,6 +45,9 @@ from ctr_contract import stage_trace
 log = logging.getLogger(__name__)
 
 ACTIVE = False  # True once setup() has installed a tracer: the request path tests only this
+# A request without a traceparent is a root, sampled when 64 random bits are under ROOT_BOUND (the trace id's
+# low half, TraceIdRatioBased's rule); 2^64 with any other sampler than a parent-based ratio. Set by setup().
+ROOT_BOUND = 0
 _CURRENT: ContextVar[Any] = ContextVar("ctr_request_span", default=None)  # the request's recording span
 _begin_grpc: Callable[[str, bytes], tuple[Any, Any, bytes]]  # tracing_sdk's starters, set by setup()
 _begin_plain_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
@@ -114,7 +117,7 @@ def setup(
 ) -> bool:
     """Install the tracer when tracing is wanted; True when it is on. Called once per serving process.
     `on_drop(n)` counts dropped spans where the metrics page reads them (the shared counter under workers)."""
-    global ACTIVE, _begin_grpc, _begin_plain_rest, begin_rest, child, batch
+    global ACTIVE, ROOT_BOUND, _begin_grpc, _begin_plain_rest, begin_rest, child, batch
     if ACTIVE or not wanted(config_file):
         return ACTIVE
     from serving.observability.tracing_sdk import build_tracer  # the SDK is imported only from here
@@ -126,7 +129,7 @@ def setup(
     _state["dropped"], _state["warned_at"], _state["on_drop"] = 0, -WARN_EVERY_S, on_drop
     child, batch, starter = _state["child"], _state["batch"], _state["starter"]
     _begin_grpc, _begin_plain_rest = starter(_CURRENT, "GRPC"), starter(_CURRENT, "REST")
-    begin_rest = starter(_CURRENT, "REST", b"\r\ntraceparent: ")
+    begin_rest, ROOT_BOUND = starter(_CURRENT, "REST", b"\r\ntraceparent: "), _state["root_bound"]
     ACTIVE = True
     log.info("tracing on: OTLP %s to %s", _state["protocol"], _state["endpoint"])
     return True
@@ -181,9 +184,11 @@ def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[
     return (_begin_grpc if entrypoint == "GRPC" else _begin_plain_rest)(name, traceparent or b"")
 
 
-# `begin_rest(name, traceparent)`: begin() for the REST router, whose answer is the response header line
-# itself (b"\r\ntraceparent: ..."), appended as it is; one call a request, sampled or not. Set by setup().
-begin_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
+# `begin_rest(name, traceparent, low)`: begin() for the REST router, whose answer is the response header line
+# itself (b"\r\ntraceparent: ..."), appended as it is. The router draws `low`, a root's 64 random bits, and
+# calls it only for a request that sent a traceparent or a root they sample (`low < ROOT_BOUND`): the others,
+# most requests, cost a test and one random number. Set by setup().
+begin_rest: Callable[[str, bytes, int], tuple[Any, Any, bytes]]
 
 
 def end(span: Any, token: Any, error: str | None = None) -> None:

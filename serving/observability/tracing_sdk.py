@@ -179,8 +179,15 @@ class RequestSpan:
         self._finish(self)
 
 
-# start(name, traceparent) -> (span or None, the context token for tracing.end, the traceparent to answer)
-Starter = Callable[[str, bytes], "tuple[Any, Any, bytes]"]
+# start(name, traceparent, low=None) -> (span or None, the context token for tracing.end, the traceparent to
+# answer); `low`: a root's 64 random bits when the caller drew them (tracing.ROOT_BOUND)
+Starter = Callable[..., "tuple[Any, Any, bytes]"]
+
+
+def root_bound(ratio: float | None) -> int:
+    """A root is sampled when its trace id's low 64 bits are under this (TraceIdRatioBased's rule); with any
+    other sampler than a parent-based ratio, 2^64: every request goes to the SDK's."""
+    return TRACE_ID_LIMIT + 1 if ratio is None else round(ratio * (TRACE_ID_LIMIT + 1))
 
 
 def request_starter(
@@ -191,7 +198,7 @@ def request_starter(
     entrypoint: str,
     prefix: bytes = b"",
 ) -> Starter:
-    """`start(name, traceparent) -> (span, token, prefix + the traceparent to answer)`, without the SDK.
+    """`start(name, traceparent, low=None) -> (span, token, prefix + the traceparent to answer)`, without the SDK.
 
     ParentBased(TraceIdRatioBased(ratio))'s decision: a valid parent (the W3C rules, lower-case hex only,
     as the SDK's propagator) is followed, sampled or not; a root (no parent, or a malformed one) is
@@ -200,12 +207,13 @@ def request_starter(
     span and token None and answers b"" (its trace is recorded nowhere); an unsampled request that sent a
     traceparent gets it back with its own span id (a regex match, a random number and one formatting). A
     sampled one's span is made `current` (the token resets it). `prefix`: what the answer is written after
-    (REST's header name, so the router appends it as it is).
+    (REST's header name, so the router appends it as it is). `low`: a root's low 64 bits, drawn by the caller
+    (the REST router draws them itself, and starts only the roots they sample); else drawn here.
     """
-    bound = round(ratio * (TRACE_ID_LIMIT + 1))
+    bound = root_bound(ratio)
     unsampled, sampled = prefix + b"00-%s-%016x-00", prefix + b"00-%032x-%016x-01"
 
-    def start(name: str, traceparent: bytes) -> tuple[RequestSpan | None, Any, bytes]:
+    def start(name: str, traceparent: bytes, low: int | None = None) -> tuple[RequestSpan | None, Any, bytes]:
         parent = None
         if traceparent:
             match = _TRACEPARENT.match(traceparent.strip())
@@ -216,7 +224,8 @@ def request_starter(
                 trace_id = int(match.group(2), 16)
                 parent = SpanContext(trace_id, int(match.group(3), 16), True, TraceFlags(flags))
         if parent is None:
-            low = getrandbits(64)
+            if low is None:
+                low = getrandbits(64)
             if low >= bound:  # recorded nowhere: no id to hand back
                 return _NOTHING
             trace_id = getrandbits(64) << 64 | low or 1
@@ -238,14 +247,9 @@ def _sampler(ratio: float | None) -> Sampler:
 def _queue_sizes(settings: dict[str, Any]) -> tuple[tuple[int, int], float]:
     """((max_queue_size, the export batch's size), schedule delay s): the file's, else OTEL_BSP_*'s (as the
     SDK's BatchSpanProcessor reads and checks them)."""
-    max_size = settings["max_queue_size"]
-    if max_size is None:
-        max_size, batch = BatchSpanProcessor._default_max_queue_size(), None
-    else:
-        max_size = int(max_size)
-        batch = min(512, max_size)
-    if batch is None:
-        batch = BatchSpanProcessor._default_max_export_batch_size()
+    given = settings["max_queue_size"]
+    max_size = BatchSpanProcessor._default_max_queue_size() if given is None else int(given)
+    batch = BatchSpanProcessor._default_max_export_batch_size() if given is None else min(512, max_size)
     delay = settings["schedule_delay_ms"]
     delay = BatchSpanProcessor._default_schedule_delay_millis() if delay is None else float(delay)
     BatchSpanProcessor._validate_arguments(max_size, delay, batch)
@@ -276,7 +280,7 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     def sdk_starter(current: ContextVar[Any], entrypoint: str, prefix: bytes = b"") -> Starter:
         """Any other sampler than a parent-based ratio: the SDK's tracer on every request."""
 
-        def start(name: str, traceparent: bytes) -> tuple[Any, Any, bytes]:
+        def start(name: str, traceparent: bytes, low: int | None = None) -> tuple[Any, Any, bytes]:
             context: Context | None = None
             if traceparent:  # malformed: an empty context
                 context = propagator.extract({"traceparent": traceparent.decode("latin-1")})
@@ -388,6 +392,7 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
         else functools.partial(request_starter, ratio, now_ns, finish),
         "child": child,
         "batch": batch,
+        "root_bound": root_bound(ratio),
         "set_error": set_error,
         "protocol": protocol,
         "endpoint": endpoint,

@@ -195,3 +195,23 @@ def _state(header: str) -> Any:
     from opentelemetry.trace.span import TraceState
 
     return TraceState.from_header([header])
+
+
+def test_a_root_the_router_drew_keeps_its_bits() -> None:
+    """The REST router draws a root's 64 bits itself (tracing.ROOT_BOUND) and starts only those it samples:
+    the trace id's low half is those bits, so the decision stays TraceIdRatioBased's downstream."""
+    from serving.observability.tracing_sdk import request_starter, root_bound
+
+    finished: list[Any] = []
+    current: ContextVar[Any] = ContextVar("span", default=None)
+    start = request_starter(0.25, time.time_ns, finished.append, current, "REST", b"traceparent: ")
+    bound = root_bound(0.25)
+    assert bound == 2**62 and root_bound(None) == 2**64
+    span, token, answer = start("predict", b"", bound - 1)
+    assert span.trace_id & (2**64 - 1) == bound - 1 and span.parent is None
+    assert answer == b"traceparent: 00-%032x-%016x-01" % (span.trace_id, span.span_id)
+    current.reset(token)
+    assert start("predict", b"", bound) == (None, None, b"")
+    assert start("predict", b"garbage", bound) == (None, None, b"")  # malformed: a root, its bits decide
+    followed, _, answered = start("predict", b"00-%032x-%016x-00" % (CLIENT_TRACE, CLIENT_SPAN), 0)
+    assert followed is None and answered.startswith(b"traceparent: 00-%032x-" % CLIENT_TRACE)
