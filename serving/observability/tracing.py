@@ -16,9 +16,10 @@ A batch carrying several requests is the child of the first and linked from all 
 
 W3C `traceparent` is read from the REST header and the gRPC metadata, and returned (a response header, the
 trailing metadata); a malformed one is ignored and a new trace started. Sampling is parent-based with a
-ratio. Spans leave through a BatchSpanProcessor whose queue is bounded: when the collector is down or slow,
-spans are dropped, never waited for; the drops are counted (`ctr_serving_trace_spans_dropped_total`) and
-a warning is logged at most once a minute.
+ratio. A sampled request's spans are plain records on the request path; they leave through a bounded queue
+and a thread that sends them in batches (serving/observability/otlp_wire.py): when the collector is down or
+slow, spans are dropped, never waited for; the drops are counted (`ctr_serving_trace_spans_dropped_total`)
+and a warning is logged at most once a minute.
 
 The config file is JSON; every key is optional (defaults in `DEFAULTS`):
     {"endpoint": "http://127.0.0.1:4317", "protocol": "grpc" | "http/protobuf", "sample_ratio": 0.01,
@@ -44,11 +45,12 @@ from ctr_contract import stage_trace
 log = logging.getLogger(__name__)
 
 ACTIVE = False  # True once setup() has installed a tracer: the request path tests only this
+# A request without a traceparent is a root, sampled when 64 random bits are under ROOT_BOUND (the trace id's
+# low half, TraceIdRatioBased's rule); 2^64 with any other sampler than a parent-based ratio. Set by setup().
+ROOT_BOUND = 0
 _CURRENT: ContextVar[Any] = ContextVar("ctr_request_span", default=None)  # the request's recording span
-_OFFSET_NS = 0  # time.time_ns() - time.perf_counter_ns(): perf_counter stamps to span times
 _begin_grpc: Callable[[str, bytes], tuple[Any, Any, bytes]]  # tracing_sdk's starters, set by setup()
 _begin_plain_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
-_record: Callable[..., Any]
 _state: dict[str, Any] = {}
 DEFAULTS: dict[str, Any] = {
     "endpoint": None,  # None: the SDK's (OTEL_EXPORTER_OTLP_ENDPOINT, else localhost)
@@ -89,6 +91,25 @@ def read_config(config_file: Path | None) -> dict[str, Any]:
     return settings
 
 
+def root_ratio(ratio: float | None) -> float | None:
+    """The root sampling ratio of a parent-based ratio sampler (the file's, or OTEL_TRACES_SAMPLER's
+    parentbased_* ones); None for any other sampler, which the SDK then runs on every request
+    (serving/observability/tracing_sdk.py)."""
+    if ratio is not None:
+        return float(ratio)
+    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    fixed = {"parentbased_always_on": 1.0, "parentbased_always_off": 0.0}
+    if name in fixed:
+        return fixed[name]
+    if name == "parentbased_traceidratio":
+        try:
+            value = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+        except ValueError:
+            return 1.0  # as the SDK does with an argument that is no number
+        return value if 0.0 <= value <= 1.0 else 1.0
+    return None
+
+
 def setup(
     config_file: Path | None,
     service_name: str = "ctr-serving",
@@ -96,18 +117,19 @@ def setup(
 ) -> bool:
     """Install the tracer when tracing is wanted; True when it is on. Called once per serving process.
     `on_drop(n)` counts dropped spans where the metrics page reads them (the shared counter under workers)."""
-    global ACTIVE, _OFFSET_NS, _begin_grpc, _begin_plain_rest, _record, begin_rest
+    global ACTIVE, ROOT_BOUND, _begin_grpc, _begin_plain_rest, begin_rest, child, batch
     if ACTIVE or not wanted(config_file):
         return ACTIVE
     from serving.observability.tracing_sdk import build_tracer  # the SDK is imported only from here
 
     settings = read_config(config_file)
     settings["service_name"] = settings["service_name"] or os.environ.get("OTEL_SERVICE_NAME") or service_name
+    settings["sample_ratio"] = root_ratio(settings["sample_ratio"])
     _state.update(build_tracer(settings, _dropped))
     _state["dropped"], _state["warned_at"], _state["on_drop"] = 0, -WARN_EVERY_S, on_drop
-    _OFFSET_NS, _record, starter = _state["offset_ns"], _state["record"], _state["starter"]
+    child, batch, starter = _state["child"], _state["batch"], _state["starter"]
     _begin_grpc, _begin_plain_rest = starter(_CURRENT, "GRPC"), starter(_CURRENT, "REST")
-    begin_rest = starter(_CURRENT, "REST", b"\r\ntraceparent: ")
+    begin_rest, ROOT_BOUND = starter(_CURRENT, "REST", b"\r\ntraceparent: "), _state["root_bound"]
     ACTIVE = True
     log.info("tracing on: OTLP %s to %s", _state["protocol"], _state["endpoint"])
     return True
@@ -162,9 +184,11 @@ def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[
     return (_begin_grpc if entrypoint == "GRPC" else _begin_plain_rest)(name, traceparent or b"")
 
 
-# `begin_rest(name, traceparent)`: begin() for the REST router, whose answer is the response header line
-# itself (b"\r\ntraceparent: ..."), appended as it is; one call a request, sampled or not. Set by setup().
-begin_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
+# `begin_rest(name, traceparent, low)`: begin() for the REST router, whose answer is the response header line
+# itself (b"\r\ntraceparent: ..."), appended as it is. The router draws `low`, a root's 64 random bits, and
+# calls it only for a request that sent a traceparent or a root they sample (`low < ROOT_BOUND`): the others,
+# most requests, cost a test and one random number. Set by setup().
+begin_rest: Callable[[str, bytes, int], tuple[Any, Any, bytes]]
 
 
 def end(span: Any, token: Any, error: str | None = None) -> None:
@@ -202,15 +226,9 @@ def status(span: Any, code: str) -> None:
         _state["set_error"](span, code)
 
 
-def child(parent: Any, name: str, start_s: float, end_s: float | None = None, **attributes: Any) -> Any:
-    """Record a finished child span of `parent` (a span, or what child() and batch() return) from
-    perf_counter stamps (end: now); returns its context, to be the parent of others."""
-    end_ns = time.perf_counter_ns() if end_s is None else int(end_s * 1e9)
-    start_ns = _OFFSET_NS + int(start_s * 1e9)
-    return _record(parent, name, start_ns, _OFFSET_NS + end_ns, attributes, ())
-
-
-def batch(parents: list[Any], start_s: float, end_s: float, rows: int) -> Any:
-    """Record the span of one model call: the child of the first traced request, linked to each of them."""
-    start_ns, end_ns = _OFFSET_NS + int(start_s * 1e9), _OFFSET_NS + int(end_s * 1e9)
-    return _record(parents[0], "batch", start_ns, end_ns, {"ctr.batch_size": rows}, parents)
+# `child(parent, name, start_s, end_s=None, **attributes)`: record a finished child span of `parent` (a span,
+# or what child() and batch() return) from perf_counter stamps (end: now); returns its context, to be the
+# parent of others. `batch(parents, start_s, end_s, rows)`: the span of one model call, the child of the first
+# traced request and linked to each of them. Set by setup() (tracing_sdk.py's, queued as plain records).
+child: Callable[..., Any]
+batch: Callable[[list[Any], float, float, int], Any]

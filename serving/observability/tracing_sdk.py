@@ -1,16 +1,17 @@
 """The OpenTelemetry SDK behind serving/observability/tracing.py: imported only when tracing is on.
 
-A TracerProvider with a parent-based ratio sampler, an OTLP exporter (gRPC or HTTP), and a
-BatchSpanProcessor whose queue is bounded: a span that finds it full is dropped and counted, and a failed
-export counts its spans as dropped. The SDK's own per-span "Queue full" warning and the exporter's retry
-lines are let through at most once a minute (tracing.py warns with the count).
+Spans leave through serving/observability/otlp_wire.py's `SpanQueue`: a bounded queue (a span that finds it full
+is dropped and counted) and a thread that sends them in batches, their requests written as wire bytes; the
+spans of a failed export are counted as dropped. The exporters are the SDK's OTLP ones (gRPC or HTTP: their
+channel, TLS, headers, retries), handed those bytes. Their retry lines are let through at most once a minute
+(tracing.py warns with the count).
 
 With a parent-based ratio sampler (the file's `sample_ratio`, or OTEL_TRACES_SAMPLER's parentbased_*), the
 request path does not go through the SDK's tracer: `request_starter` makes the sampling decision from the
 traceparent and the trace id itself (ParentBased(TraceIdRatioBased)'s rule; a test holds it to the SDK's),
-an unsampled request gets only the traceparent to answer, and a sampled one a `RequestSpan`, handed to the
-processor as a finished ReadableSpan when it ends. Any other sampler runs through the SDK on every request.
-The gRPC exporter writes its requests with serving/observability/otlp_wire.py.
+an unsampled request gets only the traceparent to answer, and a sampled one a `RequestSpan`, queued as a
+record when it ends; its children are records from the start. Any other sampler runs through the SDK on
+every request, its spans queued by the same `SpanQueue` (the provider's span processor).
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextvars import ContextVar
 from random import getrandbits
 from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
@@ -36,16 +37,16 @@ from opentelemetry.sdk.trace.sampling import (
     _get_from_env_or_default,
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from serving.observability.otlp_wire import encode_request
+from serving.observability.otlp_wire import INTERNAL, SERVER, Encoded, SpanQueue
 
 QUIET_LOGGERS = (
-    "opentelemetry.sdk._shared_internal",  # "Queue full, dropping spans." once per span
     "opentelemetry.exporter.otlp.proto.grpc.exporter",
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
 )
+EXPORT_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 class _OncePerMinute(logging.Filter):
@@ -63,45 +64,19 @@ class _OncePerMinute(logging.Filter):
         return True
 
 
-class _CountingExporter(SpanExporter):
-    """The OTLP exporter; the spans of an export that fails are counted as dropped."""
+class _BytesStub:
+    """TraceService's stub for requests already written as bytes (no message object to serialize)."""
 
-    def __init__(self, inner: SpanExporter, on_drop: Callable[[int], None]) -> None:
-        self._inner, self._on_drop = inner, on_drop
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._inner.export(spans)
-        except Exception:  # an exporter bug must not stop the processor's thread
-            result = SpanExportResult.FAILURE
-        if result is not SpanExportResult.SUCCESS:
-            self._on_drop(len(spans))
-        return result
-
-    def shutdown(self) -> None:
-        self._inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._inner.force_flush(timeout_millis)
+    def __init__(self, channel: Any) -> None:
+        self.Export = channel.unary_unary(EXPORT_PATH, request_serializer=_data, response_deserializer=None)
 
 
-class _DroppingProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor that counts the spans its full queue drops (it never blocks the caller)."""
-
-    def __init__(self, exporter: SpanExporter, on_drop: Callable[[int], None], **kwargs: Any) -> None:
-        super().__init__(exporter, **kwargs)
-        self._on_drop = on_drop
-        inner = getattr(self, "_batch_processor", None)
-        self._queue = getattr(inner, "_queue", None)  # a deque(maxlen=max_queue_size): appends past it drop
-
-    def on_end(self, span: ReadableSpan) -> None:
-        queue = self._queue
-        if queue is not None and queue.maxlen is not None and len(queue) >= queue.maxlen:
-            self._on_drop(1)
-        super().on_end(span)
+def _data(request: Encoded) -> bytes:
+    return request.data
 
 
 def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
+    """The SDK's OTLP exporter of the settings' protocol, sending requests written as bytes (`Encoded`)."""
     protocol = settings["protocol"] or os.environ.get(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     )
@@ -111,10 +86,17 @@ def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
         class WireExporter(GrpcExporter):
-            """The SDK's gRPC exporter, its requests written by otlp_wire (the same message, sooner)."""
+            """The SDK's gRPC exporter (its channel, metadata, retries), its requests sent as written."""
 
-            def _translate_data(self, data: Sequence[ReadableSpan]) -> Any:
-                return encode_request(data)
+            def _initialize_channel_and_stub(self) -> None:
+                super()._initialize_channel_and_stub()
+                self._client = _BytesStub(self._channel)  # type: ignore[assignment]
+
+            def _translate_data(self, data: Any) -> Any:
+                return data
+
+            def _count_data(self, data: Any) -> int:
+                return int(data.spans)
 
         exporter: SpanExporter = WireExporter(endpoint=endpoint, timeout=timeout)
         return (
@@ -124,9 +106,18 @@ def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
         )
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
+    class HttpWireExporter(HttpExporter):
+        """The SDK's HTTP exporter (its session, headers, compression, retries), its requests sent as written."""
+
+        def export(self, spans: Any) -> SpanExportResult:
+            if self._shutdown:
+                return SpanExportResult.FAILURE
+            sent = self._client.export(spans.data).success
+            return SpanExportResult.SUCCESS if sent else SpanExportResult.FAILURE
+
     if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"  # as the SDK appends it to OTEL_EXPORTER_OTLP_ENDPOINT
-    exporter = HttpExporter(endpoint=endpoint, timeout=timeout)
+    exporter = HttpWireExporter(endpoint=endpoint, timeout=timeout)
     return (
         exporter,
         "http/protobuf",
@@ -140,48 +131,34 @@ _TRACEPARENT = re.compile(
 )
 TRACE_ID_LIMIT = (1 << 64) - 1
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_UNSET = Status(StatusCode.UNSET)
-
-
-def _ratio(ratio: float | None) -> float | None:
-    """The root sampling ratio of a parent-based ratio sampler (the file's, or OTEL_TRACES_SAMPLER's
-    parentbased_* ones); None for any other sampler, which the SDK then runs on every request."""
-    if ratio is not None:
-        return float(ratio)
-    name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
-    fixed = {"parentbased_always_on": 1.0, "parentbased_always_off": 0.0}
-    if name in fixed:
-        return fixed[name]
-    if name == "parentbased_traceidratio":
-        try:
-            value = float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
-        except ValueError:
-            return 1.0  # as the SDK does with an argument that is no number
-        return value if 0.0 <= value <= 1.0 else 1.0
-    return None
+_NOTHING = (None, None, b"")  # an unsampled root: no span, nothing answered
 
 
 class RequestSpan:
     """A sampled request's span while it runs: what tracing.py sets on it, kept in plain fields.
 
-    `end()` hands it to the processor as the finished ReadableSpan the SDK would have made (kind SERVER,
-    the tracer's resource and scope); a live SDK span costs several times more to start and end.
+    `end()` queues it as a record (kind SERVER); a live SDK span costs several times more to start and end.
+    `context` is its SpanContext, `parent` the remote parent's (None: a root).
     """
 
-    __slots__ = ("_finish", "attributes", "context", "name", "parent", "start_ns", "status")
+    __slots__ = ("_finish", "attributes", "name", "parent", "span_id", "start_ns", "status", "trace_id")
 
     def __init__(
         self,
         name: str,
-        context: SpanContext,
+        ids: tuple[int, int],
         parent: SpanContext | None,
         attributes: dict[str, Any],
         start_ns: int,
         finish: Callable[[RequestSpan], None],
     ) -> None:
-        self.name, self.context, self.parent, self.attributes = name, context, parent, attributes
+        self.name, (self.trace_id, self.span_id), self.parent, self.attributes = name, ids, parent, attributes
         self.start_ns, self._finish = start_ns, finish
-        self.status: Status | None = None
+        self.status: tuple[int, str] | None = None  # (OTLP's code, description); None: UNSET
+
+    @property
+    def context(self) -> SpanContext:
+        return SpanContext(self.trace_id, self.span_id, False, _SAMPLED)
 
     def get_span_context(self) -> SpanContext:
         return self.context
@@ -196,14 +173,21 @@ class RequestSpan:
         self.attributes.update(attributes)
 
     def set_status(self, status: Status) -> None:
-        self.status = status
+        self.status = status.status_code.value, status.description or ""
 
     def end(self) -> None:
         self._finish(self)
 
 
-# start(name, traceparent) -> (span or None, the context token for tracing.end, the traceparent to answer)
-Starter = Callable[[str, bytes], "tuple[Any, Any, bytes]"]
+# start(name, traceparent, low=None) -> (span or None, the context token for tracing.end, the traceparent to
+# answer); `low`: a root's 64 random bits when the caller drew them (tracing.ROOT_BOUND)
+Starter = Callable[..., "tuple[Any, Any, bytes]"]
+
+
+def root_bound(ratio: float | None) -> int:
+    """A root is sampled when its trace id's low 64 bits are under this (TraceIdRatioBased's rule); with any
+    other sampler than a parent-based ratio, 2^64: every request goes to the SDK's."""
+    return TRACE_ID_LIMIT + 1 if ratio is None else round(ratio * (TRACE_ID_LIMIT + 1))
 
 
 def request_starter(
@@ -214,20 +198,22 @@ def request_starter(
     entrypoint: str,
     prefix: bytes = b"",
 ) -> Starter:
-    """`start(name, traceparent) -> (span, token, prefix + the traceparent to answer)`, without the SDK.
+    """`start(name, traceparent, low=None) -> (span, token, prefix + the traceparent to answer)`, without the SDK.
 
     ParentBased(TraceIdRatioBased(ratio))'s decision: a valid parent (the W3C rules, lower-case hex only,
     as the SDK's propagator) is followed, sampled or not; a root (no parent, or a malformed one) is
-    sampled when its trace id's low 64 bits are under ratio * 2^64. An unsampled request gets span and
-    token None; one that sent a traceparent gets it back with its own span id (a regex match, a random number
-    and one formatting), an unsampled root gets b"" (nothing is answered: its trace is recorded nowhere);
-    a sampled one's span is made `current` (the token resets it). `prefix`: what the answer is written
-    after (REST's header name, so the router appends it as it is).
+    sampled when its trace id's low 64 bits are under ratio * 2^64. An unsampled root, most requests, costs
+    a test and one random number (those low 64 bits: the high ones are drawn only for a sampled root), gets
+    span and token None and answers b"" (its trace is recorded nowhere); an unsampled request that sent a
+    traceparent gets it back with its own span id (a regex match, a random number and one formatting). A
+    sampled one's span is made `current` (the token resets it). `prefix`: what the answer is written after
+    (REST's header name, so the router appends it as it is). `low`: a root's low 64 bits, drawn by the caller
+    (the REST router draws them itself, and starts only the roots they sample); else drawn here.
     """
-    bound = round(ratio * (TRACE_ID_LIMIT + 1))
+    bound = root_bound(ratio)
     unsampled, sampled = prefix + b"00-%s-%016x-00", prefix + b"00-%032x-%016x-01"
 
-    def start(name: str, traceparent: bytes) -> tuple[RequestSpan | None, Any, bytes]:
+    def start(name: str, traceparent: bytes, low: int | None = None) -> tuple[RequestSpan | None, Any, bytes]:
         parent = None
         if traceparent:
             match = _TRACEPARENT.match(traceparent.strip())
@@ -238,12 +224,15 @@ def request_starter(
                 trace_id = int(match.group(2), 16)
                 parent = SpanContext(trace_id, int(match.group(3), 16), True, TraceFlags(flags))
         if parent is None:
-            trace_id = getrandbits(128) or 1
-            if trace_id & TRACE_ID_LIMIT >= bound:  # recorded nowhere: no id to hand back
-                return None, None, b""
+            if low is None:
+                low = getrandbits(64)
+            if low >= bound:  # recorded nowhere: no id to hand back
+                return _NOTHING
+            trace_id = getrandbits(64) << 64 | low or 1
         span_id = getrandbits(64) or 1
-        context = SpanContext(trace_id, span_id, False, _SAMPLED)
-        span = RequestSpan(name, context, parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish)
+        span = RequestSpan(
+            name, (trace_id, span_id), parent, {"ctr.entrypoint": entrypoint}, now_ns(), finish
+        )
         return span, current.set(span), sampled % (trace_id, span_id)
 
     return start
@@ -255,22 +244,32 @@ def _sampler(ratio: float | None) -> Sampler:
     return ParentBased(ALWAYS_ON) if ratio is not None else _get_from_env_or_default()
 
 
+def _queue_sizes(settings: dict[str, Any]) -> tuple[tuple[int, int], float]:
+    """((max_queue_size, the export batch's size), schedule delay s): the file's, else OTEL_BSP_*'s (as the
+    SDK's BatchSpanProcessor reads and checks them)."""
+    given = settings["max_queue_size"]
+    max_size = BatchSpanProcessor._default_max_queue_size() if given is None else int(given)
+    batch = BatchSpanProcessor._default_max_export_batch_size() if given is None else min(512, max_size)
+    delay = settings["schedule_delay_ms"]
+    delay = BatchSpanProcessor._default_schedule_delay_millis() if delay is None else float(delay)
+    BatchSpanProcessor._validate_arguments(max_size, delay, batch)
+    return (max_size, batch), delay / 1e3
+
+
 def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> dict[str, Any]:
-    """The provider and the calls tracing.py makes on the request path (`start`, `record`, `set_error`)."""
+    """The provider and the calls tracing.py makes on the request path (`starter`, `child`, `batch`,
+    `set_error`). `settings["sample_ratio"]`: a parent-based ratio sampler's root ratio (tracing.root_ratio),
+    None for any other OTEL_TRACES_SAMPLER (the SDK's, on every request)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).addFilter(_OncePerMinute())
     exporter, protocol, endpoint = _exporter(settings)
-    batch_options: dict[str, Any] = {}
-    if settings["max_queue_size"] is not None:
-        batch_options["max_queue_size"] = int(settings["max_queue_size"])
-        batch_options["max_export_batch_size"] = min(512, batch_options["max_queue_size"])
-    if settings["schedule_delay_ms"] is not None:
-        batch_options["schedule_delay_millis"] = float(settings["schedule_delay_ms"])
     resource = Resource.create({"service.name": settings["service_name"]})
-    ratio = _ratio(settings["sample_ratio"])
+    scope = InstrumentationScope("ctr-serving")
+    sizes, delay_s = _queue_sizes(settings)
+    queue = SpanQueue(exporter, resource, scope, on_drop, sizes, delay_s)
+    ratio = None if settings["sample_ratio"] is None else float(settings["sample_ratio"])
     provider = TracerProvider(sampler=_sampler(ratio), resource=resource)
-    provider_processor = _DroppingProcessor(_CountingExporter(exporter, on_drop), on_drop, **batch_options)
-    provider.add_span_processor(provider_processor)
+    provider.add_span_processor(queue)
     tracer = provider.get_tracer("ctr-serving")
     propagator = TraceContextTextMapPropagator()
     offset_ns = time.time_ns() - time.perf_counter_ns()  # perf_counter stamps to span times
@@ -281,7 +280,7 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     def sdk_starter(current: ContextVar[Any], entrypoint: str, prefix: bytes = b"") -> Starter:
         """Any other sampler than a parent-based ratio: the SDK's tracer on every request."""
 
-        def start(name: str, traceparent: bytes) -> tuple[Any, Any, bytes]:
+        def start(name: str, traceparent: bytes, low: int | None = None) -> tuple[Any, Any, bytes]:
             context: Context | None = None
             if traceparent:  # malformed: an empty context
                 context = propagator.extract({"traceparent": traceparent.decode("latin-1")})
@@ -296,44 +295,91 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
 
         return start
 
-    # Spans are finished when they are made (from timestamps taken on the way): built as the ReadableSpan
-    # the processor gets, they skip the SDK's live-span machinery.
-    scope, processor = InstrumentationScope("ctr-serving"), provider_processor
+    # Spans are finished when they are made (from timestamps taken on the way): records, queued as they are
+    # (SpanQueue.put, written out: these run several times a sampled request).
+    records, (max_size, batch_size), wake, put = queue.records, sizes, queue.wake.set, queue.put
 
     def finish(span: RequestSpan) -> None:
-        processor.on_end(
-            ReadableSpan(
-                name=span.name,
-                context=span.context,
-                parent=span.parent,
-                resource=resource,
-                attributes=span.attributes,
-                kind=SpanKind.SERVER,
-                instrumentation_scope=scope,
-                status=span.status or _UNSET,
-                start_time=span.start_ns,
-                end_time=now_ns(),
+        parent = span.parent
+        put(
+            (
+                span.trace_id,
+                span.span_id,
+                0 if parent is None else parent.span_id,
+                parent is not None,  # a request's parent is the client's
+                span.name,
+                SERVER,
+                span.start_ns,
+                now_ns(),
+                span.attributes,
+                (),
+                span.status,
             )
         )
 
-    def record(parent: Any, name: str, start_ns: int, end_ns: int, attributes: Any, linked: Any) -> Any:
-        up = parent if isinstance(parent, SpanContext) else parent.get_span_context()
-        context = SpanContext(up.trace_id, getrandbits(64) or 1, False, up.trace_flags)
-        links = [Link(s.get_span_context()) for s in linked] if linked else ()
-        span = ReadableSpan(
-            name=name,
-            context=context,
-            parent=up,
-            resource=resource,
-            attributes=attributes,
-            links=links,
-            kind=SpanKind.INTERNAL,
-            instrumentation_scope=scope,
-            start_time=start_ns,
-            end_time=end_ns,
+    def child(parent: Any, name: str, start_s: float, end_s: float | None = None, **attributes: Any) -> Any:
+        """tracing.child: a finished child of `parent` (a RequestSpan, what child or batch returned, an SDK
+        span) from perf_counter stamps (end: now), queued; returns its (trace id, span id)."""
+        if parent.__class__ is tuple:
+            trace_id, up = parent
+        elif parent.__class__ is RequestSpan:
+            trace_id, up = parent.trace_id, parent.span_id
+        else:  # the SDK's span
+            context = parent.get_span_context()
+            if not context.trace_flags.sampled:  # recorded, not sampled: neither it nor its children leave
+                return parent
+            trace_id, up = context.trace_id, context.span_id
+        span_id = getrandbits(64) or 1
+        end_ns = time.perf_counter_ns() if end_s is None else int(end_s * 1e9)
+        if len(records) >= max_size:
+            on_drop(1)
+            return trace_id, span_id
+        records.append(
+            (
+                trace_id,
+                span_id,
+                up,
+                False,
+                name,
+                INTERNAL,
+                offset_ns + int(start_s * 1e9),
+                offset_ns + end_ns,
+                attributes or None,
+                (),
+                None,
+            )
         )
-        processor.on_end(span)
-        return context
+        if len(records) == batch_size:
+            wake()
+        return trace_id, span_id
+
+    def batch(parents: list[Any], start_s: float, end_s: float, rows: int) -> Any:
+        """tracing.batch: the span of one model call, the child of the first traced request and linked to
+        each of them; returns its (trace id, span id)."""
+        first = parents[0]
+        if first.__class__ is not RequestSpan and not first.get_span_context().trace_flags.sampled:
+            return first  # the SDK's, recorded but not sampled: neither the batch nor its children leave
+        ids = [(p.trace_id, p.span_id) if p.__class__ is RequestSpan else p.context[:2] for p in parents]
+        trace_id, up = ids[0]
+        span_id = getrandbits(64) or 1
+        start_ns, end_ns = offset_ns + int(start_s * 1e9), offset_ns + int(end_s * 1e9)
+        links = tuple((t, s, False, None) for t, s in ids)
+        put(
+            (
+                trace_id,
+                span_id,
+                up,
+                False,
+                "batch",
+                INTERNAL,
+                start_ns,
+                end_ns,
+                {"ctr.batch_size": rows},
+                links,
+                None,
+            )
+        )
+        return trace_id, span_id
 
     def set_error(span: Any, code: str) -> None:
         span.set_status(Status(StatusCode.ERROR, code))
@@ -344,9 +390,10 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
         "starter": sdk_starter
         if ratio is None
         else functools.partial(request_starter, ratio, now_ns, finish),
-        "record": record,
+        "child": child,
+        "batch": batch,
+        "root_bound": root_bound(ratio),
         "set_error": set_error,
-        "offset_ns": offset_ns,
         "protocol": protocol,
         "endpoint": endpoint,
     }

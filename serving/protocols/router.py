@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from random import getrandbits
 
 import grpc
 
@@ -65,12 +66,15 @@ class RestRouter:
         `header_length`: the v2 binary extension's Inference-Header-Content-Length, when sent.
         With tracing on, every POST runs in its span, under the client's traceparent, which the answer
         returns; the span is begun and ended here, in this coroutine (another around it would cost every
-        request, sampled or not, more than the sampling decision does).
+        request, sampled or not, more than the sampling decision does). The decision of a request without a
+        traceparent is one random number, drawn here (tracing.ROOT_BOUND).
         """
         span = token = answer = None
         if tracing.ACTIVE and method == "POST":
-            name = "infer" if path.startswith("/v2") else "predict"
-            span, token, answer = tracing.begin_rest(name, TRACEPARENT.get())
+            traceparent, low = TRACEPARENT.get(), getrandbits(64)  # a root's decision: most go no further
+            if traceparent or low < tracing.ROOT_BOUND:
+                name = "infer" if path.startswith("/v2") else "predict"
+                span, token, answer = tracing.begin_rest(name, traceparent, low)
         try:
             predict = v1_predict_target(path) if method == "POST" else None
             if predict is not None:  # TF Serving's predict, the hot path: straight to it
