@@ -179,7 +179,7 @@ class Predictor:
             # The runner of the request's signature (serving/runtime/servable.py); `LoadedVersion.run` says
             # why there is none.
             runner = servable.runners.get(request.signature)
-            run = servable.run(request) if runner is None else runner.run(request.batch)
+            run = servable.run(request) if runner is None else runner.run(request.batch, True, span)
             if deadline is None or entrypoint != "REST":  # gRPC cancels its own at the deadline
                 scores = await run
             else:  # cut at the deadline: a run still queued in the batcher is dropped from it

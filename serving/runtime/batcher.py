@@ -191,14 +191,13 @@ class DynamicBatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._traced: list[Any] = []  # the sampled requests' spans of the batch being taken (tracing on)
 
-    async def run(self, batch: Any, watched: bool = True) -> np.ndarray:
+    async def run(self, batch: Any, watched: bool = True, span: Any = None) -> np.ndarray:
         """Queue `batch` and wait for its scores (the servable's runner interface); `watched`: its rows count
-        as the model's answers (BatchWatch)."""
+        as the model's answers (BatchWatch); `span`: the request's span when it is traced."""
         item = self._enqueue(batch)
         if not watched:
             item.watched = False
-        if tracing.ACTIVE:
-            item.span = tracing.current()
+        item.span = span
         return await item.future
 
     @property

@@ -32,9 +32,9 @@ from serving.signatures import DEFAULT_SIGNATURE, RAW_SIGNATURE
 class Runner(Protocol):
     """Runs batches of one signature of one version."""
 
-    async def run(self, batch: Any, watched: bool = True) -> np.ndarray:
+    async def run(self, batch: Any, watched: bool = True, span: Any = None) -> np.ndarray:
         """One batch -> its (N, K) scores; `watched`: the scores are the model's answers, which its BatchWatch
-        sees (a shadow version's are not)."""
+        sees (a shadow version's are not); `span`: the request's span when it is traced (None: it is not)."""
         ...
 
     def close(self) -> None:
@@ -90,7 +90,7 @@ class DirectRunner:
         self._model, self._runtime, self._prepare = model_name, runtime, prepare
         self._watch = watch
 
-    async def run(self, batch: Any, watched: bool = True) -> np.ndarray:
+    async def run(self, batch: Any, watched: bool = True, span: Any = None) -> np.ndarray:
         """One batch -> its scores, timed as the runtime's latency."""
         started = prepared = time.perf_counter()
         features = batch
@@ -104,7 +104,6 @@ class DirectRunner:
             scores = await loop.run_in_executor(self._executor, self._predict, features)
         ran = time.perf_counter()
         self._metrics.runtime_latency.observe((ran - started) * 1e6, self._model, "predict", self._runtime)
-        span = tracing.current() if tracing.ACTIVE else None
         if span is not None:  # one request, no batch: its transform and model run are its own children
             if self._prepare is not None:
                 tracing.child(span, "transform", started, prepared)
@@ -179,7 +178,7 @@ class LoadedVersion:
     ranges: FeatureRanges | None = None
     closed: bool = False  # unloaded: nothing may count anything under its version any more
 
-    async def run(self, request: DecodedRequest, watched: bool = True) -> np.ndarray:
+    async def run(self, request: DecodedRequest, watched: bool = True, span: Any = None) -> np.ndarray:
         """The request's batch -> its (N, K) scores, on the runner of the signature it calls (`watched`:
         Runner.run)."""
         runner = self.runners.get(request.signature)
@@ -187,7 +186,7 @@ class LoadedVersion:
             raise Unavailable(f"version {self.version} was unloaded; retry")
         if runner is None:  # the codecs refuse a signature the version lacks; this is the last guard
             raise InvalidArgument(f'Serving signature name: "{request.signature}" not found in signature def')
-        return await runner.run(request.batch, watched)
+        return await runner.run(request.batch, watched, span)
 
     def close(self) -> None:
         """Stop every runner (the version is unloaded; its queues are empty by then), let go of them, and free
