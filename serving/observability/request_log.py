@@ -66,22 +66,24 @@ RETRY_OPEN_S = 1.0  # after a failed open, lines are dropped for this long befor
 IDLE_CHECK_S = 1.0  # with no line to write, how often the writer checks that its file is still in the folder
 
 
-_ID_PREFIX = os.urandom(6).hex()  # per process: ids of different workers and restarts never collide
-_SERVER_PREFIX = f"{_ID_PREFIX}-"
+_SERVER_PREFIX = f"{os.urandom(6).hex()}-"  # per process: ids of different workers and restarts never collide
+_SERVER_PREFIX_BYTES = _SERVER_PREFIX.encode()
 _ID_COUNTER = itertools.count(1)
 
 
 def _new_id_prefix() -> None:
     """A forked process (a `--num_workers` worker, a restarted one) draws its own prefix: the parent imported
     this module before forking, and its prefix and counter would otherwise be every worker's."""
-    global _ID_PREFIX, _SERVER_PREFIX, _ID_COUNTER
-    _ID_PREFIX = os.urandom(6).hex()
-    _SERVER_PREFIX, _ID_COUNTER = f"{_ID_PREFIX}-", itertools.count(1)
+    global _SERVER_PREFIX, _SERVER_PREFIX_BYTES, _ID_COUNTER
+    _SERVER_PREFIX = f"{os.urandom(6).hex()}-"
+    _SERVER_PREFIX_BYTES, _ID_COUNTER = _SERVER_PREFIX.encode(), itertools.count(1)
 
 
 os.register_at_fork(after_in_child=_new_id_prefix)
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+_ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-"
+_ID_CHAR_SET, _ID_BYTE_SET = frozenset(_ID_CHARS), frozenset(_ID_CHARS.encode())
 MAX_ID_CHARS = 128
+_CRC_RANGE = 2.0**32  # crc32 values are below this
 
 
 def new_request_id() -> str:
@@ -98,14 +100,29 @@ def request_id_from(client_value: str | bytes | None) -> str:
     """The client's `x-request-id` when it is a sane token (<= 128 of [A-Za-z0-9._:-]), else a fresh id."""
     if client_value:
         value = client_value.decode("latin-1") if isinstance(client_value, bytes) else client_value
-        if len(value) <= MAX_ID_CHARS and _ID_CHARS.issuperset(value):
+        if len(value) <= MAX_ID_CHARS and _ID_CHAR_SET.issuperset(value):
             return value
     return new_request_id()
 
 
+def http_request_id(client_value: bytes, rate: float) -> tuple[bytes, str | None]:
+    """An HTTP request's id as (what its answer's `x-request-id` carries, what its predict is handed).
+
+    The client's sane `x-request-id` (as `request_id_from`) is both. Else the server makes one (as
+    `new_request_id`, made as bytes: the answer writes it as it is) and hands it on only when the request log
+    samples it at `rate`: past the HTTP layer a made id is read by the log alone (the traffic split draws at
+    random for it, `server_made`), so the sampling is decided here, once, and an unsampled request carries
+    nothing further (None).
+    """
+    if client_value and len(client_value) <= MAX_ID_CHARS and _ID_BYTE_SET.issuperset(client_value):
+        return client_value, client_value.decode("ascii")
+    made = b"%s%x" % (_SERVER_PREFIX_BYTES, next(_ID_COUNTER))
+    return made, made.decode() if zlib.crc32(made) < rate * _CRC_RANGE else None  # `sampled(made, rate)`
+
+
 def sampled(request_id: str, rate: float) -> bool:
     """Whether `request_id` is in the sample of rate `rate` (deterministic in the id)."""
-    return rate > 0 and zlib.crc32(request_id.encode()) < rate * 2**32
+    return rate > 0 and zlib.crc32(request_id.encode()) < rate * _CRC_RANGE
 
 
 class RequestLog:
@@ -122,9 +139,7 @@ class RequestLog:
     ) -> None:
         """`on_drop(n)` / `on_write(n)` count lines; they run on the event loop's thread (metrics have no lock)."""
         self.directory, self.rate, self.max_bytes = directory, sample_rate, max_bytes
-        self._below = (
-            sample_rate * 2**32 if sample_rate > 0 else -1.0
-        )  # `sampled`: crc32 of the id below this
+        self._below = sample_rate * _CRC_RANGE if sample_rate > 0 else -1.0  # `sampled`: crc32 below this
         self._on_drop, self._on_write = on_drop, on_write
         self._queue: deque[tuple[Any, ...]] = deque()  # appended by the event loop, taken by the writer
         self._queue_lines = queue_lines
