@@ -256,7 +256,8 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
             self._inflater.finish()  # 400 for a truncated stream
         path = self._url.split(b"?", 1)[0].decode("latin-1")  # raw: the router splits, then decodes
         request_id, predict_id = b"", None
-        if self._request_id or self.limits.make_request_ids:  # the client's, or made: the request log reads it
+        # The client's id, or one made when the request log reads ids (made as bytes, the log's sample drawn once).
+        if self._request_id or self.limits.make_request_ids:
             request_id, predict_id = http_request_id(self._request_id, self.limits.request_log_rate)
         request = PendingRequest(
             self.parser.get_method().decode(),

@@ -20,7 +20,8 @@ header (gRPC metadata) when it sends one, else one the server makes; it is retur
 response header either way, so clicks can be joined with the log later (`python -m pipelines.clicks`).
 
 Sampling is a hash of the request id (crc32 below R * 2^32): a retried request and every replica make the
-same choice, and a test can count the lines it expects. Each worker writes its own files,
+same choice, and a test can count the lines it expects. A REST connection draws it where it makes an id
+(`http_request_id`): a made id the log does not sample is answered and handed no further. Each worker writes its own files,
 DIR/requests-<pid>-<n>.jsonl, and starts the next file once one holds `--request_log_max_bytes`.
 
 A predict never waits for the disk and never fails because of it: lines go into a bounded queue that one
