@@ -142,7 +142,9 @@ class RequestLog:
         self.directory, self.rate, self.max_bytes = directory, sample_rate, max_bytes
         self._below = sample_rate * _CRC_RANGE if sample_rate > 0 else -1.0  # `sampled`: crc32 below this
         self._on_drop, self._on_write = on_drop, on_write
-        self._queue: deque[bytes] = deque()  # lines, appended by the event loop, taken by the writer
+        # What makes each line (`_line`'s arguments, `inputs` not yet called), appended by the event loop, taken
+        # by the writer: a line is made on the writer's thread, with the others taken at once.
+        self._queue: deque[tuple[Any, ...]] = deque()
         self._queue_lines = queue_lines
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -180,7 +182,8 @@ class RequestLog:
         canary: bool = False,
         fallback: str | None = None,
     ) -> float | None:
-        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests.
+        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests, on
+        the writer's thread (it must read only what stays as it is once the request is answered).
 
         Returns the line's time stamp (for `record_shadow`); None when the request is not sampled or the line
         was dropped.
@@ -188,30 +191,20 @@ class RequestLog:
         if not zlib.crc32(request_id.encode()) < self._below:  # `sampled(request_id, self.rate)`
             return None
         stamp = time.time()
-        put = self._put(
-            request_id, stamp, model_name, version, label, canary, False, fallback, inputs(), outputs
-        )
-        return stamp if put else None
+        entry = (request_id, stamp, model_name, version, label, canary, False, fallback, inputs, outputs)
+        return stamp if self._put(entry) else None
 
     def record_shadow(
         self, request_id: str, stamp: float, model_name: str, version: int, outputs: np.ndarray
     ) -> None:
         """Queue the shadow line of a request whose primary line `record` queued at `stamp`; never blocks."""
-        self._put(request_id, stamp, model_name, version, "shadow", False, True, None, None, outputs)
+        self._put((request_id, stamp, model_name, version, "shadow", False, True, None, None, outputs))
 
-    def _put(self, *fields: Any) -> bool:
-        """Queue the line of `fields` (`_line`'s arguments), made here: the queue holds bytes, not the request's
-        objects, which would otherwise live on (and be the garbage collector's) until the writer ran."""
+    def _put(self, entry: tuple[Any, ...]) -> bool:
         if len(self._queue) >= self._queue_lines:
             self._on_drop(1)
             return False
-        try:
-            line = self._line(*fields)
-        except TypeError as exc:  # orjson.JSONEncodeError is a TypeError: inputs of a kind we cannot write
-            log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
-            self._on_drop(1)
-            return False
-        self._queue.append(line)  # atomic: the writer takes lines from the other end
+        self._queue.append(entry)  # atomic: the writer takes lines from the other end
         return True
 
     # --- the writer thread ---------------------------------------------------------------------
@@ -229,7 +222,17 @@ class RequestLog:
                 break
         self._close()
 
-    def _write(self, lines: list[bytes]) -> None:
+    def _write(self, entries: list[tuple[Any, ...]]) -> None:
+        """Make the lines of `entries` and write them. Made here, together: a line made alone, one in a hundred
+        requests, found every cache cold and cost several times as much CPU; and until then the queue holds the
+        request's few objects, not its inputs as lists, for the garbage collector to walk."""
+        lines = []
+        for *fields, inputs, outputs in entries:
+            try:
+                lines.append(self._line(*fields, None if inputs is None else inputs(), outputs))
+            except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+                log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
+                self._count(self._on_drop, 1)
         start = 0
         while start < len(lines):
             start = self._append(lines, start)
