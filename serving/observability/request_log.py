@@ -25,7 +25,8 @@ same choice, and a test can count the lines it expects. A REST connection draws 
 DIR/requests-<pid>-<n>.jsonl, and starts the next file once one holds `--request_log_max_bytes`.
 
 A predict never waits for the disk and never fails because of it: lines go into a bounded queue that one
-writer thread drains every WRITE_EVERY_S, all its lines in one write (a predict wakes no thread). A full queue (slow disk), or a write that fails (full disk, unwritable directory),
+writer thread drains every WRITE_EVERY_S, making all its lines and writing them in one write (a predict wakes no
+thread). A full queue (slow disk), or a write that fails (full disk, unwritable directory),
 drops the line and counts it in `ctr_serving_request_log_dropped_total` (alert: CtrServingRequestLogDropping);
 every other line is counted in `ctr_serving_request_log_lines_total`.
 
