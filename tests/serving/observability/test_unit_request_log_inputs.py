@@ -1,9 +1,12 @@
 """A raw request's `inputs` in its log line (DecodedRequest.logged_inputs): the 39 columns of RawBatch.inputs,
 in its order, as JSON the same whichever form the decoder left the batch in (the scan's keys, the values' list,
-the arrays), rows and columns, missing counts null and missing values ""."""
+the arrays), rows and columns, missing counts null and missing values "". Inputs that cannot be made or written
+cost their line alone."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +18,7 @@ from ctr_features.compiled.raw_batch import RawBatch
 from serving.app.curl_example import CRITEO_ROW
 from serving.codecs import raw_body
 from serving.codecs.rest_codec import decode_raw_body
+from serving.observability.request_log import RequestLog
 from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
 
@@ -60,3 +64,28 @@ def test_columns_of_arrays_are_the_batch_inputs_in_order() -> None:
 )
 def test_columns_of_decoded_requests_are_the_batch_inputs(body: dict[str, Any]) -> None:
     assert line_inputs(decoded(body)) == expected(decoded(body))
+
+
+def test_a_line_whose_inputs_cannot_be_made_or_written_is_dropped_and_counted(tmp_path: Path) -> None:
+    """inputs() runs on the writer's thread: a failure there costs its line, counted, never the writer."""
+    dropped: list[int] = []
+    outputs = np.zeros((1, 1), np.float32)
+
+    def unmakeable() -> Any:
+        raise ValueError("some values are not keyed")
+
+    async def scenario() -> None:
+        log = RequestLog(tmp_path, 1.0, 1 << 20, on_drop=dropped.append)
+        log.start()
+        log.record("bad-1", "ctr", 1, lambda: {"instances": object()}, outputs)
+        log.record("bad-2", "ctr", 1, unmakeable, outputs)
+        log.record("good", "ctr", 1, lambda: {"instances": [[1.0]]}, outputs)
+        await asyncio.to_thread(log.stop)
+        await asyncio.sleep(0)  # the drop counts come back to this loop
+
+    asyncio.run(scenario())
+    lines = [
+        orjson.loads(line) for f in tmp_path.glob("requests-*.jsonl") for line in f.read_bytes().splitlines()
+    ]
+    assert [line["request_id"] for line in lines] == ["good"] and lines[0]["inputs"] == {"instances": [[1.0]]}
+    assert dropped == [1, 1]
