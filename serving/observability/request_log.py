@@ -228,9 +228,9 @@ class RequestLog:
         requests, found every cache cold and cost several times as much CPU; and until then the queue holds the
         request's few objects, not its inputs as lists, for the garbage collector to walk."""
         lines = []
-        for *fields, inputs, outputs in entries:
+        for entry in entries:
             try:
-                lines.append(self._line(*fields, None if inputs is None else inputs(), outputs))
+                lines.append(self._line(*entry))
             except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
                 log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
                 self._count(self._on_drop, 1)
@@ -248,9 +248,10 @@ class RequestLog:
         canary: bool,
         shadow: bool,
         fallback: str | None,
-        inputs: Any,
+        inputs: Callable[[], Any] | None,
         outputs: np.ndarray,
     ) -> bytes:
+        """One JSON line; `inputs()` makes its `inputs` (None: null, a shadow line)."""
         return orjson.dumps(
             {
                 "request_id": request_id,
@@ -261,7 +262,7 @@ class RequestLog:
                 "canary": canary,
                 "shadow": shadow,
                 "fallback": fallback,
-                "inputs": inputs,
+                "inputs": None if inputs is None else inputs(),
                 "outputs": outputs,
             },
             option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE,
