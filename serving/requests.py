@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 
+from ctr_contract.schema import CATEGORICAL_FIELDS, NUMERIC_FIELDS
 from ctr_features.compiled.raw_batch import RawBatch
 from serving.signatures import RAW_SIGNATURE
 
@@ -30,6 +31,12 @@ class DecodedRequest(NamedTuple):
     def logged_inputs(self) -> dict[str, Any]:
         """The batch for the request log: `instances` (features) or columnar `inputs` (raw fields)."""
         if self.signature == RAW_SIGNATURE:
+            # Columns as RawBatch.inputs has them, made from the counts' one list and the values' field-major
+            # list (the object array RawBatch.categorical is not made for a log line).
             raw = cast(RawBatch, self.batch)
-            return {"inputs": {k: v.tolist() for k, v in raw.inputs.items()}}
+            n, values = len(raw), raw.strings()
+            columns: dict[str, list[Any]] = dict(zip(NUMERIC_FIELDS, raw.numeric.tolist(), strict=True))
+            for i, name in enumerate(CATEGORICAL_FIELDS):
+                columns[name] = values[i * n : (i + 1) * n]
+            return {"inputs": columns}
         return {"instances": self.batch}

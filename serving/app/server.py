@@ -150,6 +150,7 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
         max_buffered_bytes=cfg.max_buffered_bytes,
         compress_min_bytes=cfg.response_compression_min_bytes,
         make_request_ids=cfg.request_log_sample_rate > 0 and cfg.request_log_dir is not None,
+        request_log_rate=cfg.request_log_sample_rate,
     )
 
 

@@ -23,7 +23,7 @@ from serving.http.connection_end import MAX_PIPELINED, NEVER, ConnectionEnd
 from serving.http.encoding import BodyInflater, compress, compressible, request_coding, response_coding
 from serving.http.messages import CONTINUE, TIMEOUT, TRACEPARENT, PendingRequest, Rejected, render
 from serving.http.shared import ConnectionBudget, RequestHandler
-from serving.observability.request_log import request_id_from
+from serving.observability.request_log import http_request_id
 
 MAX_URL_BYTES = 8192
 # The request headers the server reads (every other is counted against --max_headers and dropped).
@@ -255,16 +255,17 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
         if self._inflater is not None:
             self._inflater.finish()  # 400 for a truncated stream
         path = self._url.split(b"?", 1)[0].decode("latin-1")  # raw: the router splits, then decodes
+        request_id, predict_id = b"", None
+        # The client's id, or one made when the request log reads ids (made as bytes, the log's sample drawn once).
+        if self._request_id or self.limits.make_request_ids:
+            request_id, predict_id = http_request_id(self._request_id, self.limits.request_log_rate)
         request = PendingRequest(
             self.parser.get_method().decode(),
             path,
             self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks),
             self.parser.should_keep_alive(),
-            request_id=(
-                request_id_from(self._request_id)  # the client's, or made: the request log reads it
-                if self._request_id or self.limits.make_request_ids
-                else ""
-            ),
+            request_id=request_id,
+            predict_id=predict_id,
             header_length=self._header_length,
             accept=self._accept if self._accept is not None and compressible(path) else None,
             traceparent=self._traceparent,
@@ -325,7 +326,7 @@ class HttpConnection(ConnectionEnd, asyncio.Protocol):
                 if request.timeout is not None or TIMEOUT.get() is not None:
                     TIMEOUT.set(request.timeout)  # x-request-timeout-ms, from when the request was read
                 status, body, content_type = await self.app.handle(
-                    method, request.path, request.body, request.request_id or None, request.header_length
+                    method, request.path, request.body, request.predict_id, request.header_length
                 )
                 self.budget.count_freed(len(request.body))
                 if self.transport is None:

@@ -40,6 +40,7 @@ class PendingRequest:
         "keep_alive",
         "method",
         "path",
+        "predict_id",
         "request_id",
         "timeout",
         "traceparent",
@@ -52,7 +53,8 @@ class PendingRequest:
         body: bytes | bytearray,
         keep_alive: bool,
         error: bytes = b"",
-        request_id: str = "",
+        request_id: bytes = b"",
+        predict_id: str | None = None,
         header_length: int | None = None,
         accept: str | None = None,
         traceparent: bytes = b"",
@@ -66,10 +68,11 @@ class PendingRequest:
         self.traceparent = traceparent  # W3C trace context header, as sent (b"": none)
         self.timeout = timeout  # (x-request-timeout-ms as sent, time.monotonic() when read), or None
         self.error = error  # a final response the HTTP layer decided (e.g. a 431), already rendered
-        self.request_id = (
-            request_id  # the client's x-request-id, or a fresh one (serving/observability/request_log.py), or ""
-            # when nothing reads it (HttpLimits.make_request_ids)
-        )
+        # The x-request-id the answer carries: the client's, or one the server made (b"": none, when nothing reads
+        # it, HttpLimits.make_request_ids); and the id the app is handed, for the traffic split and the request
+        # log: the client's, or a made one the log samples (None: neither reads it). See
+        # serving/observability/request_log.py `http_request_id`.
+        self.request_id, self.predict_id = request_id, predict_id
 
 
 def request_deadline() -> float | None:
@@ -185,20 +188,28 @@ def render(
     date: bytes,
     extra_headers: bytes,
     head_only: bool = False,
-    request_id: str = "",
+    request_id: bytes = b"",
 ) -> bytes:
     """One HTTP/1.1 response: status line, headers (`extra_headers` are raw CRLF-ended lines), then `body`.
 
     `content_type` may end with further CRLF-separated header lines (the v2 binary extension's header length).
+    `request_id`: the `x-request-id` to answer (b"": none).
     """
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%s%s%s\r\n" % (
+    head = (_HEAD_WITH_ID if request_id else _HEAD) % (
         status,
         _REASONS.get(status, b""),
         content_type,
         len(body),
         date,
-        b"x-request-id: %s\r\n" % request_id.encode() if request_id else b"",
+        request_id,
         extra_headers,
         b"" if keep_alive else b"connection: close\r\n",
     )
     return head if head_only else head + body
+
+
+# A response's head, with and without an x-request-id line (one formatting either way; `%.0s` takes the empty id).
+_HEAD = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\n%.0s%s%s\r\n"
+_HEAD_WITH_ID = (
+    b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\ndate: %s\r\nx-request-id: %s\r\n%s%s\r\n"
+)

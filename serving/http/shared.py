@@ -39,6 +39,9 @@ class HttpLimits:
     # Whether a request without a usable x-request-id gets one the server makes (and answers in x-request-id):
     # only something that reads it needs one, the request log (serving/observability/request_log.py).
     make_request_ids: bool = True
+    # The request log's sample rate: a made id is handed to the app only when the log samples it (decided where
+    # it is made, serving/observability/request_log.py `http_request_id`); 1.0 hands every one on.
+    request_log_rate: float = 1.0
 
 
 class RequestHandler(Protocol):

@@ -20,11 +20,13 @@ header (gRPC metadata) when it sends one, else one the server makes; it is retur
 response header either way, so clicks can be joined with the log later (`python -m pipelines.clicks`).
 
 Sampling is a hash of the request id (crc32 below R * 2^32): a retried request and every replica make the
-same choice, and a test can count the lines it expects. Each worker writes its own files,
+same choice, and a test can count the lines it expects. A REST connection draws it where it makes an id
+(`http_request_id`): a made id the log does not sample is answered and handed no further. Each worker writes its own files,
 DIR/requests-<pid>-<n>.jsonl, and starts the next file once one holds `--request_log_max_bytes`.
 
 A predict never waits for the disk and never fails because of it: lines go into a bounded queue that one
-writer thread drains every WRITE_EVERY_S, all its lines in one write (a predict wakes no thread). A full queue (slow disk), or a write that fails (full disk, unwritable directory),
+writer thread drains every WRITE_EVERY_S, making all its lines and writing them in one write (a predict wakes no
+thread). A full queue (slow disk), or a write that fails (full disk, unwritable directory),
 drops the line and counts it in `ctr_serving_request_log_dropped_total` (alert: CtrServingRequestLogDropping);
 every other line is counted in `ctr_serving_request_log_lines_total`.
 
@@ -66,22 +68,24 @@ RETRY_OPEN_S = 1.0  # after a failed open, lines are dropped for this long befor
 IDLE_CHECK_S = 1.0  # with no line to write, how often the writer checks that its file is still in the folder
 
 
-_ID_PREFIX = os.urandom(6).hex()  # per process: ids of different workers and restarts never collide
-_SERVER_PREFIX = f"{_ID_PREFIX}-"
+_SERVER_PREFIX = f"{os.urandom(6).hex()}-"  # per process: ids of different workers and restarts never collide
+_SERVER_PREFIX_BYTES = _SERVER_PREFIX.encode()
 _ID_COUNTER = itertools.count(1)
 
 
 def _new_id_prefix() -> None:
     """A forked process (a `--num_workers` worker, a restarted one) draws its own prefix: the parent imported
     this module before forking, and its prefix and counter would otherwise be every worker's."""
-    global _ID_PREFIX, _SERVER_PREFIX, _ID_COUNTER
-    _ID_PREFIX = os.urandom(6).hex()
-    _SERVER_PREFIX, _ID_COUNTER = f"{_ID_PREFIX}-", itertools.count(1)
+    global _SERVER_PREFIX, _SERVER_PREFIX_BYTES, _ID_COUNTER
+    _SERVER_PREFIX = f"{os.urandom(6).hex()}-"
+    _SERVER_PREFIX_BYTES, _ID_COUNTER = _SERVER_PREFIX.encode(), itertools.count(1)
 
 
 os.register_at_fork(after_in_child=_new_id_prefix)
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+_ID_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-"
+_ID_CHAR_SET, _ID_BYTE_SET = frozenset(_ID_CHARS), frozenset(_ID_CHARS.encode())
 MAX_ID_CHARS = 128
+_CRC_RANGE = 2.0**32  # crc32 values are below this
 
 
 def new_request_id() -> str:
@@ -98,14 +102,29 @@ def request_id_from(client_value: str | bytes | None) -> str:
     """The client's `x-request-id` when it is a sane token (<= 128 of [A-Za-z0-9._:-]), else a fresh id."""
     if client_value:
         value = client_value.decode("latin-1") if isinstance(client_value, bytes) else client_value
-        if len(value) <= MAX_ID_CHARS and _ID_CHARS.issuperset(value):
+        if len(value) <= MAX_ID_CHARS and _ID_CHAR_SET.issuperset(value):
             return value
     return new_request_id()
 
 
+def http_request_id(client_value: bytes, rate: float) -> tuple[bytes, str | None]:
+    """An HTTP request's id as (what its answer's `x-request-id` carries, what its predict is handed).
+
+    The client's sane `x-request-id` (as `request_id_from`) is both. Else the server makes one (as
+    `new_request_id`, made as bytes: the answer writes it as it is) and hands it on only when the request log
+    samples it at `rate`: past the HTTP layer a made id is read by the log alone (the traffic split draws at
+    random for it, `server_made`), so the sampling is decided here, once, and an unsampled request carries
+    nothing further (None).
+    """
+    if client_value and len(client_value) <= MAX_ID_CHARS and _ID_BYTE_SET.issuperset(client_value):
+        return client_value, client_value.decode("ascii")
+    made = b"%s%x" % (_SERVER_PREFIX_BYTES, next(_ID_COUNTER))
+    return made, made.decode() if zlib.crc32(made) < rate * _CRC_RANGE else None  # `sampled(made, rate)`
+
+
 def sampled(request_id: str, rate: float) -> bool:
     """Whether `request_id` is in the sample of rate `rate` (deterministic in the id)."""
-    return rate > 0 and zlib.crc32(request_id.encode()) < rate * 2**32
+    return rate > 0 and zlib.crc32(request_id.encode()) < rate * _CRC_RANGE
 
 
 class RequestLog:
@@ -122,11 +141,11 @@ class RequestLog:
     ) -> None:
         """`on_drop(n)` / `on_write(n)` count lines; they run on the event loop's thread (metrics have no lock)."""
         self.directory, self.rate, self.max_bytes = directory, sample_rate, max_bytes
-        self._below = (
-            sample_rate * 2**32 if sample_rate > 0 else -1.0
-        )  # `sampled`: crc32 of the id below this
+        self._below = sample_rate * _CRC_RANGE if sample_rate > 0 else -1.0  # `sampled`: crc32 below this
         self._on_drop, self._on_write = on_drop, on_write
-        self._queue: deque[tuple[Any, ...]] = deque()  # appended by the event loop, taken by the writer
+        # What makes each line (`_line`'s arguments, `inputs` not yet called), appended by the event loop, taken
+        # by the writer: a line is made on the writer's thread, with the others taken at once.
+        self._queue: deque[tuple[Any, ...]] = deque()
         self._queue_lines = queue_lines
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,7 +183,8 @@ class RequestLog:
         canary: bool = False,
         fallback: str | None = None,
     ) -> float | None:
-        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests.
+        """Queue one request if it is sampled; never blocks. `inputs()` is called only for sampled requests, on
+        the writer's thread (it must read only what stays as it is once the request is answered).
 
         Returns the line's time stamp (for `record_shadow`); None when the request is not sampled or the line
         was dropped.
@@ -172,7 +192,7 @@ class RequestLog:
         if not zlib.crc32(request_id.encode()) < self._below:  # `sampled(request_id, self.rate)`
             return None
         stamp = time.time()
-        entry = (request_id, stamp, model_name, version, label, canary, False, fallback, inputs(), outputs)
+        entry = (request_id, stamp, model_name, version, label, canary, False, fallback, inputs, outputs)
         return stamp if self._put(entry) else None
 
     def record_shadow(
@@ -204,13 +224,14 @@ class RequestLog:
         self._close()
 
     def _write(self, entries: list[tuple[Any, ...]]) -> None:
+        """Make the lines of `entries` and write them. Made here, together: a line made alone, one in a hundred
+        requests, found every cache cold and cost several times as much CPU; and until then the queue holds the
+        request's few objects, not its inputs as lists, for the garbage collector to walk."""
         lines = []
         for entry in entries:
             try:
                 lines.append(self._line(*entry))
-            except (
-                TypeError
-            ) as exc:  # orjson.JSONEncodeError is a TypeError: inputs of a kind we cannot write
+            except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
                 log.warning("request log: dropping a line that cannot be written as JSON: %s", exc)
                 self._count(self._on_drop, 1)
         start = 0
@@ -227,9 +248,10 @@ class RequestLog:
         canary: bool,
         shadow: bool,
         fallback: str | None,
-        inputs: Any,
+        inputs: Callable[[], Any] | None,
         outputs: np.ndarray,
     ) -> bytes:
+        """One JSON line; `inputs()` makes its `inputs` (None: null, a shadow line)."""
         return orjson.dumps(
             {
                 "request_id": request_id,
@@ -240,7 +262,7 @@ class RequestLog:
                 "canary": canary,
                 "shadow": shadow,
                 "fallback": fallback,
-                "inputs": inputs,
+                "inputs": None if inputs is None else inputs(),
                 "outputs": outputs,
             },
             option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE,
