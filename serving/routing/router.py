@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from random import random
 
 from ctr_contract.traffic import TrafficSplit
 from serving.errors import InvalidArgument, NotFound, Unavailable
@@ -59,6 +60,7 @@ class Router:
         self._plain: Route | None = None  # every routed request's route, when nothing depends on the request
         self._base: Pair | None = None  # the stable (or latest) version's routes
         self._canary: Pair | None = None  # the canary's, when it is loaded and has a share
+        self._canary_share = 0.0  # its share of the requests without a client id, 0 to 1
         self._unclosed: frozenset[int] = frozenset()  # versions whose breaker is not closed
         self._by_version: dict[int, Route] = {}
         self._by_label: dict[str, Route] = {}
@@ -87,8 +89,12 @@ class Router:
             raise Unavailable(
                 f"Servable not found for request: Latest({self.name}); no version is loaded yet"
             )
-        key = None if request_id is None or server_made(request_id) else request_id
-        pair = self._canary if self._canary is not None and self.traffic.canary(key) else self._base
+        if request_id is None or server_made(request_id):  # no client id: a random choice, drawn here
+            pair = self._canary if self._canary is not None and random() < self._canary_share else self._base
+            key = None
+        else:
+            key = request_id
+            pair = self._canary if self._canary is not None and self.traffic.canary(key) else self._base
         route = pair[1] if self.traffic.shadow_percent > 0 and self.traffic.shadow(key) else pair[0]
         if self.fallback is not None and route.primary.version in self._unclosed:
             return self.fallback.redirect(route)
@@ -177,6 +183,7 @@ class Router:
         self._base = None if primary is None else self._pair(primary, "stable" if stable else "latest")
         canary = self.labelled("canary") if self.traffic.canary_percent > 0 else None
         self._canary = None if canary is None else self._pair(canary, "canary")
+        self._canary_share = self.traffic.canary_percent / 100  # TrafficSplit.canary's draw without an id
         self._plain = None
         if (
             self._base is not None
