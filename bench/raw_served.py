@@ -5,6 +5,7 @@ checkout of the project (the code before a change), all interleaved in the same 
     python -m bench.raw_served MODEL_BASE_PATH --profile [--before CHECKOUT] [--seconds 10]
     python -m bench.raw_served MODEL_BASE_PATH --features [--rounds 6] [--seconds 3]
     python -m bench.raw_served MODEL_BASE_PATH --in_process [--before CHECKOUT [--before_model PATH]] [--rounds 3]
+    python -m bench.raw_served MODEL_BASE_PATH --features --in_process [--before CHECKOUT] [--rounds 2]
 
 Single rows at 8 and 64 connections (raw QPS / vector QPS, raw p99) and ranking requests of 100 rows at 8
 connections (rows/s, p99): the points of issue 19's goals, with the server process's CPU time per request (the
@@ -17,7 +18,8 @@ runs.
 each optional feature costs a single raw row, off against on at its defaults (bench/harness/feature_cost.py).
 `--in_process`: instead, the Python path alone, in process (bench/guard/in_process.py): CPU µs a single raw row
 at 64 fake connections, batching on, server defaults, `--rounds` runs of 5 rounds of 30,000 requests a checkout,
-the checkouts taking turns.
+the checkouts taking turns. Both: every feature setup in process, for this checkout and --before's (both
+serve MODEL_BASE_PATH's latest version), `--rounds` runs of 3 rounds each.
 """
 
 from __future__ import annotations
@@ -182,7 +184,13 @@ def main() -> None:
     if args.features:
         procs.install_cleanup()
         with tempfile.TemporaryDirectory() as tmp:
-            print(feature_cost.run(base, Path(tmp), args.rounds, args.seconds, []))
+            if args.in_process:  # every setup in process, for this checkout and --before's
+                trees = {"this checkout": PROJECT_ROOT} | (
+                    {"--before": args.before.resolve()} if args.before else {}
+                )
+                print(feature_cost.in_process(base, Path(tmp), args.rounds, trees))
+            else:
+                print(feature_cost.run(base, Path(tmp), args.rounds, args.seconds, []))
         return
     before_base = base_path_of(args.before_model.resolve()) if args.before_model else base
     checkouts = {"": (PROJECT_ROOT, base)} | (

@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from statistics import median
 from typing import Any
 
+from bench.guard import in_process as in_process_run
 from bench.harness import procs
 from bench.harness.servers import Server, median_row, our_server, wrk_point
 from bench.sections.serving_load import write_raw_lua
@@ -55,32 +57,62 @@ def feature_flags(tracing: Path, logs: Path) -> dict[str, tuple[str, ...]]:
     }
 
 
-def servers(base: Path, workdir: Path, sink_port: int) -> list[Server]:
-    """The setups' servers (not started): all off, each feature alone, all on."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
+def setups(base: Path, workdir: Path, sink_port: int) -> tuple[Path, dict[str, list[str]]]:
+    """The repository every setup serves, and each setup's flags: all off, each feature alone, drift with the
+    canary, all on."""
     workdir.mkdir(parents=True, exist_ok=True)
     tracing = workdir / "tracing_1.json"
     tracing.write_text(
         json.dumps({"endpoint": f"http://127.0.0.1:{sink_port}", "protocol": "grpc", "sample_ratio": 0.01})
     )
-    repo = two_versions(base, workdir / "repo")
 
-    def server(name: str, turned_on: tuple[str, ...]) -> Server:
+    def flags(turned_on: tuple[str, ...]) -> list[str]:
         """`turned_on` replaces the off flag of the same name."""
         names = {flag.split("=")[0] for flag in turned_on}
-        flags = [f for f in OFF_FLAGS if f.split("=")[0] not in names] + list(turned_on)
-        return our_server(name, repo, batching=True, flags=flags, env=env)
+        return [f for f in OFF_FLAGS if f.split("=")[0] not in names] + list(turned_on)
 
     logs = workdir / "request_logs"
     alone = feature_flags(tracing, logs / "alone")
     together = tuple(f for fs in feature_flags(tracing, logs / "together").values() for f in fs)
     pair = alone["drift"] + alone["canary 10%"]  # drift watches a split's two versions taking turns
-    return [
-        server(ALL_OFF, ()),
-        *(server(name, flags) for name, flags in alone.items()),
-        server(DRIFT_AND_CANARY, pair),
-        server(ALL_ON, together),
-    ]
+    named = {ALL_OFF: flags(())} | {name: flags(on) for name, on in alone.items()}
+    return two_versions(base, workdir / "repo"), named | {
+        DRIFT_AND_CANARY: flags(pair),
+        ALL_ON: flags(together),
+    }
+
+
+def servers(base: Path, workdir: Path, sink_port: int) -> list[Server]:
+    """The setups' servers (not started)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
+    repo, named = setups(base, workdir, sink_port)
+    return [our_server(name, repo, batching=True, flags=flags, env=env) for name, flags in named.items()]
+
+
+def in_process(base: Path, workdir: Path, rounds: int, checkouts: dict[str, Path]) -> str:
+    """Every setup of each checkout in process (bench/guard/in_process.py: CPU µs a single raw row, no kernel,
+    no wrk), a child process a setup, `rounds` runs of 3 rounds of 30,000 requests, the setups and checkouts
+    taking turns (the order reversed every other run): each setup's median and its change against all off."""
+    sink = SpanSink()
+    figures: dict[tuple[str, str], list[float]] = {}
+    try:
+        repo, named = setups(base, workdir, sink.port)
+        plan = [(tag, name) for tag in checkouts for name in named]
+        for run in range(rounds):
+            for tag, name in plan if run % 2 == 0 else plan[::-1]:
+                found = in_process_run.measure(
+                    checkouts[tag], repo, 3, 30_000, CONNECTIONS, tuple(named[name])
+                )
+                figures.setdefault((tag, name), []).extend(found)
+    finally:
+        sink.stop()
+    lines = ["| checkout | setup | CPU µs a request: median (min to max) | vs all off |", "|---|---|---|---|"]
+    for (tag, name), values in figures.items():
+        off, mid = median(figures[(tag, ALL_OFF)]), median(values)
+        lines.append(
+            f"| {tag} | {name} | {mid:.2f} ({min(values):.2f} to {max(values):.2f}) | {mid - off:+.2f} µs |"
+        )
+    return "\n".join(lines)
 
 
 def run(base: Path, workdir: Path, rounds: int, seconds: int, commands: list[str]) -> str:
