@@ -3,7 +3,7 @@ checkout of the project (the code before a change), all interleaved in the same 
 
     python -m bench.raw_served MODEL_BASE_PATH [--before CHECKOUT [--before_model PATH]] [--rounds 3] [--seconds 3]
     python -m bench.raw_served MODEL_BASE_PATH --profile [--before CHECKOUT] [--seconds 10]
-    python -m bench.raw_served MODEL_BASE_PATH --features [--rounds 6] [--seconds 3]
+    python -m bench.raw_served MODEL_BASE_PATH --features [--leave_one_out] [--rounds 6] [--seconds 3]
     python -m bench.raw_served MODEL_BASE_PATH --in_process [--before CHECKOUT [--before_model PATH]] [--rounds 3]
     python -m bench.raw_served MODEL_BASE_PATH --features --in_process [--before CHECKOUT] [--rounds 2]
 
@@ -179,6 +179,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="where each server's CPU goes, by module")
     parser.add_argument("--features", action="store_true", help="each feature off vs on at its defaults")
     parser.add_argument("--in_process", action="store_true", help="the Python path alone, CPU µs a raw row")
+    parser.add_argument(
+        "--leave_one_out", action="store_true", help="with --features: all on, and all on but each feature"
+    )
     args = parser.parse_args()
     base = base_path_of(args.model_base_path.resolve())
     if args.features:
@@ -188,9 +191,9 @@ def main() -> None:
                 trees = {"this checkout": PROJECT_ROOT} | (
                     {"--before": args.before.resolve()} if args.before else {}
                 )
-                print(feature_cost.in_process(base, Path(tmp), args.rounds, trees))
+                print(feature_cost.in_process(base, Path(tmp), args.rounds, trees, args.leave_one_out))
             else:
-                print(feature_cost.run(base, Path(tmp), args.rounds, args.seconds, []))
+                print(feature_cost.run(base, Path(tmp), args.rounds, args.seconds, [], args.leave_one_out))
         return
     before_base = base_path_of(args.before_model.resolve()) if args.before_model else base
     checkouts = {"": (PROJECT_ROOT, base)} | (

@@ -15,6 +15,8 @@ model's latest version copied as versions 1 and 2; without the split, the latest
     all on          every one of the above together
     all off, gzip offered   the client sends `Accept-Encoding: gzip` (a one-row answer is below the compression
                     threshold, so what is paid is the header's handling)
+With `--leave_one_out`: all off, all on, and "all but X" for each feature X (what X costs among the others).
+`--in_process`: the same setups through bench/guard/in_process.py (the Python path alone, no wrk).
 The goal: "all on" loses at most 5% QPS against "all off".
 """
 
@@ -57,9 +59,11 @@ def feature_flags(tracing: Path, logs: Path) -> dict[str, tuple[str, ...]]:
     }
 
 
-def setups(base: Path, workdir: Path, sink_port: int) -> tuple[Path, dict[str, list[str]]]:
+def setups(
+    base: Path, workdir: Path, sink_port: int, leave_one_out: bool = False
+) -> tuple[Path, dict[str, list[str]]]:
     """The repository every setup serves, and each setup's flags: all off, each feature alone, drift with the
-    canary, all on."""
+    canary, all on; with `leave_one_out`, all off, all on and all on but each feature instead."""
     workdir.mkdir(parents=True, exist_ok=True)
     tracing = workdir / "tracing_1.json"
     tracing.write_text(
@@ -75,28 +79,34 @@ def setups(base: Path, workdir: Path, sink_port: int) -> tuple[Path, dict[str, l
     alone = feature_flags(tracing, logs / "alone")
     together = tuple(f for fs in feature_flags(tracing, logs / "together").values() for f in fs)
     pair = alone["drift"] + alone["canary 10%"]  # drift watches a split's two versions taking turns
+    repo = two_versions(base, workdir / "repo")
+    if leave_one_out:  # what each feature costs among the others
+        but = feature_flags(tracing, logs / "but")
+        return repo, {ALL_OFF: flags(()), ALL_ON: flags(together)} | {
+            f"all but {left}": flags(tuple(f for name, fs in but.items() if name != left for f in fs))
+            for left in but
+        }
     named = {ALL_OFF: flags(())} | {name: flags(on) for name, on in alone.items()}
-    return two_versions(base, workdir / "repo"), named | {
-        DRIFT_AND_CANARY: flags(pair),
-        ALL_ON: flags(together),
-    }
+    return repo, named | {DRIFT_AND_CANARY: flags(pair), ALL_ON: flags(together)}
 
 
-def servers(base: Path, workdir: Path, sink_port: int) -> list[Server]:
+def servers(base: Path, workdir: Path, sink_port: int, leave_one_out: bool = False) -> list[Server]:
     """The setups' servers (not started)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}  # "off" is really off
-    repo, named = setups(base, workdir, sink_port)
+    repo, named = setups(base, workdir, sink_port, leave_one_out)
     return [our_server(name, repo, batching=True, flags=flags, env=env) for name, flags in named.items()]
 
 
-def in_process(base: Path, workdir: Path, rounds: int, checkouts: dict[str, Path]) -> str:
+def in_process(
+    base: Path, workdir: Path, rounds: int, checkouts: dict[str, Path], leave_one_out: bool = False
+) -> str:
     """Every setup of each checkout in process (bench/guard/in_process.py: CPU µs a single raw row, no kernel,
     no wrk), a child process a setup, `rounds` runs of 3 rounds of 30,000 requests, the setups and checkouts
     taking turns (the order reversed every other run): each setup's median and its change against all off."""
     sink = SpanSink()
     figures: dict[tuple[str, str], list[float]] = {}
     try:
-        repo, named = setups(base, workdir, sink.port)
+        repo, named = setups(base, workdir, sink.port, leave_one_out)
         plan = [(tag, name) for tag in checkouts for name in named]
         for run in range(rounds):
             for tag, name in plan if run % 2 == 0 else plan[::-1]:
@@ -115,13 +125,15 @@ def in_process(base: Path, workdir: Path, rounds: int, checkouts: dict[str, Path
     return "\n".join(lines)
 
 
-def run(base: Path, workdir: Path, rounds: int, seconds: int, commands: list[str]) -> str:
+def run(
+    base: Path, workdir: Path, rounds: int, seconds: int, commands: list[str], leave_one_out: bool = False
+) -> str:
     """Measure every setup in alternating interleaved rounds; returns the markdown table."""
     sink = SpanSink()
     plain = write_raw_lua(workdir / "raw1.lua", 1)
     gzip = write_raw_lua(workdir / "raw1_gzip.lua", 1)
     gzip.write_text(gzip.read_text() + 'wrk.headers["Accept-Encoding"] = "gzip"\n')
-    setups = servers(base, workdir, sink.port)
+    setups = servers(base, workdir, sink.port, leave_one_out)
     # (setup name, server, script): every setup on plain requests, then "all off" with gzip offered.
     plan = [(server.name, server, plain) for server in setups] + [(f"{ALL_OFF}, {GZIP}", setups[0], gzip)]
     runs: dict[str, list[dict[str, float]]] = {}

@@ -66,3 +66,23 @@ def test_each_setup_turns_its_feature_back_on_and_all_on_every_one(tmp_path) -> 
         "--request_log_sample_rate=0.01",
     ]
     assert (tmp_path / "work" / "repo" / "ctr" / "2" / "model.onnx").read_bytes() == b"weights"
+
+
+def test_leave_one_out_turns_on_every_feature_but_one(tmp_path) -> None:
+    from bench.harness.feature_cost import feature_flags, setups
+
+    (tmp_path / "ctr" / "1").mkdir(parents=True)
+    (tmp_path / "ctr" / "1" / "model.onnx").write_bytes(b"weights")
+    _, named = setups(tmp_path / "ctr", tmp_path / "work", sink_port=4317, leave_one_out=True)
+    features = list(feature_flags(tmp_path, tmp_path))
+    assert list(named) == [ALL_OFF, ALL_ON, *(f"all but {f}" for f in features)]
+
+    def kept(flags: list[str]) -> set[str]:  # each setup logs into a folder of its own
+        return {f.split("=")[0] if f.startswith("--request_log_dir") else f for f in flags}
+
+    for feature, its_flags in feature_flags(tmp_path, tmp_path).items():
+        names = {flag.split("=")[0] for flag in its_flags}
+        its_on = kept([flag for flag in named[ALL_ON] if flag.split("=")[0] in names])
+        left = kept(named[f"all but {feature}"])
+        assert its_on and not its_on & left  # the feature is off ...
+        assert kept(named[ALL_ON]) - its_on <= left  # ... and every other one on
