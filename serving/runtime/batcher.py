@@ -56,6 +56,7 @@ class BatchWatch:
         "_histogram",
         "_model",
         "_observe_ctr",
+        "_off",
         "_row",
         "_signature",
         "_signature_key",
@@ -81,12 +82,36 @@ class BatchWatch:
         self._histogram, self._drift, self._stats = metrics.predicted_ctr, drift, statistics
         self._observe_ctr = metrics.predicted_ctr.labels(model_name)
         self._row: StatisticsRow | None = None  # the version's statistics row, found at the first batch
+        self._off = False  # its counting failed once: nothing more is counted (`answered`)
 
     def answered(self, batch: Any, scores: np.ndarray, requests: int, queued_ns: int, ran_ns: int) -> None:
         """The model scored `batch` (before any transform) as `scores` (N, K), for `requests` requests that
         waited `queued_ns` in all, in a call of `ran_ns` (transform and model): count the execution, the
-        `ctr` column in the histogram and keep the rows in the drift window; never raises (a failing drift
-        window is turned off)."""
+        `ctr` column in the histogram and keep the rows in the drift window. Never raises: the batch's
+        requests have their scores whatever happens here, and a failure is logged once and turns off what
+        failed (the drift window, or the rest of this version's watching)."""
+        if self._off:
+            return
+        try:
+            ctr = self._counted(scores, requests, queued_ns, ran_ns)
+        except Exception:
+            log.exception(
+                "statistics and the predicted-CTR histogram of %s version %d are off from now on: they failed "
+                "on a batch",
+                self._model,
+                self._version,
+            )
+            self._off = True
+            return
+        if ctr is not None and self._drift is not None:
+            try:
+                self._drift.observe_batch(self._signature_key, batch, ctr)
+            except Exception:
+                log.exception("drift tracking of %s is off from now on: it failed on a batch", self._model)
+                self._drift = None
+
+    def _counted(self, scores: np.ndarray, requests: int, queued_ns: int, ran_ns: int) -> np.ndarray | None:
+        """Count the execution and the `ctr` scores; returns them, or None when one is not finite."""
         stats = self._stats
         if stats is not None:
             row = self._row
@@ -99,19 +124,14 @@ class BatchWatch:
         ):  # a few (a canary's batch, batching off): in Python, no numpy call's fixed cost
             values = ctr.ravel().tolist()
             if not all(map(math.isfinite, values)):
-                return
+                return None
             for value in values:
                 self._observe_ctr(value)
         elif np.isfinite(ctr).all():
             self._histogram.observe_many(ctr, self._model)
         else:
-            return
-        if self._drift is not None:
-            try:
-                self._drift.observe_batch(self._signature_key, batch, ctr)
-            except Exception:
-                log.exception("drift tracking of %s is off from now on: it failed on a batch", self._model)
-                self._drift = None
+            return None
+        return ctr
 
 
 def all_finite(scores: np.ndarray) -> bool:

@@ -139,3 +139,69 @@ def test_a_failed_model_call_fails_every_request_of_the_batch() -> None:
 
     assert run_batcher(test, model) == ["model execution failed: boom"] * 2
     assert model.calls == [3]
+
+
+def watched_batcher(metrics: ServingMetrics) -> Callable[[RecordingModel], DynamicBatcher]:
+    """A batcher whose BatchWatch counts into `metrics` (statistics of version 1, the histogram; no drift)."""
+    from serving.runtime.batcher import BatchWatch
+    from serving.signatures import DEFAULT_SIGNATURE, Signature
+
+    signature = Signature("features", "ctr", 2, 1)
+    watch = BatchWatch("ctr", 1, signature, DEFAULT_SIGNATURE, metrics, None, metrics.model_stats)
+
+    def make(model: RecordingModel) -> DynamicBatcher:
+        return DynamicBatcher(
+            model,
+            max_batch_size=8,
+            batch_timeout_s=0.0,
+            max_enqueued_batches=4,
+            timeout_s=30.0,
+            executor=None,
+            metrics=metrics,
+            model_name="ctr",
+            runtime="test",
+            watch=watch,
+        )
+
+    return make
+
+
+def run_watched(make: Callable[[RecordingModel], DynamicBatcher], model: RecordingModel) -> list[list[float]]:
+    async def main() -> list[list[float]]:
+        batcher = make(model)
+        try:
+            futures = [batcher.submit(rows(2, 0)), batcher.submit(rows(3, 10)), batcher.submit(rows(1, 20))]
+            return [f.ravel().tolist() for f in await asyncio.gather(*futures)]
+        finally:
+            batcher.close()
+
+    return asyncio.run(main())
+
+
+def test_a_batch_is_watched_once_its_rows_counted_as_one_execution() -> None:
+    metrics = ServingMetrics()
+    model = RecordingModel()
+    assert run_watched(watched_batcher(metrics), model) == [[0, 1], [10, 11, 12], [20]]
+    assert model.calls == [6]
+    row = metrics.model_stats.row("ctr", 1, "serving_default")
+    assert (row.execution_count, row.inference_count) == (1, 6)  # one model call of the three requests' rows
+    assert row.compute_infer_ns > 0 and row.queue_ns >= 0 and row.last_inference > 0
+    counts, total = metrics.predicted_ctr.series[("ctr",)]
+    assert (sum(counts), total[0]) == (6, 0 + 1 + 10 + 11 + 12 + 20)  # every row's score, once
+
+
+def test_a_watch_that_fails_is_logged_once_and_the_requests_keep_their_scores(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = ServingMetrics()
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a broken statistics row")
+
+    monkeypatch.setattr(metrics.model_stats, "executed", broken)
+    make = watched_batcher(metrics)
+    for _ in range(2):  # the second batch finds the watch off: nothing raised, nothing logged again
+        assert run_watched(make, RecordingModel()) == [[0, 1], [10, 11, 12], [20]]
+    failures = [r for r in caplog.records if "are off from now on" in r.getMessage()]
+    assert len(failures) == 1 and "ctr version 1" in failures[0].getMessage()
+    assert ("ctr",) not in metrics.predicted_ctr.series  # nothing counted once the watch failed
