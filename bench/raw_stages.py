@@ -95,7 +95,7 @@ def stages(version_dir: Path, rows: list[dict[str, Any]], n: int, repeat: int) -
 
     def observe() -> None:
         for each in served:
-            drift.observe(each, ctr)  # drift watches the `ctr` columns, as the predictor feeds it
+            drift.observe_batch(each.signature, each.batch, ctr)  # the `ctr` columns, as a runner feeds it
         drift.flush()
 
     def vdecode() -> None:

@@ -18,7 +18,7 @@ gauges has a sample and its rows are not kept: an absent series, not a window th
 Requests of engineered features feed the feature series; raw requests (whose features only exist inside the
 model graph) feed the raw:* series. Both feed the score.
 
-The hot path (`observe`) only keeps a reference to the batch; every FLUSH_ROWS rows (and at each scrape) the
+The hot path (`observe_batch`, once a model call) only keeps a reference to the batch; every FLUSH_ROWS rows (and at each scrape) the
 pending batches are copied into ring buffers at once (serving/observability/drift_window.py). Binning happens
 at scrape time, off the predict path, its cost growing with the window. Under `--num_workers N` each worker
 keeps window/N rows in a shared file, and the worker answering a scrape reads all of them: the figure covers
@@ -46,7 +46,6 @@ from ctr_features.compiled.raw_batch import RawBatch
 from ctr_features.compiled.value_table import ValueTable
 from serving.observability.drift_window import RingBuffer, joined, rows_of, shared_windows
 from serving.observability.metrics import escape_label_value as esc
-from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
 
 log = logging.getLogger(__name__)
@@ -210,10 +209,6 @@ class DriftMonitor:
         if self._pending_requests:  # rows of a quiet moment: they hold their version's transform meanwhile
             self.flush()
         asyncio.get_running_loop().call_later(REFERENCE_CHECK_S, self._watch_reference)
-
-    def observe(self, request: DecodedRequest, scores: np.ndarray) -> None:
-        """Remember one request's batch and its scores (N, 1): `observe_batch` of its signature."""
-        self.observe_batch(request.signature, request.batch, scores)
 
     def observe_batch(self, signature: str, batch: Any, scores: np.ndarray) -> None:
         """Hot path, once a model call (serving/runtime/batcher.py): remember the batch the model ran

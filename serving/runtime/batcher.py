@@ -84,16 +84,31 @@ class BatchWatch:
         self._row: StatisticsRow | None = None  # the version's statistics row, found at the first batch
         self._off = False  # its counting failed once: nothing more is counted (`answered`)
 
-    def answered(self, batch: Any, scores: np.ndarray, requests: int, queued_ns: int, ran_ns: int) -> None:
+    def answered(
+        self,
+        batch: Any,
+        scores: np.ndarray,
+        requests: int,
+        queued_ns: int,
+        ran_ns: int,
+        answers: list[tuple[Any, np.ndarray]] | None = None,
+    ) -> None:
         """The model scored `batch` (before any transform) as `scores` (N, K), for `requests` requests that
         waited `queued_ns` in all, in a call of `ran_ns` (transform and model): count the execution, the
-        `ctr` column in the histogram and keep the rows in the drift window. Never raises: the batch's
-        requests have their scores whatever happens here, and a failure is logged once and turns off what
-        failed (the drift window, or the rest of this version's watching)."""
+        `ctr` column in the histogram and keep the rows in the drift window. `answers`: the (rows, scores) of
+        the requests whose scores are the model's answers, when some of the call's are not (a shadow
+        version's); None: all are. Never raises: the batch's requests have their scores whatever happens here,
+        and a failure is logged once and turns off what failed (the drift window, or the rest of this
+        version's watching)."""
         if self._off:
             return
         try:
-            ctr = self._counted(scores, requests, queued_ns, ran_ns)
+            self._executed(len(scores), requests, queued_ns, ran_ns)
+            if answers is None:
+                ctr = self._counted(scores)
+                watched = [] if ctr is None else [(batch, ctr)]
+            else:
+                watched = [(rows, ctr) for rows, part in answers if (ctr := self._counted(part)) is not None]
         except Exception:
             log.exception(
                 "statistics and the predicted-CTR histogram of %s version %d are off from now on: they failed "
@@ -103,21 +118,24 @@ class BatchWatch:
             )
             self._off = True
             return
-        if ctr is not None and self._drift is not None:
+        if self._drift is not None:
             try:
-                self._drift.observe_batch(self._signature_key, batch, ctr)
+                for rows, ctr in watched:
+                    self._drift.observe_batch(self._signature_key, rows, ctr)
             except Exception:
                 log.exception("drift tracking of %s is off from now on: it failed on a batch", self._model)
                 self._drift = None
 
-    def _counted(self, scores: np.ndarray, requests: int, queued_ns: int, ran_ns: int) -> np.ndarray | None:
-        """Count the execution and the `ctr` scores; returns them, or None when one is not finite."""
+    def _executed(self, rows: int, requests: int, queued_ns: int, ran_ns: int) -> None:
         stats = self._stats
         if stats is not None:
             row = self._row
             if row is None:
                 row = self._row = stats.row(self._model, self._version, self._signature_key)
-            stats.executed(row, len(scores), requests, queued_ns, ran_ns)
+            stats.executed(row, rows, requests, queued_ns, ran_ns)
+
+    def _counted(self, scores: np.ndarray) -> np.ndarray | None:
+        """Count the `ctr` scores in the histogram; returns them, or None when one is not finite."""
         ctr = self._signature.score(scores) if self._signature.extra_outputs else scores
         if (
             ctr.size <= FEW_SCORES
@@ -352,11 +370,10 @@ class DynamicBatcher:
             unwatched |= not item.watched
             start = end
         if self._watch is not None:
-            if not unwatched:
-                queued_ns = int(sum(item.queued_s for item in batch) * 1e9)
-                self._watch.answered(merged, scores, len(batch), queued_ns, int((ran - started) * 1e9))
-            else:  # a shadow version's batch among the answers: each answer apart
-                _watch_apart(self._watch, batch, scores, int((ran - started) * 1e9))
+            queued_ns = int(sum(item.queued_s for item in batch) * 1e9)
+            # One execution of every request's rows; a shadow version's requests among them are not answers.
+            answers = _answers(batch, scores) if unwatched else None
+            self._watch.answered(merged, scores, len(batch), queued_ns, int((ran - started) * 1e9), answers)
 
 
 def _trace_batch(spans: list[Any], started: float, prepared: float | None, ran: float, rows: int) -> None:
@@ -367,13 +384,15 @@ def _trace_batch(spans: list[Any], started: float, prepared: float | None, ran: 
     tracing.child(span, "model_run", prepared or started, ran)
 
 
-def _watch_apart(watch: BatchWatch, batch: list[_Pending], scores: np.ndarray, ran_ns: int) -> None:
-    start = 0
+def _answers(batch: list[_Pending], scores: np.ndarray) -> list[tuple[Any, np.ndarray]]:
+    """The (rows, scores) of the batch's watched requests."""
+    found, start = [], 0
     for item in batch:
         end = start + len(item.features)
         if item.watched:
-            watch.answered(item.features, scores[start:end], 1, int(item.queued_s * 1e9), ran_ns)
+            found.append((item.features, scores[start:end]))
         start = end
+    return found
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -16,7 +16,6 @@ from ctr_features.spec import FeatureSpec
 from export.gates.parity import MIN_ROWS
 from export.publish.drift_reference import raw_bins
 from serving.observability.drift import FLUSH_REQUESTS, DriftMonitor, Reference
-from serving.requests import DecodedRequest
 from serving.signatures import RAW_SIGNATURE
 from tests.serving.codecs.test_unit_raw_fast import fit_spec
 from training.synth import sample_rows
@@ -103,7 +102,7 @@ def test_the_window_holds_the_same_rows_either_way_and_a_bin_the_spec_lacks_fall
         scores = [np.full((len(b), 1), i, np.float32) for i, b in enumerate(requests)]
         for batch, s in zip(requests, scores, strict=True):
             transform(batch)
-            monitor.observe(DecodedRequest(RAW_SIGNATURE, batch), s)
+            monitor.observe_batch(RAW_SIGNATURE, batch, s)
         monitor.flush()
         window = monitor.raw.filled()
         assert window.shape == (26, 40)
@@ -124,7 +123,7 @@ def test_single_rows_of_a_merged_batch_reach_the_window_too(spec: FeatureSpec, t
     parts = [RawBatch.from_rows(numeric[i : i + 1], categorical[i : i + 1]) for i in range(5)]
     transform(RawBatch.concat(parts))
     for i, part in enumerate(parts):
-        monitor.observe(DecodedRequest(RAW_SIGNATURE, part), np.full((1, 1), i, np.float32))
+        monitor.observe_batch(RAW_SIGNATURE, part, np.full((1, 1), i, np.float32))
     monitor.flush()
     want = np.hstack(
         [np.concatenate([looked_up(ref, p) for p in parts]), np.arange(5, dtype=np.float32)[:, None]]
@@ -143,7 +142,7 @@ def test_a_flush_comes_every_flush_requests_single_rows(spec: FeatureSpec, tmp_p
         batch = RawBatch.from_rows(numeric[i : i + 1], categorical[i : i + 1])
         transform(batch)
         assert len(monitor.raw.filled()) == 0  # nothing flushed before the last one
-        monitor.observe(DecodedRequest(RAW_SIGNATURE, batch), np.zeros((1, 1), np.float32))
+        monitor.observe_batch(RAW_SIGNATURE, batch, np.zeros((1, 1), np.float32))
     assert len(monitor.raw.filled()) == FLUSH_REQUESTS
 
 
@@ -163,7 +162,7 @@ def test_two_versions_taking_turns_keep_their_rows_and_tables_until_one_flush(
     requests = [RawBatch.from_rows(numeric[i : i + 1], categorical[i : i + 1]) for i in range(6)]
     for i, batch in enumerate(requests):
         (canary if i % 2 else stable)(batch)
-        monitor.observe(DecodedRequest(RAW_SIGNATURE, batch), np.full((1, 1), i, np.float32))
+        monitor.observe_batch(RAW_SIGNATURE, batch, np.full((1, 1), i, np.float32))
     assert flushes == []  # the turns flush nothing
     assert ref.codes_by_entry(stable) is ref.codes_by_entry(stable) is not ref.codes_by_entry(canary)
     monitor.flush()

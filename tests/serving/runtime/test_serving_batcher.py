@@ -205,3 +205,26 @@ def test_a_watch_that_fails_is_logged_once_and_the_requests_keep_their_scores(
     failures = [r for r in caplog.records if "are off from now on" in r.getMessage()]
     assert len(failures) == 1 and "ctr version 1" in failures[0].getMessage()
     assert ("ctr",) not in metrics.predicted_ctr.series  # nothing counted once the watch failed
+
+
+def test_a_shadow_request_among_a_batch_is_executed_but_not_watched() -> None:
+    metrics = ServingMetrics()
+    make = watched_batcher(metrics)
+
+    async def main() -> list[list[float]]:
+        batcher = make(RecordingModel())
+        try:
+            answers = [
+                batcher.run(rows(2, 0)),
+                batcher.run(rows(3, 10), watched=False),  # a shadow version's rows
+                batcher.run(rows(1, 20)),
+            ]
+            return [a.ravel().tolist() for a in await asyncio.gather(*answers)]
+        finally:
+            batcher.close()
+
+    assert asyncio.run(main()) == [[0, 1], [10, 11, 12], [20]]
+    row = metrics.model_stats.row("ctr", 1, "serving_default")
+    assert (row.execution_count, row.inference_count) == (1, 6)  # one model call, every row it ran
+    counts, total = metrics.predicted_ctr.series[("ctr",)]
+    assert (sum(counts), total[0]) == (3, 0 + 1 + 20)  # the answers' scores alone
