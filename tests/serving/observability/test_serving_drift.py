@@ -130,6 +130,14 @@ def test_day0_traffic_stays_under_0_1_and_day5_traffic_pushes_drifted_features_o
 def test_drift_window_covers_every_worker(drift_world, start_server):
     base, spec, _ = drift_world
     server = start_server(base, f"--drift_window={WINDOW}", "--num_workers=2")
+    # A worker listens once its model is loaded: under load the second may still be loading when the first
+    # answers, and every connection would then go to the first. Wait until both answer.
+    listening: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(listening) < 2:
+        assert time.monotonic() < deadline, f"the second worker never listened:\n{server.log()}"
+        with urllib.request.urlopen(server.url("/v1/models/ctr"), timeout=10) as response:
+            listening.add(response.headers.get("x-served-by-pid"))
     rows = spec.transform(*raw_rows(5, 600, seed=3))
     pids = send(server, rows, batch=30)  # 20 connections: the kernel spreads them over both workers
     assert len(pids) == 2

@@ -243,8 +243,10 @@ def peak_rss_mib(path: Path, loader: str) -> tuple[int, float]:
 @pytest.mark.slow  # make test-slow (docs/testing.md)
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak RSS from /proc")
 def test_streaming_peak_memory_does_not_grow_with_the_row_count(sized_files: dict[int, Path]) -> None:
+    # Each streaming peak is the lower of two runs: under a loaded machine (make test-slow's two workers)
+    # one run's allocator once kept 76 MiB more freed memory mapped than the other's.
     (small_rows, small), (big_rows, big) = (
-        peak_rss_mib(sized_files[n], "stream") for n in (100_000, 300_000)
+        min(peak_rss_mib(sized_files[n], "stream") for _ in range(2)) for n in (100_000, 300_000)
     )
     (_, small_mem), (_, big_mem) = (peak_rss_mib(sized_files[n], "memory") for n in (100_000, 300_000))
     assert big_rows > 2.9 * small_rows  # every training row was streamed
