@@ -17,9 +17,9 @@ A batch carrying several requests is the child of the first and linked from all 
 W3C `traceparent` is read from the REST header and the gRPC metadata, and returned (a response header, the
 trailing metadata); a malformed one is ignored and a new trace started. Sampling is parent-based with a
 ratio. A sampled request's spans are plain records on the request path; they leave through a bounded queue
-and a thread that sends them in batches (serving/observability/otlp_wire.py): when the collector is down or
-slow, spans are dropped, never waited for; the drops are counted (`ctr_serving_trace_spans_dropped_total`)
-and a warning is logged at most once a minute.
+and a thread that hands them in batches to the exporter's own process (serving/observability/spans/): when
+the collector is down or slow, spans are dropped, never waited for; the drops are counted
+(`ctr_serving_trace_spans_dropped_total`) and a warning is logged at most once a minute.
 
 The config file is JSON; every key is optional (defaults in `DEFAULTS`):
     {"endpoint": "http://127.0.0.1:4317", "protocol": "grpc" | "http/protobuf", "sample_ratio": 0.01,
@@ -49,7 +49,7 @@ ACTIVE = False  # True once setup() has installed a tracer: the request path tes
 # low half, TraceIdRatioBased's rule); 2^64 with any other sampler than a parent-based ratio. Set by setup().
 ROOT_BOUND = 0
 _CURRENT: ContextVar[Any] = ContextVar("ctr_request_span", default=None)  # the request's recording span
-_begin_grpc: Callable[[str, bytes], tuple[Any, Any, bytes]]  # tracing_sdk's starters, set by setup()
+_begin_grpc: Callable[[str, bytes], tuple[Any, Any, bytes]]  # spans/sdk.py's starters, set by setup()
 _begin_plain_rest: Callable[[str, bytes], tuple[Any, Any, bytes]]
 _state: dict[str, Any] = {}
 DEFAULTS: dict[str, Any] = {
@@ -94,7 +94,7 @@ def read_config(config_file: Path | None) -> dict[str, Any]:
 def root_ratio(ratio: float | None) -> float | None:
     """The root sampling ratio of a parent-based ratio sampler (the file's, or OTEL_TRACES_SAMPLER's
     parentbased_* ones); None for any other sampler, which the SDK then runs on every request
-    (serving/observability/tracing_sdk.py)."""
+    (serving/observability/spans/sdk.py)."""
     if ratio is not None:
         return float(ratio)
     name = os.environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
@@ -120,7 +120,7 @@ def setup(
     global ACTIVE, ROOT_BOUND, _begin_grpc, _begin_plain_rest, begin_rest, child, batch
     if ACTIVE or not wanted(config_file):
         return ACTIVE
-    from serving.observability.tracing_sdk import build_tracer  # the SDK is imported only from here
+    from serving.observability.spans.sdk import build_tracer  # the SDK is imported only from here
 
     settings = read_config(config_file)
     settings["service_name"] = settings["service_name"] or os.environ.get("OTEL_SERVICE_NAME") or service_name
@@ -176,7 +176,7 @@ def begin(name: str, traceparent: str | bytes | None, entrypoint: str) -> tuple[
 
     Returns (span, token for end(), the traceparent to answer with). An unsampled request, most of them,
     gets span and token None: its only cost is the sampling decision and the traceparent answered
-    (serving/observability/tracing_sdk.py, `request_starter`), and it records no children. A sampled
+    (serving/observability/spans/sdk.py, `request_starter`), and it records no children. A sampled
     span is made the current one. `entrypoint`: "REST" or "GRPC".
     """
     if isinstance(traceparent, str):
@@ -229,6 +229,6 @@ def status(span: Any, code: str) -> None:
 # `child(parent, name, start_s, end_s=None, **attributes)`: record a finished child span of `parent` (a span,
 # or what child() and batch() return) from perf_counter stamps (end: now); returns its context, to be the
 # parent of others. `batch(parents, start_s, end_s, rows)`: the span of one model call, the child of the first
-# traced request and linked to each of them. Set by setup() (tracing_sdk.py's, queued as plain records).
+# traced request and linked to each of them. Set by setup() (spans/sdk.py's, queued as plain records).
 child: Callable[..., Any]
 batch: Callable[[list[Any], float, float, int], Any]

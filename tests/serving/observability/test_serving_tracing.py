@@ -341,7 +341,7 @@ def test_the_fast_sampling_decision_is_the_sdks() -> None:
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    from serving.observability.tracing_sdk import request_starter
+    from serving.observability.spans.sdk import request_starter
 
     finished: list[Any] = []
     current: ContextVar[Any] = ContextVar("span", default=None)
@@ -388,14 +388,14 @@ def test_the_fast_sampling_decision_is_the_sdks() -> None:
 
 
 def test_otlp_wire_writes_the_sdks_message() -> None:
-    """The gRPC exporter's requests (serving/observability/otlp_wire.py) are `encode_spans`' own."""
+    """The gRPC exporter's requests (serving/observability/spans/otlp_wire.py) are `encode_spans`' own."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-    from serving.observability.otlp_wire import encode_request
+    from serving.observability.spans.otlp_wire import encode_request
 
     resource, scope = Resource.create({"service.name": "ctr-serving"}), InstrumentationScope("ctr-serving")
     remote = SpanContext(int(CLIENT_TRACE, 16), int(CLIENT_SPAN, 16), True, TraceFlags(1))
@@ -426,8 +426,8 @@ def test_otlp_wire_writes_the_sdks_message() -> None:
 
 def test_any_other_sampler_runs_through_the_sdks_tracer(monkeypatch) -> None:
     """OTEL_TRACES_SAMPLER=always_on (not parent-based): every request is started by the SDK's tracer."""
+    from serving.observability.spans.sdk import build_tracer
     from serving.observability.tracing import DEFAULTS
-    from serving.observability.tracing_sdk import build_tracer
 
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_on")
     settings = {**DEFAULTS, "endpoint": f"http://127.0.0.1:{free_port()}", "protocol": "grpc"}

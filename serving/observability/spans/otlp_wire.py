@@ -1,6 +1,6 @@
 """Spans off the request path: kept as plain records, queued, written as OTLP wire bytes and sent in batches.
 
-A sampled request's spans are `SpanRecord` tuples (serving/observability/tracing_sdk.py makes them); `SpanQueue`
+A sampled request's spans are `SpanRecord` tuples (serving/observability/spans/sdk.py makes them); `SpanQueue`
 keeps them in a bounded queue (a record that finds it full is dropped and counted, never waited for) and its
 thread sends them in batches: `encode_records` writes the ExportTraceServiceRequest's protobuf bytes straight
 from the records, which the exporter sends as they are. The SDK's BatchSpanProcessor, ReadableSpan and encoder
@@ -258,7 +258,7 @@ class SpanQueue(SpanProcessor):
     wakes every `delay_s`, or when `batch_size` are waiting, and sends everything queued in requests of at
     most `batch_size` spans (`Encoded`, through `exporter.export`); the spans of a request that fails are
     counted as dropped. As the SDK's span processor (`on_end`), it queues the spans of the SDK's own tracer.
-    `records` (the deque) and `wake` are the request path's too: tracing_sdk's `child`, run several times a
+    `records` (the deque) and `wake` are the request path's too: sdk.py's `child`, run several times a
     sampled request, does what `put` does without the call.
     """
 

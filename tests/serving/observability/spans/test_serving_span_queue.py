@@ -1,4 +1,4 @@
-"""The span queue and its wire bytes (serving/observability/otlp_wire.py, tracing_sdk.py) against real receivers.
+"""The span queue, its wire bytes and its export process (serving/observability/spans/) against real receivers.
 
 A sampled request's spans, made by the request path's own calls (`starter`, `child`, `batch`), reach a real
 OTLP receiver over gRPC and over HTTP with their tree, attributes and links; the bytes are the SDK encoder's
@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from serving.observability.otlp_wire import encode_records, record_of, scope_head
+from serving.observability.spans.otlp_wire import encode_records, record_of, scope_head
+from serving.observability.spans.sdk import build_tracer
 from serving.observability.tracing import DEFAULTS
-from serving.observability.tracing_sdk import build_tracer
 from tests.serving.otlp_receiver import OtlpReceiver
 
 CLIENT_TRACE, CLIENT_SPAN = 0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7
@@ -200,7 +200,7 @@ def _state(header: str) -> Any:
 def test_a_root_the_router_drew_keeps_its_bits() -> None:
     """The REST router draws a root's 64 bits itself (tracing.ROOT_BOUND) and starts only those it samples:
     the trace id's low half is those bits, so the decision stays TraceIdRatioBased's downstream."""
-    from serving.observability.tracing_sdk import request_starter, root_bound
+    from serving.observability.spans.sdk import request_starter, root_bound
 
     finished: list[Any] = []
     current: ContextVar[Any] = ContextVar("span", default=None)

@@ -1,10 +1,10 @@
 """The OpenTelemetry SDK behind serving/observability/tracing.py: imported only when tracing is on.
 
-Spans leave through serving/observability/otlp_wire.py's `SpanQueue`: a bounded queue (a span that finds it full
-is dropped and counted) and a thread that sends them in batches, their requests written as wire bytes; the
-spans of a failed export are counted as dropped. The exporters are the SDK's OTLP ones (gRPC or HTTP: their
-channel, TLS, headers, retries), handed those bytes. Their retry lines are let through at most once a minute
-(tracing.py warns with the count).
+Spans leave through otlp_wire.py's `SpanQueue`: a bounded queue (a span that finds it full is dropped and
+counted) and a thread that sends them in batches, their requests written as wire bytes; the spans of a failed
+export are counted as dropped. The exporters are the SDK's OTLP ones (gRPC or HTTP: their channel, TLS,
+headers, retries), handed those bytes in a process of their own (export_process.py). Their retry lines are let
+through at most once a minute (tracing.py warns with the count).
 
 With a parent-based ratio sampler (the file's `sample_ratio`, or OTEL_TRACES_SAMPLER's parentbased_*), the
 request path does not go through the SDK's tracer: `request_starter` makes the sampling decision from the
@@ -17,8 +17,6 @@ every request, its spans queued by the same `SpanQueue` (the provider's span pro
 from __future__ import annotations
 
 import functools
-import logging
-import os
 import re
 import time
 from collections.abc import Callable
@@ -29,7 +27,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
     ParentBased,
@@ -40,90 +38,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from serving.observability.otlp_wire import INTERNAL, SERVER, Encoded, SpanQueue
-
-QUIET_LOGGERS = (
-    "opentelemetry.exporter.otlp.proto.grpc.exporter",
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-)
-EXPORT_PATH = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-
-
-class _OncePerMinute(logging.Filter):
-    """Lets one record a minute through (per logger)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last = -60.0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        if now - self._last < 60.0:
-            return False
-        self._last = now
-        return True
-
-
-class _BytesStub:
-    """TraceService's stub for requests already written as bytes (no message object to serialize)."""
-
-    def __init__(self, channel: Any) -> None:
-        self.Export = channel.unary_unary(EXPORT_PATH, request_serializer=_data, response_deserializer=None)
-
-
-def _data(request: Encoded) -> bytes:
-    return request.data
-
-
-def _exporter(settings: dict[str, Any]) -> tuple[SpanExporter, str, str]:
-    """The SDK's OTLP exporter of the settings' protocol, sending requests written as bytes (`Encoded`)."""
-    protocol = settings["protocol"] or os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    )
-    endpoint = settings["endpoint"]
-    timeout = float(settings["export_timeout_s"])
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-        class WireExporter(GrpcExporter):
-            """The SDK's gRPC exporter (its channel, metadata, retries), its requests sent as written."""
-
-            def _initialize_channel_and_stub(self) -> None:
-                super()._initialize_channel_and_stub()
-                self._client = _BytesStub(self._channel)  # type: ignore[assignment]
-
-            def _translate_data(self, data: Any) -> Any:
-                return data
-
-            def _count_data(self, data: Any) -> int:
-                return int(data.spans)
-
-        exporter: SpanExporter = WireExporter(endpoint=endpoint, timeout=timeout)
-        return (
-            exporter,
-            protocol,
-            str(endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4317")),
-        )
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-    class HttpWireExporter(HttpExporter):
-        """The SDK's HTTP exporter (its session, headers, compression, retries), its requests sent as written."""
-
-        def export(self, spans: Any) -> SpanExportResult:
-            if self._shutdown:
-                return SpanExportResult.FAILURE
-            sent = self._client.export(spans.data).success
-            return SpanExportResult.SUCCESS if sent else SpanExportResult.FAILURE
-
-    if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
-        endpoint = endpoint.rstrip("/") + "/v1/traces"  # as the SDK appends it to OTEL_EXPORTER_OTLP_ENDPOINT
-    exporter = HttpWireExporter(endpoint=endpoint, timeout=timeout)
-    return (
-        exporter,
-        "http/protobuf",
-        str(endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318")),
-    )
-
+from serving.observability.spans.export_process import ExportProcess, endpoint_of, quiet_exporter_logs
+from serving.observability.spans.otlp_wire import INTERNAL, SERVER, SpanQueue
 
 # W3C trace context: version-traceid-parentid-flags (version ff, an all-zero id: invalid)
 _TRACEPARENT = re.compile(
@@ -260,9 +176,9 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     """The provider and the calls tracing.py makes on the request path (`starter`, `child`, `batch`,
     `set_error`). `settings["sample_ratio"]`: a parent-based ratio sampler's root ratio (tracing.root_ratio),
     None for any other OTEL_TRACES_SAMPLER (the SDK's, on every request)."""
-    for name in QUIET_LOGGERS:
-        logging.getLogger(name).addFilter(_OncePerMinute())
-    exporter, protocol, endpoint = _exporter(settings)
+    quiet_exporter_logs()
+    protocol, endpoint = endpoint_of(settings)
+    exporter = ExportProcess(settings)  # the SDK's exporter, in a process of its own
     resource = Resource.create({"service.name": settings["service_name"]})
     scope = InstrumentationScope("ctr-serving")
     sizes, delay_s = _queue_sizes(settings)
