@@ -178,7 +178,7 @@ def build_tracer(settings: dict[str, Any], on_drop: Callable[[int], None]) -> di
     None for any other OTEL_TRACES_SAMPLER (the SDK's, on every request)."""
     quiet_exporter_logs()
     protocol, endpoint = endpoint_of(settings)
-    exporter = ExportProcess(settings)  # the SDK's exporter, in a process of its own
+    exporter = ExportProcess(settings, on_drop)  # the SDK's exporter, in a process of its own
     resource = Resource.create({"service.name": settings["service_name"]})
     scope = InstrumentationScope("ctr-serving")
     sizes, delay_s = _queue_sizes(settings)
