@@ -171,9 +171,8 @@ class ExportProcess(SpanExporter):
             deadline = time.monotonic() + self._wait_s
             while self._finished() < self._sent:
                 if child.poll() is not None or time.monotonic() > deadline:
-                    self._stop(
-                        child, True
-                    )  # stuck or dead: its frame is dropped, the next export starts another
+                    # Stuck or dead: its frame is dropped, and the next export starts another.
+                    self._stop(child, True)
                     return SpanExportResult.FAILURE
                 time.sleep(POLL_S)
         try:
