@@ -59,9 +59,19 @@ def predict(server: ServerProcess) -> list[float]:
 
 def metric(server: ServerProcess, name: str, **labels: str) -> float:
     """The sum of the series of `name` whose labels include `labels` (0 when none)."""
+    return metric_in(scrape(server), name, **labels)
+
+
+def scrape(server: ServerProcess) -> str:
+    """One /metrics page: series read from the same page are consistent with each other."""
     _, text = http(server.url("/metrics"))
+    return str(text)
+
+
+def metric_in(page: str, name: str, **labels: str) -> float:
+    """The sum of the series of `name` in `page` whose labels include `labels` (0 when none)."""
     total = 0.0
-    for line in str(text).splitlines():
+    for line in page.splitlines():
         if not line.startswith(name + "{"):
             continue
         head, value = line.rsplit(" ", 1)
