@@ -18,11 +18,11 @@ gauges has a sample and its rows are not kept: an absent series, not a window th
 Requests of engineered features feed the feature series; raw requests (whose features only exist inside the
 model graph) feed the raw:* series. Both feed the score.
 
-The hot path (`observe_batch`, once a model call) only keeps a reference to the batch; every FLUSH_ROWS rows (and at each scrape) the
-pending batches are copied into ring buffers at once (serving/observability/drift_window.py). Binning happens
-at scrape time, off the predict path, its cost growing with the window. Under `--num_workers N` each worker
-keeps window/N rows in a shared file, and the worker answering a scrape reads all of them: the figure covers
-every worker.
+The hot path (`observe_batch`, once a model call) only keeps a reference to the batch; every FLUSH_ROWS rows
+(and at each scrape) the pending batches are copied into ring buffers at once
+(serving/observability/drift_window.py). Binning happens at scrape time, off the predict path, its cost growing
+with the window. Under `--num_workers N` each worker keeps window/N rows in a shared file, and the worker
+answering a scrape reads all of them: the figure covers every worker.
 """
 
 from __future__ import annotations
